@@ -1,0 +1,3 @@
+"""areal-like: asynchronous, rollout/train-decoupled RL for language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,271 @@
+"""Dataclass configs. Each recipe composes them into one top-level config (see `load_config`).
+
+Every field has a default so a YAML file only states what differs. Types are enforced by
+OmegaConf when configs are composed; value checks live in `__post_init__` and name the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from areal_like.api.io_struct import GenerationHyperparameters
+
+
+def _check(cls_name: str, key: str, ok: bool, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{cls_name}.{key}={value!r} is invalid: expected {expected}")
+
+
+def _one_of(cls_name: str, key: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(cls_name, key, value in choices, value, f"one of {choices}")
+
+
+@dataclass
+class ModelConfig:
+    """An HF causal LM folder (weights + tokenizer)."""
+
+    path: str = ""
+    tokenizer_path: str = ""  # empty: same as `path`
+    dtype: str = "float32"
+    is_critic: bool = False  # replace the LM head with a scalar value head
+
+    def __post_init__(self) -> None:
+        _one_of("ModelConfig", "dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class OptimizerConfig:
+    type: str = "adamw"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    lr_scheduler_type: str = "constant"
+    warmup_steps_proportion: float = 0.0
+    min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of `lr`
+    gradient_clipping: float = 1.0
+
+    def __post_init__(self) -> None:
+        _one_of("OptimizerConfig", "type", self.type, ("adamw",))
+        _one_of("OptimizerConfig", "lr_scheduler_type", self.lr_scheduler_type,
+                ("constant", "linear", "cosine"))
+        _check("OptimizerConfig", "lr", self.lr >= 0, self.lr, ">= 0")
+        _check("OptimizerConfig", "warmup_steps_proportion",
+               0.0 <= self.warmup_steps_proportion <= 1.0, self.warmup_steps_proportion, "in [0, 1]")
+        _check("OptimizerConfig", "min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0,
+               self.min_lr_ratio, "in [0, 1]")
+
+
+@dataclass
+class MicroBatchSpec:
+    """How a batch is split: by a token budget per micro-batch (first-fit-decreasing)."""
+
+    max_tokens_per_mb: int = 4096
+    n_mbs: int = 1  # minimum number of micro-batches
+
+    def __post_init__(self) -> None:
+        _check("MicroBatchSpec", "max_tokens_per_mb", self.max_tokens_per_mb >= 1,
+               self.max_tokens_per_mb, ">= 1")
+        _check("MicroBatchSpec", "n_mbs", self.n_mbs >= 1, self.n_mbs, ">= 1")
+
+
+@dataclass
+class TrainEngineConfig:
+    """An FSDP2-trained model: what to load, how to shard, how to optimise."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    param_dtype: str = "float32"  # "bfloat16" turns on FSDP2 mixed precision
+    reduce_dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    cpu_offload: bool = False
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    total_train_steps: int = 0  # for LR schedules; 0: set by the recipe
+
+    def __post_init__(self) -> None:
+        for key in ("param_dtype", "reduce_dtype"):
+            _one_of("TrainEngineConfig", key, getattr(self, key), ("float32", "bfloat16"))
+        _one_of("TrainEngineConfig", "backend", self.backend, ("auto", "gloo", "nccl"))
+
+
+@dataclass
+class AlgorithmConfig:
+    """An algorithm = advantage estimator + policy loss + aggregation (all by name)."""
+
+    adv_estimator: str = "grpo"
+    policy_loss: str = "ppo"
+    loss_agg_mode: str = "token-mean"
+    loss_agg_constant: float = 1.0  # normaliser for loss_agg_mode="constant" (Dr.GRPO)
+    group_size: int = 1  # samples per prompt; group estimators need > 1
+    ppo_n_minibatches: int = 1
+    eps_clip: float = 0.2
+    eps_clip_high: Optional[float] = None  # clip-higher (DAPO); None: same as eps_clip
+    c_clip: Optional[float] = None  # dual clip; None: off
+    use_decoupled_loss: bool = True  # ratio against the recomputed proximal policy
+    recompute_logprob: bool = True
+    behav_imp_weight_cap: Optional[float] = None
+    discount: float = 1.0
+    gae_lambda: float = 1.0
+    value_eps_clip: float = 0.2
+    reward_scaling: float = 1.0
+    reward_bias: float = 0.0
+    reward_clip: float = 20.0
+    overlong_reward_penalty: bool = False
+    overlong_tokens: int = 0
+    overlong_penalty_factor: float = 1.0
+    adv_norm_level: str = "group"  # none | batch | group
+    adv_norm_mean: bool = True
+    adv_norm_std: bool = True
+    adv_norm_leave_one_out: bool = False
+    kl_ctl: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    top_entropy_ratio: float = 1.0  # train only on this top fraction of tokens by entropy
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)
+
+    def __post_init__(self) -> None:
+        _one_of("AlgorithmConfig", "loss_agg_mode", self.loss_agg_mode,
+                ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"))
+        _one_of("AlgorithmConfig", "adv_norm_level", self.adv_norm_level,
+                ("none", "batch", "group"))
+        _one_of("AlgorithmConfig", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        _check("AlgorithmConfig", "group_size", self.group_size >= 1, self.group_size, ">= 1")
+        _check("AlgorithmConfig", "eps_clip", self.eps_clip > 0, self.eps_clip, "> 0")
+        _check("AlgorithmConfig", "top_entropy_ratio", 0.0 < self.top_entropy_ratio <= 1.0,
+               self.top_entropy_ratio, "in (0, 1]")
+
+
+@dataclass
+class SGLangServerConfig:
+    """How the local launcher starts SGLang servers (ignored when attaching to a fleet)."""
+
+    n_servers: int = 1
+    device: str = "cpu"
+    venv: str = ".venv-sglang"
+    dtype: str = "float32"
+    max_total_tokens: int = 65536
+    mem_fraction_static: float = 0.1
+    context_length: int = 1024
+    threads_per_server: int = 1
+    startup_timeout: float = 300.0
+    extra_args: List[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _one_of("SGLangServerConfig", "device", self.device, ("cpu", "cuda"))
+        _check("SGLangServerConfig", "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
+
+
+@dataclass
+class RolloutConfig:
+    """The rollout side: where the servers are and how far rollout may run ahead."""
+
+    server_addrs: List[str] = field(default_factory=list)  # host:port; empty: launch locally
+    api_key: Optional[str] = None
+    max_concurrent_rollouts: int = 32
+    max_head_offpolicyness: int = 0  # eta: how many versions rollout may run ahead
+    consumer_batch_size: int = 8  # trajectories (groups) per training step
+    queue_size: int = 0  # 0: unbounded
+    request_timeout: float = 120.0
+    request_retries: int = 3
+    retry_backoff: float = 0.5
+    setup_timeout: float = 120.0
+    weight_update_timeout: float = 300.0
+    schedule_policy: str = "least_inflight"
+    pause_mode: str = "retract"
+
+    def __post_init__(self) -> None:
+        _check("RolloutConfig", "max_head_offpolicyness", self.max_head_offpolicyness >= 0,
+               self.max_head_offpolicyness, ">= 0")
+        _check("RolloutConfig", "max_concurrent_rollouts", self.max_concurrent_rollouts >= 1,
+               self.max_concurrent_rollouts, ">= 1")
+        _check("RolloutConfig", "consumer_batch_size", self.consumer_batch_size >= 1,
+               self.consumer_batch_size, ">= 1")
+        _check("RolloutConfig", "request_timeout", self.request_timeout > 0,
+               self.request_timeout, "> 0")
+        _check("RolloutConfig", "request_retries", self.request_retries >= 1,
+               self.request_retries, ">= 1")
+        _one_of("RolloutConfig", "schedule_policy", self.schedule_policy,
+                ("least_inflight", "round_robin"))
+        _one_of("RolloutConfig", "pause_mode", self.pause_mode, ("retract", "abort", "in_place"))
+        for addr in self.server_addrs:
+            host, _, port = str(addr).rpartition(":")
+            _check("RolloutConfig", "server_addrs", bool(host) and port.isdigit(), addr,
+                   "entries of the form host:port")
+
+
+@dataclass
+class DatasetConfig:
+    """A task: `addition` (procedural), `gsm8k` (local JSONL/parquet), `reasoning_gym:<name>`."""
+
+    type: str = "addition"
+    path: str = ""  # for gsm8k: a .jsonl / .parquet file
+    split: str = "train"
+    size: int = 10000  # procedural tasks: number of items
+    num_digits: int = 2  # addition: digits per operand
+    seed: int = 1
+    batch_size: int = 8  # prompts per rollout batch
+    shuffle: bool = True
+    max_prompt_len: int = 512
+
+    def __post_init__(self) -> None:
+        ok = self.type in ("addition", "gsm8k") or self.type.startswith("reasoning_gym:")
+        _check("DatasetConfig", "type", ok, self.type,
+               "'addition', 'gsm8k' or 'reasoning_gym:<task name>'")
+        _check("DatasetConfig", "size", self.size >= 1, self.size, ">= 1")
+        _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    save_dir: str = ""  # empty: <log_dir>/checkpoints
+    freq_steps: int = 0  # 0: off
+    keep_last: int = 2
+    recover: str = "disabled"  # disabled | auto (resume when a checkpoint exists)
+
+    def __post_init__(self) -> None:
+        _one_of("CheckpointConfig", "recover", self.recover, ("disabled", "auto"))
+
+
+@dataclass
+class EvaluationConfig:
+    freq_steps: int = 0  # 0: off
+    n_prompts: int = 100
+    pass_k: int = 1  # >1: also report pass@k from k samples
+    temperature: float = 1.0  # for pass@k samples (accuracy is always greedy)
+
+
+@dataclass
+class LoggingConfig:
+    experiment_name: str = "default"
+    trial_name: str = "trial0"
+    log_dir: str = "runs"  # files go to <log_dir>/<experiment_name>/<trial_name>
+    console: bool = True
+    jsonl: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    plot: bool = True
+
+
+@dataclass
+class BaseExperimentConfig:
+    """Fields every recipe shares; recipes subclass it to add their own sections."""
+
+    seed: int = 1
+    total_train_steps: int = 100
+    model: ModelConfig = field(default_factory=ModelConfig)
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
+    actor: TrainEngineConfig = field(default_factory=TrainEngineConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    valid_dataset: DatasetConfig = field(
+        default_factory=lambda: DatasetConfig(split="test", size=200, shuffle=False)
+    )
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -1,0 +1,138 @@
+"""The two engine contracts: an inference engine (rollout side) and a train engine."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
+
+    from areal_like.api.io_struct import ModelRequest, ModelResponse, SaveLoadMeta, WeightUpdateMeta
+    from areal_like.api.workflow_api import RolloutWorkflow
+
+# loss_fn(logits, micro_batch) -> scalar loss. `logits` is [T, V] for the packed 1-D tokens of
+# the micro-batch; `micro_batch` holds the same packed 1-D layout (plus `cu_seqlens`).
+LossFn = Callable[["torch.Tensor", "TensorDict"], "torch.Tensor"]
+# loss_weight_fn(micro_batch) -> the micro-batch's weight in the global mean (e.g. #loss tokens).
+LossWeightFn = Callable[["TensorDict"], "torch.Tensor | float"]
+
+
+class InferenceEngine(abc.ABC):
+    """Generates tokens for workflows and runs rollouts asynchronously.
+
+    `agenerate` is the primitive workflows call. `submit` / `wait` / `rollout_batch` /
+    `prepare_batch` drive workflows through a rollout executor with staleness control.
+    """
+
+    @abc.abstractmethod
+    def initialize(self) -> None:
+        """Connect to the servers and start background machinery."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Release every resource; safe to call twice."""
+
+    @abc.abstractmethod
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
+
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
+        """Queue one data item to be turned into a trajectory by `workflow`."""
+        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
+        """Block until `count` accepted trajectories exist; return them concatenated."""
+        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
+
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow) -> TensorDict:
+        """Submit every item of `data` and wait for all of them (synchronous rollout)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
+
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow) -> TensorDict:
+        """Keep the pipeline full from `dataloader` and return the next consumer batch."""
+        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
+
+    @abc.abstractmethod
+    def pause(self) -> None:
+        """Stop admitting new rollouts (in-flight requests are kept)."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Admit rollouts again."""
+
+    @abc.abstractmethod
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        """Load new weights on every server and label them `meta.version`."""
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None: ...
+
+    @abc.abstractmethod
+    def get_version(self) -> int: ...
+
+
+class TrainEngine(abc.ABC):
+    """A trainable model behind `forward` / `train_batch`; it never knows the algorithm.
+
+    Batches are TensorDicts of padded [B, L] sequences (`input_ids`, `attention_mask`, and any
+    per-token or per-sequence keys the loss needs). The engine packs them into 1-D micro-batches
+    under a token budget; `loss_fn` and `post_hook` receive packed 1-D data.
+    """
+
+    @abc.abstractmethod
+    def initialize(self) -> None:
+        """Load the model, shard it, build optimizer and scheduler."""
+
+    def destroy(self) -> None:
+        """Release resources (process groups stay owned by the caller)."""
+
+    @abc.abstractmethod
+    def train(self, mode: bool = True) -> TrainEngine: ...
+
+    def eval(self) -> TrainEngine:
+        return self.train(False)
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        batch: TensorDict,
+        post_hook: Optional[Callable[[torch.Tensor, TensorDict], torch.Tensor]] = None,
+        aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None,
+    ) -> Any:
+        """Run the model without gradients. `post_hook(logits, micro_batch)` maps each micro-
+        batch's logits to per-token outputs (default: log-probs of the next tokens);
+        `aggregate_fn` combines them (default: back to the batch's padded [B, L] layout)."""
+
+    @abc.abstractmethod
+    def train_batch(
+        self, batch: TensorDict, loss_fn: LossFn, loss_weight_fn: LossWeightFn
+    ) -> dict[str, float]:
+        """One optimizer step over `batch`; the loss is the `loss_weight_fn`-weighted mean of
+        `loss_fn` over all micro-batches and ranks. Returns stats (loss, grad_norm, lr, ...)."""
+
+    @abc.abstractmethod
+    def eval_batch(
+        self, batch: TensorDict, loss_fn: LossFn, loss_weight_fn: LossWeightFn
+    ) -> dict[str, float]:
+        """The same weighted loss as `train_batch`, without a step."""
+
+    @abc.abstractmethod
+    def save(self, meta: SaveLoadMeta) -> None: ...
+
+    @abc.abstractmethod
+    def load(self, meta: SaveLoadMeta) -> None: ...
+
+    @abc.abstractmethod
+    def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
+        """Export the current weights for the inference fleet; returns timing stats."""
+
+    @abc.abstractmethod
+    def step_lr_scheduler(self) -> None: ...
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None: ...
+
+    @abc.abstractmethod
+    def get_version(self) -> int: ...

@@ -1,0 +1,146 @@
+"""Plain data types that travel between workflows, inference engines and trainers."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, List, Literal, Optional
+
+StopReason = Literal["stop", "length", "abort", "tool_call"]
+STOP_REASONS: tuple[str, ...] = ("stop", "length", "abort", "tool_call")
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling settings for one request (also the `gconfig` section of a recipe config).
+
+    `top_k = -1` disables top-k; `greedy = True` overrides temperature/top-p/top-k.
+    `stop_token_ids` end generation on any of these ids (the preferred way: token ids
+    never depend on a tokenizer's text round-trip); `stop` lists stop strings.
+    """
+
+    n_samples: int = 1
+    max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: List[int] = field(default_factory=list)
+    stop: List[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("n_samples", self.n_samples >= 1, ">= 1"),
+            ("max_new_tokens", self.max_new_tokens >= 1, ">= 1"),
+            ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens,
+             "between 0 and max_new_tokens"),
+            ("temperature", self.temperature >= 0.0, ">= 0"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("top_k", self.top_k == -1 or self.top_k >= 1, "-1 (off) or >= 1"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(
+                    f"GenerationHyperparameters.{name}={getattr(self, name)!r} is invalid: "
+                    f"expected {expected}"
+                )
+
+    def new(self, **changes: Any) -> GenerationHyperparameters:
+        """A copy with `changes` applied; an unknown field name is an error."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(
+                f"GenerationHyperparameters has no field(s) {unknown}; valid: {sorted(known)}"
+            )
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class ModelRequest:
+    """One generation request, token-in: `input_ids` are sent as ids, never re-tokenized."""
+
+    input_ids: List[int]
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def copy(self, **changes: Any) -> ModelRequest:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class ModelResponse:
+    """The result of one request. `output_versions[i]` is the policy version that produced
+    `output_tokens[i]` (as reported by the server), so every token can be aged exactly."""
+
+    input_tokens: List[int]
+    output_tokens: List[int]
+    output_logprobs: List[float]
+    output_versions: List[int]
+    stop_reason: StopReason = "stop"
+    latency: float = 0.0
+    ttft: float = 0.0
+    rid: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.output_tokens)
+        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+            raise ValueError(
+                f"ModelResponse(rid={self.rid!r}): output_tokens has {n} entries but "
+                f"output_logprobs has {len(self.output_logprobs)} and output_versions has "
+                f"{len(self.output_versions)}; expected one of each per output token"
+            )
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(
+                f"ModelResponse.stop_reason={self.stop_reason!r}; expected one of {STOP_REASONS}"
+            )
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_tokens)
+
+
+@dataclass
+class WeightUpdateMeta:
+    """How new weights reach the inference fleet, and the version they carry.
+
+    `type="disk"`: the trainer writes an HF folder at `path`; servers load it from there.
+    `type="distributed"` is reserved for a collective broadcast (not implemented yet).
+    """
+
+    version: int
+    path: Optional[str] = None
+    type: Literal["disk", "distributed"] = "disk"
+
+    def __post_init__(self) -> None:
+        if self.type == "disk" and not self.path:
+            raise ValueError("WeightUpdateMeta(type='disk') needs a `path`")
+        if self.version < 0:
+            raise ValueError(f"WeightUpdateMeta.version={self.version} must be >= 0")
+
+    @classmethod
+    def from_disk(cls, path: str, version: int) -> WeightUpdateMeta:
+        return cls(version=version, path=path, type="disk")
+
+
+@dataclass
+class SaveLoadMeta:
+    """What `TrainEngine.save/load` writes or reads.
+
+    `weight_format="hf"`: an HF folder of safetensors (+ tokenizer when given), for inference
+    and release. `weight_format="dcp"`: the full training state (model, optimizer, scheduler,
+    RNG, version) through torch distributed checkpointing, for exact resume.
+    """
+
+    path: str
+    weight_format: Literal["hf", "dcp"] = "hf"
+    with_optim: bool = False
+    tokenizer: Any = None

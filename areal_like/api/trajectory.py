@@ -1,0 +1,78 @@
+"""Validation of trajectories produced by workflows, with errors that name the bad key."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+TOKEN_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+REQUIRED_KEYS = TOKEN_KEYS + ("rewards",)
+
+
+class TrajectoryError(ValueError):
+    """A trajectory does not satisfy the contract; the message names the key at fault."""
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}"
+
+
+def validate_trajectory(td: TensorDict) -> TensorDict:
+    """Check `td` against the trajectory contract and return it unchanged.
+
+    Contract: batch size [B]; `input_ids`, `attention_mask`, `loss_mask`, `logprobs`,
+    `versions` all [B, L]; ids and versions integer; logprobs floating and finite; `rewards`
+    floating [B] (sequence reward) or [B, L] (dense per-token reward), never NaN; loss only
+    on attended tokens; every trained token carries a version >= 0.
+    """
+    if not isinstance(td, TensorDict):
+        raise TrajectoryError(f"trajectory must be a TensorDict, got {type(td).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in td.keys()]
+    if missing:
+        raise TrajectoryError(
+            f"trajectory is missing key(s) {missing}; required: {list(REQUIRED_KEYS)}, "
+            f"present: {sorted(td.keys())}"
+        )
+    ids = td["input_ids"]
+    if ids.dim() != 2:
+        raise TrajectoryError(f"'input_ids' has {_describe(ids)}; expected 2-D [B, L]")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TrajectoryError(f"'input_ids' has {_describe(ids)}; expected an integer dtype")
+    if len(td.batch_size) < 1 or td.batch_size[0] != ids.shape[0]:
+        raise TrajectoryError(
+            f"trajectory batch_size {tuple(td.batch_size)} does not match 'input_ids' "
+            f"{_describe(ids)}; expected batch_size [B] with B = {ids.shape[0]}"
+        )
+    for key in TOKEN_KEYS[1:]:
+        t = td[key]
+        if tuple(t.shape) != tuple(ids.shape):
+            raise TrajectoryError(
+                f"'{key}' has {_describe(t)}; expected shape {tuple(ids.shape)} like 'input_ids'"
+            )
+    if td["versions"].dtype.is_floating_point:
+        raise TrajectoryError(f"'versions' has {_describe(td['versions'])}; expected integers")
+    logprobs = td["logprobs"]
+    if not logprobs.dtype.is_floating_point:
+        raise TrajectoryError(f"'logprobs' has {_describe(logprobs)}; expected a float dtype")
+    if not torch.isfinite(logprobs).all():
+        raise TrajectoryError(f"'logprobs' ({_describe(logprobs)}) contains NaN or inf")
+    rewards = td["rewards"]
+    if not rewards.dtype.is_floating_point:
+        raise TrajectoryError(f"'rewards' has {_describe(rewards)}; expected a float dtype")
+    if tuple(rewards.shape) not in ((ids.shape[0],), tuple(ids.shape)):
+        raise TrajectoryError(
+            f"'rewards' has {_describe(rewards)}; expected shape ({ids.shape[0]},) or "
+            f"{tuple(ids.shape)}"
+        )
+    if torch.isnan(rewards).any():
+        raise TrajectoryError(f"'rewards' ({_describe(rewards)}) contains NaN")
+    attn = td["attention_mask"].bool()
+    loss = td["loss_mask"].bool()
+    if (loss & ~attn).any():
+        raise TrajectoryError("'loss_mask' is set on tokens where 'attention_mask' is 0")
+    if (td["versions"][loss] < 0).any():
+        raise TrajectoryError(
+            "'versions' is negative on tokens where 'loss_mask' is set; every trained token "
+            "needs the policy version that generated it"
+        )
+    return td

@@ -1,12 +1,10 @@
-# Entry points; the README's two commands call into these.
-PYTHON ?= python
+# Conveniences; the README's commands are the scripts these call.
 SGLANG_VENV ?= .venv-sglang
 
 .PHONY: install sglang test lint main
 
 install:
-	$(PYTHON) -m pip install torch==2.13.0
-	$(PYTHON) -m pip install -e ".[dev]"
+	bash scripts/install.sh
 
 sglang:
 	bash scripts/install_sglang.sh $(SGLANG_VENV)
@@ -14,6 +12,5 @@ sglang:
 lint:
 	ruff check .
 
-test: install sglang lint
-	$(PYTHON) -m pytest -q
-
+test:
+	bash scripts/test.sh

@@ -27,7 +27,7 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
     """
     if not isinstance(td, TensorDict):
         raise TrajectoryError(f"trajectory must be a TensorDict, got {type(td).__name__}")
-    missing = [k for k in REQUIRED_KEYS if k not in td.keys()]
+    missing = [k for k in REQUIRED_KEYS if k not in td]
     if missing:
         raise TrajectoryError(
             f"trajectory is missing key(s) {missing}; required: {list(REQUIRED_KEYS)}, "

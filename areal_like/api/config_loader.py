@@ -1,0 +1,135 @@
+"""Compose a recipe config from YAML + command-line overrides with Hydra, into a dataclass.
+
+A recipe YAML starts with a defaults list naming its registered schema:
+
+    defaults:
+      - grpo_schema      # registered with register_schema("grpo_schema", GRPOConfig)
+      - _self_
+
+`load_config` composes it with Hydra (so overrides use Hydra's grammar:
+`actor.optimizer.lr=1e-5 rollout.server_addrs=[127.0.0.1:30000]`), converts the result to
+the dataclass (running every `__post_init__` check) and turns OmegaConf's errors into a
+`ConfigError` naming the key at fault and the closest valid keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Optional, TypeVar, get_type_hints
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config could not be composed or validated; the message names the key at fault."""
+
+
+def register_schema(name: str, config_cls: type) -> None:
+    """Make `config_cls` available to YAML defaults lists as `name`."""
+    if not dataclasses.is_dataclass(config_cls):
+        raise TypeError(f"register_schema({name!r}): {config_cls!r} is not a dataclass")
+    ConfigStore.instance().store(name=name, node=config_cls)
+
+
+def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
+    """Field names of the dataclass found by following `dotted_parent` from `config_cls`."""
+    cls: Any = config_cls
+    for part in [p for p in dotted_parent.split(".") if p]:
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = get_type_hints(cls)
+        if part not in hints:
+            return None
+        cls = hints[part]
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _full_key(exc: BaseException) -> Optional[str]:
+    seen: Optional[BaseException] = exc
+    while seen is not None:
+        if isinstance(seen, OmegaConfBaseException) and getattr(seen, "full_key", None):
+            return str(seen.full_key)
+        match = re.search(r"full_key: (\S+)", str(seen))
+        if match:
+            return match.group(1)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _root_message(exc: BaseException) -> str:
+    """The innermost message, without OmegaConf's multi-line object dump."""
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = [ln for ln in str(inner).splitlines() if ln.strip()]
+    for prefix in ("full_key:", "reference_type", "object_type"):
+        lines = [ln for ln in lines if not ln.strip().startswith(prefix)]
+    text = " ".join(ln.strip() for ln in lines) or type(inner).__name__
+    return re.sub(r"^In '[^']*': \w+ raised while composing config: ", "", text)
+
+
+def explain_config_error(exc: BaseException, config_cls: type, source: str) -> ConfigError:
+    """Build a `ConfigError` from a Hydra/OmegaConf exception raised while composing."""
+    key = _full_key(exc)
+    message = _root_message(exc)
+    if key is None:
+        return ConfigError(f"{source}: {message}")
+    parent, _, leaf = key.rpartition(".")
+    leaf = re.sub(r"\[.*\]$", "", leaf)
+    valid = _fields_at(config_cls, parent) or []
+    if leaf in valid:
+        return ConfigError(f"{source}: bad value for config key '{key}': {message}")
+    hint = ""
+    if valid:
+        close = difflib.get_close_matches(leaf, valid, n=3, cutoff=0.5)
+        where = f"'{parent}'" if parent else "the top level"
+        names = [f"{parent}.{c}" if parent else c for c in close]
+        hint = (f"; did you mean {' or '.join(repr(n) for n in names)}?"
+                if close else f"; valid keys under {where}: {valid}")
+    return ConfigError(f"{source}: bad config key '{key}': {message}{hint}")
+
+
+def load_config(
+    config_cls: type[T], config_file: str | Path, overrides: Optional[list[str]] = None
+) -> T:
+    """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance."""
+    path = Path(config_file).resolve()
+    if not path.is_file():
+        raise ConfigError(f"config file {str(config_file)!r} does not exist")
+    overrides = list(overrides or [])
+    source = f"{path.name} with overrides {overrides}" if overrides else path.name
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
+            composed = compose(config_name=path.stem, overrides=overrides)
+    except Exception as e:  # Hydra wraps OmegaConf's errors; re-raise naming the key
+        raise explain_config_error(e, config_cls, source) from e
+    if OmegaConf.get_type(composed) is not config_cls:
+        raise ConfigError(
+            f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
+            f"(add `defaults: [<schema name>, _self_]` at the top)"
+        )
+    try:
+        obj = OmegaConf.to_object(composed)
+    except OmegaConfBaseException as e:
+        raise explain_config_error(e, config_cls, source) from e
+    except ValueError as e:  # a dataclass __post_init__ check: already names the key
+        raise ConfigError(f"{source}: {e}") from e
+    return obj  # type: ignore[return-value]
+
+
+def to_yaml(config: Any) -> str:
+    """The config as YAML (what a run saves next to its logs)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

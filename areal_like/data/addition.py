@@ -1,0 +1,62 @@
+"""A procedural N-digit addition task: learnable by a 1M model, exactly verifiable.
+
+Operands have exactly `num_digits` digits. Every (a, b) pair belongs to one split by a hash,
+so train and test never share a problem; items are drawn with a seeded RNG, so a
+(split, size, seed) triple always gives the same dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from datasets import Dataset
+
+TEST_FRACTION = 10  # one pair in TEST_FRACTION belongs to the test split
+
+
+def _split_of(a: int, b: int) -> str:
+    digest = hashlib.blake2b(f"{a}+{b}".encode(), digest_size=4).digest()
+    return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
+
+
+def addition_question(a: int, b: int) -> str:
+    return f"What is {a} + {b}?"
+
+
+def make_addition_items(num_digits: int, size: int, split: str, seed: int) -> list[dict]:
+    """`size` distinct problems of `split` ('train' or 'test'), in seeded random order."""
+    if split not in ("train", "test"):
+        raise ValueError(f"addition task: split={split!r}; expected 'train' or 'test'")
+    if not 1 <= num_digits <= 18:
+        raise ValueError(f"addition task: num_digits={num_digits}; expected 1..18")
+    lo, hi = (0 if num_digits == 1 else 10 ** (num_digits - 1)), 10**num_digits - 1
+    n_pairs = (hi - lo + 1) ** 2
+    expected = n_pairs // TEST_FRACTION if split == "test" else n_pairs - n_pairs // TEST_FRACTION
+    if size > 0.9 * expected:
+        raise ValueError(
+            f"addition task: size={size} is too large for {num_digits}-digit {split} split "
+            f"(about {expected} distinct problems)"
+        )
+    rng = random.Random(f"addition-{num_digits}-{split}-{seed}")
+    seen: set[tuple[int, int]] = set()
+    items = []
+    while len(items) < size:
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if (a, b) in seen or _split_of(a, b) != split:
+            continue
+        seen.add((a, b))
+        question = addition_question(a, b)
+        items.append({
+            "id": f"add{num_digits}-{split}-{len(items)}",
+            "question": question,
+            "answer": str(a + b),
+            "messages": [{"role": "user", "content": question}],
+        })
+    return items
+
+
+def load_addition(num_digits: int = 2, size: int = 1000, split: str = "train",
+                  seed: int = 1) -> Dataset:
+    """The addition task as an HF dataset with `id`, `question`, `answer`, `messages`."""
+    return Dataset.from_list(make_addition_items(num_digits, size, split, seed))

@@ -1,0 +1,39 @@
+"""One place that turns a `DatasetConfig` into (dataset, reward function)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from datasets import Dataset
+
+from areal_like.api.config import DatasetConfig
+from areal_like.data.addition import load_addition
+from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
+from areal_like.rewards import exact_match_reward, math_verify_reward, reasoning_gym_reward
+
+RewardFn = Callable[..., float]
+
+
+@dataclass
+class Task:
+    dataset: Dataset
+    reward_fn: RewardFn
+
+
+def build_task(config: DatasetConfig) -> Task:
+    """The dataset and verifier that `config.type` names."""
+    if config.type == "addition":
+        return Task(load_addition(config.num_digits, config.size, config.split, config.seed),
+                    exact_match_reward)
+    if config.type == "gsm8k":
+        if not config.path:
+            raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
+        return Task(load_gsm8k(config.path, config.size), math_verify_reward)
+    if config.type.startswith("reasoning_gym:"):
+        name = config.type.split(":", 1)[1]
+        # train and test draw from disjoint seeds
+        seed = config.seed if config.split == "train" else config.seed + 1_000_003
+        return Task(load_reasoning_gym(name, config.size, seed), reasoning_gym_reward)
+    raise ValueError(f"DatasetConfig.type={config.type!r} is not a known task")

@@ -1,0 +1,104 @@
+"""Sinks for exported statistics: console, JSONL, tensorboard, and wandb when installed."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from areal_like.api.config import LoggingConfig
+
+
+def run_dir(config: LoggingConfig) -> Path:
+    """`<log_dir>/<experiment_name>/<trial_name>`: where a run writes logs and checkpoints."""
+    return Path(config.log_dir) / config.experiment_name / config.trial_name
+
+
+def _format_value(value: float) -> str:
+    if value == 0 or (1e-3 <= abs(value) < 1e4):
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+class MetricsLogger:
+    """Writes one record per step to every enabled sink. Only rank 0 should create one.
+
+    `console_keys` picks what the one-line console summary shows (all keys go to the files).
+    """
+
+    def __init__(
+        self,
+        config: LoggingConfig,
+        console_keys: Optional[list[str]] = None,
+        out_dir: Optional[Path] = None,
+    ) -> None:
+        self.config = config
+        self.dir = Path(out_dir) if out_dir is not None else run_dir(config)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.console_keys = console_keys
+        self.jsonl_path = self.dir / "metrics.jsonl"
+        self._jsonl = open(self.jsonl_path, "a") if config.jsonl else None  # noqa: SIM115
+        self._tb = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+        self._wandb = None
+        if config.wandb:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError(
+                    "logging.wandb=true but wandb is not installed: pip install 'areal-like[wandb]'"
+                ) from e
+            self._wandb = wandb.init(
+                project=config.experiment_name, name=config.trial_name, dir=str(self.dir)
+            )
+        self._start = time.time()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": round(time.time() - self._start, 3)}
+        record.update({k: float(v) for k, v in metrics.items()})
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if math.isfinite(float(value)):
+                    self._tb.add_scalar(key, float(value), global_step=step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+        if self.config.console:
+            keys = self.console_keys if self.console_keys is not None else sorted(metrics)
+            shown = " ".join(
+                f"{k}={_format_value(float(metrics[k]))}" for k in keys if k in metrics
+            )
+            print(f"[step {step}] {shown}", flush=True)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a metrics file written by `MetricsLogger`, naming the file and line on a bad record."""
+    records = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON record ({e})") from e
+    return records

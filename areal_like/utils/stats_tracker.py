@@ -1,0 +1,182 @@
+"""Scoped statistics: masked means, scalars and timings, reduced across distributed ranks.
+
+    from areal_like.utils import stats_tracker
+    with stats_tracker.scope("actor"):
+        stats_tracker.denominator(n_tokens=loss_mask)
+        stats_tracker.stat(entropy=entropy, denominator="n_tokens")   # actor/entropy/{avg,min,max}
+        stats_tracker.scalar(lr=1e-5)                                  # actor/lr
+        with stats_tracker.record_timing("update"):                    # timeperf/actor/update
+            ...
+    metrics = stats_tracker.export()                                   # reduces and resets
+
+Every later component reports through a tracker; sinks (console, JSONL, tensorboard, wandb)
+live in `areal_like.utils.metrics_logger` and consume what `export` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+
+class StatsTracker:
+    """Accumulates statistics between two `export` calls. Thread-safe."""
+
+    def __init__(self, name: str = "") -> None:
+        self._lock = threading.RLock()
+        self._scopes = threading.local()
+        self._root = name
+        self._denominators: dict[str, torch.Tensor] = {}
+        # key -> list of (values, mask) pairs, both 1-D after flattening
+        self._masked: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        self._scalars: dict[str, list[float]] = defaultdict(list)
+        self._sums: dict[str, float] = defaultdict(float)
+
+    # ---- naming -------------------------------------------------------------------------
+    def _stack(self) -> list[str]:
+        if not hasattr(self._scopes, "stack"):
+            self._scopes.stack = [self._root] if self._root else []
+        return self._scopes.stack
+
+    def _key(self, name: str) -> str:
+        return "/".join([*self._stack(), name])
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Prefix every name recorded inside the block with `name/`."""
+        stack = self._stack()
+        stack.append(name)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    # ---- recording ----------------------------------------------------------------------
+    def denominator(self, **masks: torch.Tensor) -> None:
+        """Register boolean masks that later `stat` calls average over (by name)."""
+        with self._lock:
+            for name, mask in masks.items():
+                if mask.dtype != torch.bool:
+                    raise TypeError(f"denominator {name!r} must be a bool tensor, got {mask.dtype}")
+                self._denominators[self._key(name)] = mask.detach().reshape(-1).cpu()
+                self._masked[self._key(name)].append(
+                    (mask.detach().reshape(-1).float().cpu(), torch.ones(mask.numel()))
+                )
+
+    def stat(self, denominator: str, **values: torch.Tensor) -> None:
+        """Record masked statistics (avg/min/max over the denominator's True entries)."""
+        with self._lock:
+            key = self._key(denominator)
+            if key not in self._denominators:
+                raise KeyError(
+                    f"stat(): denominator {denominator!r} (as {key!r}) was not registered; "
+                    f"call stats_tracker.denominator({denominator}=mask) first"
+                )
+            mask = self._denominators[key]
+            for name, value in values.items():
+                flat = value.detach().reshape(-1).float().cpu()
+                if flat.shape != mask.shape:
+                    raise ValueError(
+                        f"stat {name!r} has {flat.numel()} elements but denominator "
+                        f"{denominator!r} has {mask.numel()}"
+                    )
+                self._masked[self._key(name)].append((flat, mask.float()))
+
+    def scalar(self, **values: float) -> None:
+        """Record plain numbers; each key exports the mean of its recorded values."""
+        with self._lock:
+            for name, value in values.items():
+                self._scalars[self._key(name)].append(float(value))
+
+    def add(self, **values: float) -> None:
+        """Record counters; each key exports the sum of what was added."""
+        with self._lock:
+            for name, value in values.items():
+                self._sums[self._key(name)] += float(value)
+
+    @contextlib.contextmanager
+    def record_timing(self, name: str) -> Iterator[None]:
+        """Time the block; exported as `timeperf/<scope>/<name>` in seconds (summed)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = "/".join(["timeperf", *self._stack(), name])
+            with self._lock:
+                self._sums[key] += time.perf_counter() - start
+
+    # ---- export -------------------------------------------------------------------------
+    def export(
+        self, reduce_group: Optional[Any] = None, reset: bool = True
+    ) -> dict[str, float]:
+        """Reduce everything recorded (across `reduce_group` when distributed) to floats.
+
+        Masked stats give `<key>/avg`, `/min`, `/max` (a denominator gives its count as
+        `<key>` ... exported as the sum of its mask); scalars give their mean; `add` counters
+        and timings give their sum. Every rank must record the same keys.
+        """
+        with self._lock:
+            masked_keys = sorted(self._masked)
+            sums = torch.zeros(len(masked_keys), 2, dtype=torch.float64)  # weighted sum, count
+            mins = torch.full((len(masked_keys),), float("inf"), dtype=torch.float64)
+            maxs = torch.full((len(masked_keys),), float("-inf"), dtype=torch.float64)
+            for i, key in enumerate(masked_keys):
+                for values, mask in self._masked[key]:
+                    sel = values[mask.bool()].double()
+                    sums[i, 0] += sel.sum()
+                    sums[i, 1] += sel.numel()
+                    if sel.numel():
+                        mins[i] = min(mins[i], sel.min())
+                        maxs[i] = max(maxs[i], sel.max())
+            scalar_keys = sorted(self._scalars)
+            scalars = torch.tensor(
+                [[sum(self._scalars[k]), len(self._scalars[k])] for k in scalar_keys],
+                dtype=torch.float64,
+            ).reshape(-1, 2)
+            sum_keys = sorted(self._sums)
+            counters = torch.tensor([self._sums[k] for k in sum_keys], dtype=torch.float64)
+            denominators = set(self._denominators)
+            if reset:
+                self._denominators.clear()
+                self._masked.clear()
+                self._scalars.clear()
+                self._sums.clear()
+
+        if dist.is_available() and dist.is_initialized():
+            for tensor, op in ((sums, dist.ReduceOp.SUM), (mins, dist.ReduceOp.MIN),
+                               (maxs, dist.ReduceOp.MAX), (scalars, dist.ReduceOp.SUM),
+                               (counters, dist.ReduceOp.SUM)):
+                dist.all_reduce(tensor, op=op, group=reduce_group)
+
+        out: dict[str, float] = {}
+        for i, key in enumerate(masked_keys):
+            if key in denominators:
+                out[key] = float(sums[i, 0])  # number of True entries
+                continue
+            count = float(sums[i, 1])
+            if count > 0:
+                out[f"{key}/avg"] = float(sums[i, 0]) / count
+                out[f"{key}/min"] = float(mins[i])
+                out[f"{key}/max"] = float(maxs[i])
+        for i, key in enumerate(scalar_keys):
+            out[key] = float(scalars[i, 0] / scalars[i, 1])
+        for i, key in enumerate(sum_keys):
+            out[key] = float(counters[i])
+        return out
+
+
+DEFAULT_TRACKER = StatsTracker()
+scope = DEFAULT_TRACKER.scope
+denominator = DEFAULT_TRACKER.denominator
+stat = DEFAULT_TRACKER.stat
+scalar = DEFAULT_TRACKER.scalar
+add = DEFAULT_TRACKER.add
+record_timing = DEFAULT_TRACKER.record_timing
+export = DEFAULT_TRACKER.export

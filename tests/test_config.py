@@ -1,0 +1,88 @@
+"""Config composition with Hydra and its errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_like.api.config import BaseExperimentConfig, OptimizerConfig
+from areal_like.api.config_loader import ConfigError, load_config, register_schema, to_yaml
+
+register_schema("test_base_schema", BaseExperimentConfig)
+
+YAML = """\
+defaults:
+  - test_base_schema
+  - _self_
+seed: 7
+actor:
+  optimizer:
+    lr: 1.0e-4
+    lr_scheduler_type: cosine
+rollout:
+  server_addrs: ["127.0.0.1:30000"]
+"""
+
+
+@pytest.fixture()
+def conf(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(YAML)
+    return path
+
+
+def test_yaml_and_overrides_compose_into_validated_dataclass(conf):
+    cfg = load_config(BaseExperimentConfig, conf, [
+        "actor.optimizer.lr=2e-5", "rollout.max_head_offpolicyness=4",
+        "rollout.server_addrs=[10.0.0.1:1,10.0.0.2:2]", "gconfig.stop_token_ids=[2,5]",
+    ])
+    assert isinstance(cfg, BaseExperimentConfig)
+    assert isinstance(cfg.actor.optimizer, OptimizerConfig)
+    assert cfg.seed == 7
+    assert cfg.actor.optimizer.lr == pytest.approx(2e-5)
+    assert cfg.actor.optimizer.lr_scheduler_type == "cosine"
+    assert cfg.rollout.max_head_offpolicyness == 4
+    assert cfg.rollout.server_addrs == ["10.0.0.1:1", "10.0.0.2:2"]
+    assert cfg.gconfig.stop_token_ids == [2, 5]
+    # defaults from the dataclass fill what the YAML does not state
+    assert cfg.rollout.consumer_batch_size == BaseExperimentConfig().rollout.consumer_batch_size
+    assert "lr: 2.0e-05" in to_yaml(cfg)
+
+
+def test_override_typo_names_key_and_closest(conf):
+    with pytest.raises(ConfigError, match=r"'actor\.optimizer\.lrr'.*did you mean 'actor\.optimizer\.lr'"):
+        load_config(BaseExperimentConfig, conf, ["actor.optimizer.lrr=1e-5"])
+    with pytest.raises(ConfigError, match=r"'actor\.optimzer'.*did you mean 'actor\.optimizer'"):
+        load_config(BaseExperimentConfig, conf, ["actor.optimzer.lr=1e-5"])
+    with pytest.raises(ConfigError, match=r"'sed'.*did you mean 'seed'"):
+        load_config(BaseExperimentConfig, conf, ["sed=3"])
+
+
+def test_yaml_typo_names_key_and_closest(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(YAML.replace("lr_scheduler_type", "lr_schedular_type"))
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*'actor\.optimizer\.lr_schedular_type'.*"
+                                          r"did you mean 'actor\.optimizer\.lr_scheduler_type'"):
+        load_config(BaseExperimentConfig, path)
+
+
+def test_wrong_type_names_key(conf):
+    with pytest.raises(ConfigError, match=r"bad value for config key 'rollout\.consumer_batch_size'"):
+        load_config(BaseExperimentConfig, conf, ["rollout.consumer_batch_size=many"])
+
+
+def test_invalid_value_names_key(conf):
+    with pytest.raises(ConfigError, match=r"max_head_offpolicyness=-1"):
+        load_config(BaseExperimentConfig, conf, ["rollout.max_head_offpolicyness=-1"])
+    with pytest.raises(ConfigError, match=r"lr_scheduler_type='exp'"):
+        load_config(BaseExperimentConfig, conf, ["actor.optimizer.lr_scheduler_type=exp"])
+    with pytest.raises(ConfigError, match=r"server_addrs='nohost'"):
+        load_config(BaseExperimentConfig, conf, ["rollout.server_addrs=[nohost]"])
+
+
+def test_missing_file_and_missing_schema(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(BaseExperimentConfig, tmp_path / "nope.yaml")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("seed: 3\n")
+    with pytest.raises(ConfigError, match="defaults list"):
+        load_config(BaseExperimentConfig, plain)

@@ -1,0 +1,131 @@
+"""Tasks and rewards: determinism, splits, loaders and verifier correctness."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from areal_like.api.config import DatasetConfig
+from areal_like.data.addition import load_addition
+from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
+from areal_like.data.tasks import build_task
+from areal_like.rewards import (
+    exact_match_reward,
+    extract_final_answer,
+    math_verify_reward,
+    reasoning_gym_reward,
+)
+
+
+def test_addition_is_deterministic_correct_and_split():
+    a = load_addition(2, 300, "train", seed=5)
+    assert a.to_list() == load_addition(2, 300, "train", seed=5).to_list()
+    assert a["question"] != load_addition(2, 300, "train", seed=6)["question"]
+    test = load_addition(2, 300, "test", seed=5)
+    assert not set(a["question"]) & set(test["question"])
+    assert len(set(a["question"])) == 300
+    for row in a:
+        x, y = (int(t) for t in row["question"].removeprefix("What is ").rstrip("?").split(" + "))
+        assert 10 <= x <= 99 and 10 <= y <= 99
+        assert row["answer"] == str(x + y)
+        assert row["messages"] == [{"role": "user", "content": row["question"]}]
+
+
+def test_addition_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="split='val'"):
+        load_addition(2, 10, "val")
+    with pytest.raises(ValueError, match="too large"):
+        load_addition(1, 1000, "train")
+
+
+@pytest.mark.parametrize("completion, reward", [
+    ("105", 1.0), (" 105\n", 1.0), ("<answer>105</answer>", 1.0), ("so #### 105", 1.0),
+    ("104", 0.0), ("1050", 0.0), ("", 0.0), ("one hundred five", 0.0), ("105 + 1", 0.0),
+])
+def test_exact_match_reward(completion, reward):
+    assert exact_match_reward("What is 28 + 77?", completion, answer="105") == reward
+
+
+def test_extract_final_answer_priority():
+    assert extract_final_answer("x <answer>1</answer> #### 2 <answer> 3 </answer>") == "3"
+    assert extract_final_answer("work #### 2") == "2"
+
+
+def _write_gsm8k(tmp_path, rows, suffix):
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+GSM_ROWS = [
+    {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"},
+    {"question": "A shop sells 1,200 pens.", "answer": "So 1,200.\n#### 1,200"},
+]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_gsm8k_loader(tmp_path, suffix):
+    ds = load_gsm8k(_write_gsm8k(tmp_path, GSM_ROWS, suffix))
+    assert ds["answer"] == ["7", "1200"]
+    assert ds[0]["solution"] == GSM_ROWS[0]["answer"]
+    assert ds[1]["messages"][0]["content"] == GSM_ROWS[1]["question"]
+
+
+def test_gsm8k_loader_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_gsm8k(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        load_gsm8k(tmp_path / "x.csv")
+    bad = _write_gsm8k(tmp_path, [{"question": "q", "answer": "no marker"}], ".jsonl")
+    with pytest.raises(ValueError, match="row 0.*####"):
+        load_gsm8k(bad)
+    nocol = tmp_path / "nocol.jsonl"
+    nocol.write_text(json.dumps({"prompt": "q", "answer": "#### 1"}) + "\n")
+    with pytest.raises(ValueError, match="question"):
+        load_gsm8k(nocol)
+
+
+@pytest.mark.parametrize("completion, answer, reward", [
+    ("The answer is \\boxed{7}", "7", 1.0),
+    ("#### 1,200", "1200", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{8}", "7", 0.0),
+    ("no number here", "7", 0.0),
+    ("", "7", 0.0),
+])
+def test_math_verify_reward(completion, answer, reward):
+    assert math_verify_reward("q", completion, answer=answer) == reward
+
+
+def test_math_verify_reward_rejects_unparseable_reference():
+    with pytest.raises(ValueError, match="reference answer"):
+        math_verify_reward("q", "\\boxed{1}", answer="")
+
+
+def test_reasoning_gym_adapter_and_reward():
+    ds = load_reasoning_gym("basic_arithmetic", size=5, seed=3)
+    assert ds.to_list() == load_reasoning_gym("basic_arithmetic", size=5, seed=3).to_list()
+    for row in ds:
+        assert reasoning_gym_reward(row["question"], row["answer"], **row) == 1.0
+        assert reasoning_gym_reward(row["question"], "<answer>garbage</answer>", **row) == 0.0
+    with pytest.raises(KeyError, match="did you mean"):
+        load_reasoning_gym("basic_arithmetc", size=1)
+
+
+def test_build_task_dispatches_by_type(tmp_path):
+    task = build_task(DatasetConfig(type="addition", size=4, num_digits=3, seed=2))
+    assert len(task.dataset) == 4 and task.reward_fn is exact_match_reward
+    row = task.dataset[0]
+    assert task.reward_fn(row["question"], row["answer"], **row) == 1.0
+    rg = build_task(DatasetConfig(type="reasoning_gym:basic_arithmetic", size=2, split="test"))
+    assert rg.reward_fn is reasoning_gym_reward
+    with pytest.raises(ValueError, match="path"):
+        build_task(DatasetConfig(type="gsm8k"))
+    with pytest.raises(ValueError, match="DatasetConfig.type"):
+        DatasetConfig(type="mnist")

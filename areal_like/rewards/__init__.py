@@ -1,15 +1,25 @@
 """Verifiers. A reward is a plain function `(prompt, completion, **data) -> float`.
 
-`data` is the dataset item (e.g. its `answer`); unknown keys are ignored.
+`data` is the dataset item (e.g. its `answer`); unknown keys are ignored. Imports are lazy:
+reward worker processes import this package and should not pay for every verifier.
 """
 
-from areal_like.rewards.exact_match import exact_match_reward, extract_final_answer
-from areal_like.rewards.math_verify_reward import math_verify_reward
-from areal_like.rewards.reasoning_gym_reward import reasoning_gym_reward
+from __future__ import annotations
 
-__all__ = [
-    "exact_match_reward",
-    "extract_final_answer",
-    "math_verify_reward",
-    "reasoning_gym_reward",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "exact_match_reward": "areal_like.rewards.exact_match",
+    "extract_final_answer": "areal_like.rewards.exact_match",
+    "math_verify_reward": "areal_like.rewards.math_verify_reward",
+    "reasoning_gym_reward": "areal_like.rewards.reasoning_gym_reward",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'areal_like.rewards' has no attribute {name!r}")

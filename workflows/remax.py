@@ -1,0 +1,48 @@
+"""ReMax: the greedy completion's reward is the baseline of a sampled completion."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tensordict import TensorDict
+
+from areal_like.api import InferenceEngine, ModelRequest, validate_trajectory
+from areal_like.rollout.batching import concat_padded
+from workflows.common import TrajectoryBuilder, stable_id
+from workflows.rlvr import RLVRWorkflow
+
+
+class ReMaxWorkflow(RLVRWorkflow):
+    """Per prompt: one greedy and `n_samples` sampled completions, generated concurrently.
+
+    Each sampled trajectory's `rewards` is `r(sample) - r(greedy)` (every generated token gets
+    this same advantage under a REINFORCE loss); `raw_rewards` and `greedy_rewards` keep both.
+    The greedy completion is only a baseline and is not trained on.
+    """
+
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
+        input_ids = self.prompt_ids(data)
+        prompt = self.tokenizer.decode(input_ids)
+        sampled_cfg = self.gconfig.new(n_samples=1)
+        greedy_cfg = self.gconfig.new(n_samples=1, greedy=True)
+        greedy, *samples = await asyncio.gather(
+            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=greedy_cfg)),
+            *[engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=sampled_cfg))
+              for _ in range(self.gconfig.n_samples)],
+        )
+        texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
+                 for r in (greedy, *samples)]
+        greedy_reward, *sample_rewards = await asyncio.gather(*[
+            self.reward_executor(self.reward_fn, prompt, t, **data) for t in texts
+        ])
+        group_id = stable_id(data.get("id", prompt))
+        rows = []
+        for resp, reward in zip(samples, sample_rewards, strict=True):
+            builder = TrajectoryBuilder(input_ids)
+            builder.add_generation(resp)
+            rows.append(builder.to_tensordict(
+                reward - greedy_reward, raw_rewards=reward, greedy_rewards=greedy_reward,
+                group_id=group_id, truncated=int(resp.stop_reason == "length"),
+            ))
+        return validate_trajectory(concat_padded(rows))

@@ -1,0 +1,74 @@
+"""RLVR: sample `n_samples` completions per prompt and score them with a verifier."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+from tensordict import TensorDict
+from transformers import PreTrainedTokenizerBase
+
+from areal_like.api import (
+    GenerationHyperparameters,
+    InferenceEngine,
+    ModelRequest,
+    RolloutWorkflow,
+    validate_trajectory,
+)
+from areal_like.rewards.executor import RewardExecutor
+from areal_like.rollout.batching import concat_padded
+from workflows.common import (
+    TrajectoryBuilder,
+    chat_prompt_ids,
+    load_tokenizer,
+    stable_id,
+    with_eos_stop,
+)
+
+
+class RLVRWorkflow(RolloutWorkflow):
+    """One prompt in, one group of `gconfig.n_samples` scored trajectories out.
+
+    `data` needs `messages` (chat) and whatever the reward function reads (e.g. `answer`);
+    `data["id"]` becomes the group's `group_id`. Rows of the group stay together, in order.
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., Any],
+        gconfig: GenerationHyperparameters,
+        tokenizer: PreTrainedTokenizerBase | str,
+        reward_executor: Optional[RewardExecutor] = None,
+    ) -> None:
+        self.reward_fn = reward_fn
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.gconfig = with_eos_stop(gconfig, self.tokenizer)
+        self.reward_executor = reward_executor or RewardExecutor()
+
+    def prompt_ids(self, data: dict[str, Any]) -> list[int]:
+        if "messages" not in data:
+            raise KeyError(f"RLVRWorkflow: data item has no 'messages'; keys: {sorted(data)}")
+        return chat_prompt_ids(self.tokenizer, data["messages"])
+
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
+        input_ids = self.prompt_ids(data)
+        prompt = self.tokenizer.decode(input_ids)
+        single = self.gconfig.new(n_samples=1)
+        responses = await asyncio.gather(*[
+            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
+            for _ in range(self.gconfig.n_samples)
+        ])
+        completions = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
+                       for r in responses]
+        rewards = await asyncio.gather(*[
+            self.reward_executor(self.reward_fn, prompt, c, **data) for c in completions
+        ])
+        group_id = stable_id(data.get("id", prompt))
+        rows = []
+        for resp, reward in zip(responses, rewards, strict=True):
+            builder = TrajectoryBuilder(input_ids)
+            builder.add_generation(resp)
+            rows.append(builder.to_tensordict(
+                reward, group_id=group_id, truncated=int(resp.stop_reason == "length")
+            ))
+        return validate_trajectory(concat_padded(rows))

@@ -12,8 +12,8 @@ from typing import Any
 _LAZY = {
     "exact_match_reward": "areal_like.rewards.exact_match",
     "extract_final_answer": "areal_like.rewards.exact_match",
-    "math_verify_reward": "areal_like.rewards.math_verify_reward",
-    "reasoning_gym_reward": "areal_like.rewards.reasoning_gym_reward",
+    "math_verify_reward": "areal_like.rewards.math_equivalence",
+    "reasoning_gym_reward": "areal_like.rewards.reasoning_gym_verifier",
 }
 
 __all__ = sorted(_LAZY)

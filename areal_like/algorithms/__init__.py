@@ -1,1 +1,53 @@
+"""Algorithms: functional losses, advantage estimators, registries and thin actors.
 
+An algorithm is an advantage estimator + a policy loss + a loss aggregation, chosen by name in
+`AlgorithmConfig` and wired by a thin actor that hands `loss_fn` to `TrainEngine.train_batch`.
+Importing this package registers the built-in estimators and losses.
+"""
+
+from areal_like.algorithms import estimators as _estimators  # noqa: F401  (registers)
+from areal_like.algorithms import losses as _losses  # noqa: F401  (registers)
+from areal_like.algorithms.actors import (
+    CriticActor,
+    PPOActor,
+    ReinforceActor,
+    SFTActor,
+)
+from areal_like.algorithms.advantages import broadcast_to_tokens, discounted_returns
+from areal_like.algorithms.aggregation import aggregate_loss, loss_weight
+from areal_like.algorithms.estimators import AdvantageInputs, AdvantageOutputs
+from areal_like.algorithms.filters import drop_zero_variance_groups, dynamic_sampling_filter
+from areal_like.algorithms.losses import PolicyLossInputs
+from areal_like.algorithms.presets import PRESETS, algorithm_preset
+from areal_like.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    get_advantage_estimator,
+    get_policy_loss,
+    register_advantage_estimator,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageInputs",
+    "AdvantageOutputs",
+    "CriticActor",
+    "POLICY_LOSSES",
+    "PPOActor",
+    "PRESETS",
+    "PolicyLossInputs",
+    "ReinforceActor",
+    "SFTActor",
+    "aggregate_loss",
+    "algorithm_preset",
+    "broadcast_to_tokens",
+    "discounted_returns",
+    "drop_zero_variance_groups",
+    "dynamic_sampling_filter",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "loss_weight",
+    "register_advantage_estimator",
+    "register_policy_loss",
+]

@@ -1,0 +1,131 @@
+"""The `loss_fn(logits, micro_batch)` closures actors hand to `TrainEngine.train_batch`.
+
+They run on the engine's packed micro-batch: `logits` [T, V], and every per-token key of the
+prepared batch packed to [T] (next-token aligned, see `actors/base.py`) plus `cu_seqlens`.
+Keys read by the policy loss: input_ids, loss_mask, advantages, old_logp (the ratio's
+anchor), and when configured logprobs (behaviour) + prox_logp (decoupled loss), ref_logp
+(KL in the loss).
+
+Policy objective per token (then aggregated by `loss_agg_mode`):
+
+    l_t = w_t * l_policy(t) - entropy_coef * H_t + kl_ctl * KL_t(pi || pi_ref)
+
+with w_t the decoupled behaviour importance weight (1 when the decoupled loss is off), the KL
+term only when kl_in_reward is False. With top_entropy_ratio < 1 only the highest-entropy
+fraction of the micro-batch's trained tokens is kept (and the aggregation's denominators
+count only those).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from tensordict import TensorDict
+
+from areal_like.algorithms.aggregation import aggregate_loss
+from areal_like.algorithms.functional import top_fraction_mask
+from areal_like.algorithms.kl import kl_estimate
+from areal_like.algorithms.losses import (
+    PolicyLossInputs,
+    behaviour_importance_weights,
+    value_loss,
+)
+from areal_like.algorithms.registry import get_policy_loss
+from areal_like.utils.functional import next_token_logprobs, next_token_logprobs_entropy
+
+if TYPE_CHECKING:
+    from areal_like.api.config import AlgorithmConfig
+
+LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
+
+
+def _zero_if_empty(loss: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # keep the graph connected to every parameter even without trained tokens (FSDP needs
+    # every rank to run the same backward)
+    return loss if bool(mask.any()) else loss + 0.0 * logits.sum()
+
+
+def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
+    """The PPO-family loss closure for `config` (policy loss looked up by name)."""
+    policy_loss = get_policy_loss(config.policy_loss)
+
+    def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+        logp, entropy = next_token_logprobs_entropy(logits, mb, config.temperature)
+        trained = mb["loss_mask"].bool()
+        mask = trained
+        if config.top_entropy_ratio < 1.0:
+            mask = top_fraction_mask(entropy.detach(), trained, config.top_entropy_ratio)
+        old = mb["old_logp"].float()
+        inputs = PolicyLossInputs(logp, old, mb["advantages"].float(), mask, mb["cu_seqlens"])
+        token_loss, st = policy_loss(inputs, config)
+        kept = mask
+        if config.use_decoupled_loss:
+            w, kept = behaviour_importance_weights(mb["prox_logp"], mb["logprobs"], mask,
+                                                   config.behav_imp_weight_cap)
+            token_loss = token_loss * w
+        if config.entropy_coef:
+            token_loss = token_loss - config.entropy_coef * entropy
+        kl = None
+        if config.kl_ctl and not config.kl_in_reward:
+            kl = kl_estimate(logp, mb["ref_logp"].float(), config.kl_estimator)
+            token_loss = token_loss + config.kl_ctl * kl
+        loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss_agg_mode,
+                              config.loss_agg_constant)
+
+        tracker.denominator(n_valid_tokens=mask, n_trained_tokens=trained)
+        log_ratio = torch.where(mask, logp.detach() - old, 0.0)
+        values = {
+            "importance_weight": st.get("importance_weight", torch.exp(log_ratio)),
+            "approx_kl": log_ratio,
+            "clip_ratio": st.get("clip_mask", torch.zeros_like(mask)).float(),
+            "new_logp": logp.detach(),
+            "pg_loss": token_loss.detach(),
+        }
+        if "dual_clip_mask" in st:
+            values["dual_clip_ratio"] = st["dual_clip_mask"].float()
+        if kl is not None:
+            values["kl_ref"] = kl.detach()
+        tracker.stat(denominator="n_valid_tokens", **values)
+        tracker.stat(denominator="n_trained_tokens", entropy=entropy.detach())
+        if config.use_decoupled_loss:
+            behav_log_w = torch.where(mask, mb["prox_logp"] - mb["logprobs"], 0.0)
+            tracker.denominator(n_behav_kept_tokens=kept)
+            tracker.stat(denominator="n_valid_tokens", behav_approx_kl=behav_log_w,
+                         behav_capped_ratio=(mask & ~kept).float())
+            tracker.stat(denominator="n_behav_kept_tokens", behav_imp_weight=w)
+        return _zero_if_empty(loss, logits, mask)
+
+    return loss_fn
+
+
+def make_value_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
+    """Clipped value loss (token-mean) for a critic engine whose output is [T] (or [T, 1])."""
+    from areal_like.algorithms.actors.critic import as_values
+
+    def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+        values = as_values(logits)
+        mask = mb["loss_mask"].bool()
+        token_loss, st = value_loss(values, mb["values"].float(), mb["returns"].float(), mask,
+                                    config.value_eps_clip)
+        loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], "token-mean")
+        tracker.denominator(n_valid_tokens=mask)
+        tracker.stat(denominator="n_valid_tokens", value_loss=token_loss.detach(),
+                     value_clip_ratio=st["value_clip_mask"].float(), new_values=values.detach())
+        return _zero_if_empty(loss, logits, mask)
+
+    return loss_fn
+
+
+def make_sft_loss_fn(tracker: Any, temperature: float = 1.0) -> LossFn:
+    """Negative log-likelihood of the trained tokens (token-mean)."""
+
+    def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+        logp = next_token_logprobs(logits, mb, temperature)
+        mask = mb["loss_mask"].bool()
+        loss = aggregate_loss(-logp, mask, mb["cu_seqlens"], "token-mean")
+        tracker.denominator(n_valid_tokens=mask)
+        tracker.stat(denominator="n_valid_tokens", nll=-logp.detach())
+        return _zero_if_empty(loss, logits, mask)
+
+    return loss_fn

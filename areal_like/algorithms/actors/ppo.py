@@ -1,0 +1,230 @@
+"""PPOActor: every policy-gradient algorithm of the PPO family, chosen by configuration.
+
+    actor = PPOActor(engine, algorithm_preset("grpo"), ref=None)
+    stats = actor.update(batch)          # = compute_advantages + optimizer step(s)
+
+An algorithm is `AlgorithmConfig.adv_estimator` (by name) + `policy_loss` (by name) +
+`loss_agg_mode` + options; see `areal_like.algorithms.presets` for GRPO, Dr.GRPO, DAPO, RLOO,
+REINFORCE++, GSPO, ReMax, PPO (with `CriticActor`), CISPO and CPGD. The engine never learns
+which one runs: it only receives `loss_fn` and `loss_weight_fn`.
+
+Batch keys (token alignment, see `actors/base.py`): input_ids, attention_mask, loss_mask,
+logprobs, rewards [B] or dense [B, L]; optional versions, group_id or uid [B] (else
+consecutive groups of `group_size`), values [B, L] (critic, for gae), baseline_rewards [B]
+(remax), prox_logp / ref_logp [B, L] (computed here when needed and missing).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from areal_like.algorithms.actors.base import (
+    TRAJECTORY_KEYS,
+    compute_logprobs,
+    default_tracker,
+    mean_stats,
+    require_keys,
+    split_minibatches,
+)
+from areal_like.algorithms.actors.loss_fns import make_policy_loss_fn
+from areal_like.algorithms.aggregation import loss_weight
+from areal_like.algorithms.estimators import AdvantageInputs
+from areal_like.algorithms.filters import filter_zero_variance_groups, sequence_rewards
+from areal_like.algorithms.functional import group_index_from_ids, shift_to_next_token
+from areal_like.algorithms.kl import kl_estimate
+from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights, normalize
+from areal_like.algorithms.registry import get_advantage_estimator, get_policy_loss
+from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
+from areal_like.api.config import AlgorithmConfig
+from areal_like.api.engine_api import TrainEngine
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+class PPOActor:
+    """Backend-agnostic policy actor: computes advantages, hands a loss to the engine."""
+
+    def __init__(self, engine: TrainEngine, config: AlgorithmConfig,
+                 ref: Optional[TrainEngine] = None, tracker: Any = None,
+                 scope: str = "actor") -> None:
+        self.engine, self.config, self.ref = engine, config, ref
+        self.tracker = default_tracker(tracker)
+        self.scope = scope
+        # look names up now so a typo fails at construction, naming the registered choices
+        self.estimator = get_advantage_estimator(config.adv_estimator)
+        get_policy_loss(config.policy_loss)
+        if config.kl_ctl > 0 and ref is None:
+            raise ValueError(f"AlgorithmConfig.kl_ctl={config.kl_ctl} needs a reference model: "
+                             "pass ref=<TrainEngine> to PPOActor (or set kl_ctl=0)")
+        if config.clip_filter_weight and config.adv_estimator == "cpgd":
+            raise ValueError("adv_estimator='cpgd' already applies clip-filter weights; "
+                             "set clip_filter_weight=False")
+        self.running = (RunningMoments(config.adv_norm_running_decay)
+                        if config.adv_norm_level == "running" else None)
+
+    # ---- forwards ------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logp(self, batch: TensorDict) -> torch.Tensor:
+        """[B, L] next-token log-probs under the current weights (the proximal policy)."""
+        return compute_logprobs(self.engine, batch, self.config.temperature)
+
+    @torch.no_grad()
+    def compute_ref_logp(self, batch: TensorDict) -> torch.Tensor:
+        """[B, L] next-token log-probs under the frozen reference model."""
+        if self.ref is None:
+            raise ValueError("compute_ref_logp: this PPOActor has no reference engine")
+        return compute_logprobs(self.ref, batch, self.config.temperature)
+
+    # ---- advantages ----------------------------------------------------------------------
+    def compute_advantages(self, batch: TensorDict) -> TensorDict:
+        """A new, next-token-aligned batch with `advantages` (and everything the loss needs).
+
+        `batch` itself is not modified. Call once per batch: an already prepared batch (one
+        with `advantages`) is rejected, because shifting twice would misalign it."""
+        cfg = self.config
+        if "advantages" in batch.keys():
+            raise ValueError("compute_advantages: batch already has 'advantages' (already "
+                             "prepared); pass the raw trajectory batch")
+        require_keys(batch, TRAJECTORY_KEYS, "PPOActor.compute_advantages")
+        b = batch.batch_size[0]
+        ids = batch.get("group_id", None)
+        ids = batch.get("uid", None) if ids is None else ids
+        group_index = group_index_from_ids(ids, b, cfg.group_size).to(batch["input_ids"].device)
+        tracker = self.tracker
+        with tracker.scope(self.scope):
+            if cfg.dynamic_sampling:
+                batch, group_index, counts = filter_zero_variance_groups(batch, group_index)
+                tracker.scalar(**counts)
+            needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss
+            extra: dict[str, torch.Tensor] = {}
+            if needs_prox:
+                extra["prox_logp"] = (batch["prox_logp"] if "prox_logp" in batch.keys()
+                                      else self.compute_logp(batch))
+            if cfg.kl_ctl > 0:
+                extra["ref_logp"] = (batch["ref_logp"] if "ref_logp" in batch.keys()
+                                     else self.compute_ref_logp(batch))
+            return self._prepare(batch, group_index, extra)
+
+    def _prepare(self, batch: TensorDict, group_index: torch.Tensor,
+                 extra: dict[str, torch.Tensor]) -> TensorDict:
+        cfg = self.config
+        token_mask = batch["loss_mask"].bool()
+        response_len = token_mask.sum(-1)
+        overlong = None
+        if cfg.overlong_reward_penalty:
+            overlong = overlong_penalty(response_len, cfg.max_response_tokens,
+                                        cfg.overlong_tokens, cfg.overlong_penalty_factor)
+        token_r, seq_r = shape_rewards(batch["rewards"], token_mask, scale=cfg.reward_scaling,
+                                       bias=cfg.reward_bias, clip=cfg.reward_clip,
+                                       overlong=overlong)
+        mask = shift_to_next_token(token_mask)
+        token_r = shift_to_next_token(token_r)
+        zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+        behav = torch.where(mask, shift_to_next_token(batch["logprobs"].float()), zero)
+        prox = extra.get("prox_logp")
+        if prox is not None:
+            prox = torch.where(mask, prox.float(), zero)
+        old = prox if cfg.recompute_logprob else behav
+
+        token_kl = None
+        if cfg.kl_ctl > 0:
+            ref = torch.where(mask, extra["ref_logp"].float(), zero)
+            token_kl = torch.where(mask, kl_estimate(old, ref, cfg.kl_estimator), zero)
+            if cfg.kl_in_reward:
+                token_r = token_r - cfg.kl_ctl * token_kl.double()
+                seq_r = seq_r - cfg.kl_ctl * token_kl.double().sum(-1)
+
+        values = batch.get("values", None)
+        if values is not None:
+            values = torch.where(mask, values.float(), zero)
+        inputs = AdvantageInputs(
+            token_rewards=token_r, seq_rewards=seq_r, loss_mask=mask, group_index=group_index,
+            values=values, baseline_rewards=batch.get("baseline_rewards", None),
+            all_reduce=_distributed(),
+        )
+        out = self.estimator(inputs, cfg)
+        if tuple(out.advantages.shape) != tuple(mask.shape):
+            raise ValueError(f"adv_estimator={cfg.adv_estimator!r} returned advantages of shape "
+                             f"{tuple(out.advantages.shape)}; expected {tuple(mask.shape)}")
+        adv = self._normalize(out.advantages, mask, group_index)
+        if cfg.clip_filter_weight:
+            weights = clip_filter_weights(seq_r, group_index, cfg.clip_filter_max_weight,
+                                          all_reduce=_distributed())
+            adv = adv * weights[:, None]
+
+        prepared = {
+            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            "loss_mask": mask, "logprobs": behav, "old_logp": old,
+            "advantages": torch.where(mask, adv.float(), zero),
+        }
+        if prox is not None:
+            prepared["prox_logp"] = prox
+        if "ref_logp" in extra:
+            prepared["ref_logp"] = torch.where(mask, extra["ref_logp"].float(), zero)
+        if values is not None:
+            prepared["values"] = values
+        if out.returns is not None:
+            prepared["returns"] = torch.where(mask, out.returns.float(), zero)
+        self._record_batch_stats(batch, mask, seq_r, prepared["advantages"], token_kl)
+        return TensorDict(prepared, batch_size=batch.batch_size, device=batch.device)
+
+    def _normalize(self, adv: torch.Tensor, mask: torch.Tensor,
+                   group_index: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        kw = dict(mean=cfg.adv_norm_mean, std=cfg.adv_norm_std, eps=cfg.adv_norm_eps)
+        if cfg.adv_norm_level == "batch":
+            return normalize(adv, mask, None, leave_one_out=cfg.adv_norm_leave_one_out,
+                             all_reduce=_distributed(), **kw)
+        if cfg.adv_norm_level == "group":
+            return normalize(adv, mask, group_index, leave_one_out=cfg.adv_norm_leave_one_out,
+                             **kw)
+        if cfg.adv_norm_level == "running":
+            assert self.running is not None
+            self.running.update(adv, mask, all_reduce=_distributed())
+            return self.running.normalize(adv, mask, **kw)
+        return adv
+
+    def _record_batch_stats(self, batch: TensorDict, mask: torch.Tensor, seq_r: torch.Tensor,
+                            adv: torch.Tensor, token_kl: Optional[torch.Tensor]) -> None:
+        t = self.tracker
+        attn = batch["attention_mask"].bool()
+        n_seqs = torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
+        response_len = batch["loss_mask"].bool().sum(-1).float()
+        t.denominator(n_seqs=n_seqs, n_valid_tokens=mask)
+        t.stat(denominator="n_seqs", task_reward=sequence_rewards(batch["rewards"]).float(),
+               shaped_reward=seq_r.float(), response_length=response_len,
+               prompt_length=attn.sum(-1).float() - response_len, seq_length=attn.sum(-1).float())
+        token_stats = {"advantages": adv}
+        if token_kl is not None:
+            token_stats["kl_ref"] = token_kl
+        if "versions" in batch.keys():
+            lag = self.engine.get_version() - shift_to_next_token(batch["versions"])
+            token_stats["version_lag"] = torch.where(mask, lag, 0).float()
+        t.stat(denominator="n_valid_tokens", **token_stats)
+
+    # ---- training ------------------------------------------------------------------------
+    def make_loss_fn(self):
+        return make_policy_loss_fn(self.config, self.tracker)
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """One training step on `batch` (`ppo_n_minibatches` optimizer steps). Computes the
+        advantages first unless `batch` is already prepared. Returns the engine's stats
+        averaged over mini-batches; diagnostics go to the stats tracker under `scope`."""
+        prepared = batch if "advantages" in batch.keys() else self.compute_advantages(batch)
+        loss_fn = self.make_loss_fn()
+        weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode)
+        results = []
+        self.engine.train()
+        with self.tracker.scope(self.scope), self.tracker.scope("update"):
+            for mb in split_minibatches(prepared, self.config.ppo_n_minibatches):
+                stats = self.engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=weight_fn)
+                self.tracker.scalar(**stats)
+                results.append(stats)
+        return mean_stats(results)

@@ -1,0 +1,134 @@
+"""Advantage estimators, selectable by name (`AlgorithmConfig.adv_estimator`).
+
+Every estimator maps `AdvantageInputs` to `AdvantageOutputs` in next-token alignment. Notation:
+r_i = total (shaped) reward of sequence i, g(i) its group (the samples of one prompt),
+r_t = per-token reward, G_t = discounted return (`advantages.py`), sigma = population std,
+eps = `adv_norm_eps`. Outcome estimators give every trained token of a sequence the same
+advantage.
+
+    gae           A_t = GAE(gamma, lambda) with critic values           (dense rewards OK)
+    reinforce     A_t = G_t                                              (dense rewards OK)
+    reinforce_pp  A_t = (G_t - mean_batch G) / (sigma_batch G + eps)     (dense rewards OK)
+                  over all trained tokens of the batch (all ranks); REINFORCE++ puts the token
+                  KL into the reward: set kl_in_reward=True, kl_ctl > 0 and give a reference.
+    grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps)
+    dr_grpo       A_i = r_i - mean_g r
+    rloo          A_i = r_i - mean_{j in g, j != i} r_j
+    remax         A_i = r_i - b_i, b_i = batch key `baseline_rewards` [B] (the reward of the
+                  greedy completion of the same prompt); without that key A_i = r_i, for
+                  workflows that already store r - r_greedy in `rewards` (workflows/remax.py)
+    cpgd          A_i = (r_i - mean_g r) * w_i, w = CPGD clip-filter weight (`normalize.py`)
+
+A group whose rewards are all equal (including a single-sample group) gets A = 0 from every
+group estimator. Per-action rewards of multi-step agents enter as dense token rewards; the
+outcome estimators use their sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from areal_like.algorithms.advantages import (
+    broadcast_to_tokens,
+    discounted_returns,
+    gae_advantages,
+)
+from areal_like.algorithms.normalize import clip_filter_weights, normalize
+from areal_like.algorithms.registry import register_advantage_estimator
+
+if TYPE_CHECKING:
+    from areal_like.api.config import AlgorithmConfig
+
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may use; every [B, L] tensor is in next-token alignment."""
+
+    token_rewards: torch.Tensor  # [B, L] float64 shaped rewards, 0 where loss_mask is 0
+    seq_rewards: torch.Tensor  # [B] float64 total shaped reward per sequence
+    loss_mask: torch.Tensor  # [B, L] bool, trained actions
+    group_index: torch.Tensor  # [B] long in 0..G-1 (samples of the same prompt share one)
+    values: Optional[torch.Tensor] = None  # [B, L] critic V(s_t)
+    baseline_rewards: Optional[torch.Tensor] = None  # [B] e.g. greedy-completion reward
+    all_reduce: bool = False  # batch-wide statistics pool over distributed ranks
+
+
+@dataclass
+class AdvantageOutputs:
+    advantages: torch.Tensor  # [B, L], 0 where loss_mask is 0
+    returns: Optional[torch.Tensor] = None  # [B, L] value targets (critic), when defined
+
+
+def _require(value: Optional[torch.Tensor], name: str, estimator: str, hint: str) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"adv_estimator={estimator!r} needs batch key {name!r} ({hint})")
+    return value
+
+
+@register_advantage_estimator("gae")
+def gae(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    values = _require(inputs.values, "values", "gae", "critic values from CriticActor."
+                      "compute_values")
+    adv, ret = gae_advantages(inputs.token_rewards, values, inputs.loss_mask,
+                              config.discount, config.gae_lambda)
+    return AdvantageOutputs(adv, ret)
+
+
+@register_advantage_estimator("reinforce")
+def reinforce(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
+    return AdvantageOutputs(ret, ret)
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
+    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
+                    all_reduce=inputs.all_reduce)
+    return AdvantageOutputs(adv, ret)
+
+
+def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: bool,
+                   leave_one_out: bool) -> AdvantageOutputs:
+    scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=std,
+                       leave_one_out=leave_one_out, eps=config.adv_norm_eps)
+    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+
+
+@register_advantage_estimator("grpo")
+def grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    return _group_outcome(inputs, config, std=True, leave_one_out=False)
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    return _group_outcome(inputs, config, std=False, leave_one_out=False)
+
+
+@register_advantage_estimator("rloo")
+def rloo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    return _group_outcome(inputs, config, std=False, leave_one_out=True)
+
+
+@register_advantage_estimator("remax")
+def remax(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    baseline = inputs.baseline_rewards
+    if baseline is None:  # the workflow already subtracted the greedy reward
+        return AdvantageOutputs(broadcast_to_tokens(inputs.seq_rewards, inputs.loss_mask))
+    if baseline.shape != inputs.seq_rewards.shape:
+        raise ValueError(f"'baseline_rewards' has shape {tuple(baseline.shape)}; expected "
+                         f"{tuple(inputs.seq_rewards.shape)}")
+    scores = inputs.seq_rewards - baseline.to(torch.float64)
+    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+
+
+@register_advantage_estimator("cpgd")
+def cpgd(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    centred = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=False,
+                        eps=config.adv_norm_eps)
+    weights = clip_filter_weights(inputs.seq_rewards, inputs.group_index,
+                                  config.clip_filter_max_weight, all_reduce=inputs.all_reduce)
+    return AdvantageOutputs(broadcast_to_tokens(centred * weights, inputs.loss_mask))

@@ -1,0 +1,246 @@
+"""PPOActor end to end on the reference engine of tests/test_algo_ref_engine.py.
+
+Loss values and gradients through packed micro-batches are compared with float64 references
+computed directly on the padded batch with per-token loops (the formulas of losses.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_algo_ref_engine import RefEngine, _batch, _grads, _model, _true_logprobs
+
+from areal_like.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageOutputs,
+    PPOActor,
+    algorithm_preset,
+    broadcast_to_tokens,
+    register_advantage_estimator,
+)
+from areal_like.api.config import AlgorithmConfig
+from areal_like.utils.stats_tracker import StatsTracker
+
+
+def _grpo_ref(rewards, groups, eps):
+    out = []
+    for i, gi in enumerate(groups):
+        m = [rewards[j] for j in range(len(rewards)) if groups[j] == gi]
+        mu = sum(m) / len(m)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in m) / len(m))
+        out.append(0.0 if max(m) == min(m) else (rewards[i] - mu) / (sd + eps))
+    return out
+
+
+def _entropy(logp_row):
+    return -(logp_row.exp() * logp_row).sum()
+
+
+def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None):
+    """Float64 loss from the padded batch with per-token loops (the formulas of losses.py).
+    With top_entropy_ratio < 1 the whole batch must be one micro-batch."""
+    eps_h = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    rows = []
+    for i in range(batch.shape[0]):
+        n = int(batch["attention_mask"][i].sum())
+        ids = batch["input_ids"][i]
+        logp_all = torch.log_softmax(model(input_ids=ids[None, :n]).logits[0], -1)
+        ref_all = (torch.log_softmax(ref_model(input_ids=ids[None, :n]).logits[0], -1).detach()
+                   if ref_model is not None else None)
+        # token t is predicted at position t - 1
+        rows.append([(i, t, logp_all, ref_all) for t in range(1, n) if batch["loss_mask"][i, t]])
+    if cfg.top_entropy_ratio < 1:
+        flat = [x for r in rows for x in r]
+        ent = [float(_entropy(la[t - 1]).detach()) for _, t, la, _ in flat]
+        k = math.ceil(cfg.top_entropy_ratio * len(flat))
+        keep = {(flat[j][0], flat[j][1]) for j in sorted(range(len(flat)), key=lambda j: -ent[j])
+                [:k]}
+        rows = [[x for x in r if (x[0], x[1]) in keep] for r in rows]
+    per_seq = []
+    for i, row in enumerate(rows):
+        ids = batch["input_ids"][i]
+        terms, log_ratios = [], []
+        for _, t, logp_all, ref_all in row:
+            lp = logp_all[t - 1, ids[t]]
+            prox = float(prox_next[i, t - 1])
+            behav = float(batch["logprobs"][i, t])
+            ref = None if ref_all is None else float(ref_all[t - 1, ids[t]])
+            log_ratios.append(lp - prox)
+            terms.append((lp, prox, behav, logp_all[t - 1], ref))
+        seq_ratio = torch.exp(torch.stack(log_ratios).mean()) if row else None
+        losses = []
+        for lp, prox, behav, dist, ref in terms:
+            a = adv[i]
+            r = seq_ratio if cfg.policy_loss == "gspo" else torch.exp(lp - prox)
+            if cfg.policy_loss in ("ppo", "gspo"):
+                loss = torch.maximum(-a * r, -a * r.clamp(1 - cfg.eps_clip, 1 + eps_h))
+                if cfg.c_clip is not None and a < 0:
+                    loss = torch.minimum(loss, torch.tensor(-a * cfg.c_clip, dtype=loss.dtype))
+            elif cfg.policy_loss == "cispo":
+                loss = -r.detach().clamp(1 - cfg.eps_clip, 1 + eps_h) * a * lp
+            else:  # reinforce
+                loss = -a * lp
+            if cfg.use_decoupled_loss:
+                w = math.exp(prox - behav)
+                cap = cfg.behav_imp_weight_cap
+                loss = loss * (0.0 if cap is not None and w > cap else w)
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * _entropy(dist)
+            if cfg.kl_ctl and not cfg.kl_in_reward:  # k3 = pi_ref/pi - 1 - log(pi_ref/pi)
+                loss = loss + cfg.kl_ctl * (torch.exp(ref - lp) - 1 - (ref - lp))
+            losses.append(loss)
+        per_seq.append(losses)
+    nonempty = [s for s in per_seq if s]
+    if cfg.loss_agg_mode == "token-mean":
+        return sum(sum(s) for s in nonempty) / sum(len(s) for s in nonempty)
+    if cfg.loss_agg_mode == "seq-mean-token-mean":
+        return sum(sum(s) / len(s) for s in nonempty) / len(nonempty)
+    if cfg.loss_agg_mode == "seq-mean-token-sum":
+        return sum(sum(s) for s in nonempty) / len(nonempty)
+    return sum(sum(s) for s in nonempty) / (len(nonempty) * cfg.loss_agg_constant)
+
+
+CASES = [
+    dict(policy_loss="ppo", loss_agg_mode="token-mean"),
+    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-mean", behav_imp_weight_cap=1.5),
+    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-sum", eps_clip_high=0.28, c_clip=1.1),
+    dict(policy_loss="ppo", loss_agg_mode="constant", loss_agg_constant=6.0, entropy_coef=0.01),
+    dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", eps_clip=0.05),
+    dict(policy_loss="cispo", loss_agg_mode="token-mean", use_decoupled_loss=False),
+    dict(policy_loss="reinforce", loss_agg_mode="token-mean", use_decoupled_loss=False),
+    dict(policy_loss="ppo", loss_agg_mode="token-mean", kl_ctl=0.1, kl_estimator="k3",
+         top_entropy_ratio=0.5, one_micro_batch=True),
+]
+
+
+def _perturbed_model(path, scale=0.05):
+    model = _model(path)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['policy_loss']}-{c['loss_agg_mode']}")
+def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_model_dir, case):
+    case = dict(case)
+    one_mb = case.pop("one_micro_batch", False)
+    model = _model(tiny_model_dir)
+    ref_model = _perturbed_model(tiny_model_dir) if case.get("kl_ctl") else None
+    batch = _batch(model, noise=0.3)
+    g = torch.Generator().manual_seed(7)
+    # a given proximal policy (next-token aligned) so that ratios move away from 1
+    prox = torch.where(batch["attention_mask"], torch.zeros(batch["input_ids"].shape), 0.0)
+    for i in range(batch.shape[0]):
+        n = int(batch["attention_mask"][i].sum())
+        lp = _true_logprobs(model, batch["input_ids"][i], n)
+        prox[i, :n - 1] = (lp[1:] + 0.2 * torch.randn(n - 1, generator=g,
+                                                      dtype=torch.float64)).float()
+    batch["prox_logp"] = prox
+    cfg = AlgorithmConfig(adv_estimator="grpo", group_size=4, **case)
+    engine = RefEngine(model, lr=0.0, max_tokens_per_mb=1000 if one_mb else 24)
+    tracker = StatsTracker()
+    ref = RefEngine(ref_model) if ref_model is not None else None
+    stats = PPOActor(engine, cfg, ref=ref, tracker=tracker).update(batch)
+    assert engine.n_micro_batches == 1 if one_mb else engine.n_micro_batches >= 3
+    got_grad = _grads(model).clone()
+
+    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.adv_norm_eps)
+    model.zero_grad()
+    want = _reference_loss(model, batch, prox, cfg, adv, ref_model)
+    want.backward()
+    assert stats["loss"] == pytest.approx(float(want.detach()), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(got_grad, _grads(model), rtol=1e-4, atol=1e-6)
+
+    exported = tracker.export()
+    for key in ("actor/update/importance_weight/max", "actor/update/approx_kl/avg",
+                "actor/update/clip_ratio/avg", "actor/update/entropy/avg",
+                "actor/advantages/avg", "actor/task_reward/avg", "actor/response_length/max"):
+        assert math.isfinite(exported[key]), key
+    if cfg.use_decoupled_loss:
+        assert exported["actor/update/behav_imp_weight/max"] > 0
+        if cfg.behav_imp_weight_cap:
+            assert exported["actor/update/behav_capped_ratio/avg"] > 0
+    if cfg.c_clip is not None:
+        assert exported["actor/update/dual_clip_ratio/avg"] > 0  # the dual clip did bind
+
+
+def test_recomputed_logprobs_align_with_behaviour_logprobs(tiny_model_dir):
+    """Behaviour log-probs from the same weights: the decoupled weight must be exactly ~1."""
+    model = _model(tiny_model_dir)
+    batch = _batch(model, noise=0.0)
+    tracker = StatsTracker()
+    actor = PPOActor(RefEngine(model, max_tokens_per_mb=24), AlgorithmConfig(group_size=4),
+                     tracker=tracker)
+    prepared = actor.compute_advantages(batch)
+    m = prepared["loss_mask"]
+    assert int(m.sum()) == int(batch["loss_mask"].sum())  # every trained token kept, shifted
+    torch.testing.assert_close(prepared["prox_logp"][m], prepared["logprobs"][m], rtol=0,
+                               atol=2e-5)
+    assert "advantages" not in batch.keys()  # the input batch is untouched
+    with pytest.raises(ValueError, match="already prepared"):
+        actor.compute_advantages(prepared)
+
+
+def test_grpo_update_raises_the_rewarded_completion(tiny_model_dir):
+    model = _model(tiny_model_dir, torch.float32)
+    engine = RefEngine(model, lr=3e-3, adam=True, max_tokens_per_mb=24)
+    actor = PPOActor(engine, algorithm_preset("grpo", group_size=4), tracker=StatsTracker())
+    batch = _batch(model, n_rows=4, group=4)  # rewards [1, 0, 0, 0]
+
+    def seq_logp():
+        return torch.stack([_true_logprobs(model, batch["input_ids"][i],
+                                           int(batch["attention_mask"][i].sum()))
+                            [batch["loss_mask"][i, :int(batch["attention_mask"][i].sum())]].sum()
+                            for i in range(4)])
+
+    before = seq_logp()
+    for _ in range(4):
+        fresh = _batch(model, n_rows=4, group=4)  # on-policy behaviour log-probs each step
+        actor.update(fresh)
+    delta = seq_logp() - before
+    assert delta[0] > 0.5 and (delta[1:] < 0).all(), delta.tolist()
+
+
+def test_presets_run_an_update(tiny_model_dir):
+    ref = RefEngine(_model(tiny_model_dir, torch.float32))
+    for name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "remax", "cispo",
+                 "cpgd"):
+        model = _model(tiny_model_dir, torch.float32)
+        cfg = algorithm_preset(name, group_size=4, max_response_tokens=6, overlong_tokens=2)
+        tracker = StatsTracker()
+        actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
+                         ref=ref if cfg.kl_ctl else None, tracker=tracker)
+        stats = actor.update(_batch(model, seed=3))
+        out = tracker.export()
+        assert math.isfinite(stats["loss"]), name
+        assert all(math.isfinite(v) for v in out.values()), name
+        if name == "reinforce_pp":  # same weights as the reference: KL ~ 0
+            assert abs(out["actor/kl_ref/avg"]) < 1e-5
+        if name == "dapo":
+            assert out["actor/n_groups_kept"] + out["actor/n_groups_dropped"] == 2
+    with pytest.raises(ValueError, match="reference model"):
+        PPOActor(RefEngine(model), algorithm_preset("reinforce_pp"))
+
+
+def test_user_registered_estimator_is_selected_by_config(tiny_model_dir):
+    @register_advantage_estimator("test_half_reward")
+    def half_reward(inputs, config):
+        return AdvantageOutputs(broadcast_to_tokens(inputs.seq_rewards * 0.5, inputs.loss_mask))
+
+    try:
+        model = _model(tiny_model_dir)
+        cfg = AlgorithmConfig(adv_estimator="test_half_reward", use_decoupled_loss=False,
+                              recompute_logprob=False)
+        prepared = PPOActor(RefEngine(model), cfg, tracker=StatsTracker()).compute_advantages(
+            _batch(model))
+        m = prepared["loss_mask"]
+        rows = m.nonzero()[:, 0]
+        assert (prepared["advantages"][m] == 0.5 * _batch(model)["rewards"][rows]).all()
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("test_half_reward")
+    with pytest.raises(KeyError, match="test_half_reward"):
+        PPOActor(RefEngine(model), cfg)

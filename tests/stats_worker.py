@@ -17,6 +17,11 @@ tracker.denominator(n=mask)
 tracker.stat(denominator="n", v=values)
 tracker.scalar(s=float(rank))
 tracker.add(c=1.0)
+if rank == 0:  # keys only one rank records (rank 0 runs rollout) are reduced too
+    tracker.scalar(only0=5.0)
+else:
+    tracker.denominator(m=torch.tensor([True, True]))
+    tracker.stat(denominator="m", only1=torch.tensor([7.0, 9.0]))
 out = tracker.export()
 if rank == 0:
     with open(sys.argv[1], "w") as f:

@@ -86,6 +86,8 @@ def test_reduction_across_two_torchrun_ranks(tmp_path):
     assert out["w/v/avg"] == pytest.approx(sum(kept) / 5)
     assert (out["w/v/min"], out["w/v/max"]) == (1.0, 6.0)
     assert out["w/s"] == 0.5 and out["w/c"] == 2.0
+    assert out["w/only0"] == 5.0
+    assert out["w/only1/avg"] == 8.0 and out["w/m"] == 2
 
 
 def test_sinks_write_jsonl_tensorboard_and_console(tmp_path, capsys):

@@ -118,30 +118,14 @@ class StatsTracker:
     ) -> dict[str, float]:
         """Reduce everything recorded (across `reduce_group` when distributed) to floats.
 
-        Masked stats give `<key>/avg`, `/min`, `/max` (a denominator gives its count as
-        `<key>` ... exported as the sum of its mask); scalars give their mean; `add` counters
-        and timings give their sum. Every rank must record the same keys.
+        Masked stats give `<key>/avg`, `/min`, `/max`; a denominator gives its count of True
+        entries; scalars give their mean; `add` counters and timings give their sum. Ranks
+        may record different keys: the union is reduced.
         """
         with self._lock:
-            masked_keys = sorted(self._masked)
-            sums = torch.zeros(len(masked_keys), 2, dtype=torch.float64)  # weighted sum, count
-            mins = torch.full((len(masked_keys),), float("inf"), dtype=torch.float64)
-            maxs = torch.full((len(masked_keys),), float("-inf"), dtype=torch.float64)
-            for i, key in enumerate(masked_keys):
-                for values, mask in self._masked[key]:
-                    sel = values[mask.bool()].double()
-                    sums[i, 0] += sel.sum()
-                    sums[i, 1] += sel.numel()
-                    if sel.numel():
-                        mins[i] = min(mins[i], sel.min())
-                        maxs[i] = max(maxs[i], sel.max())
-            scalar_keys = sorted(self._scalars)
-            scalars = torch.tensor(
-                [[sum(self._scalars[k]), len(self._scalars[k])] for k in scalar_keys],
-                dtype=torch.float64,
-            ).reshape(-1, 2)
-            sum_keys = sorted(self._sums)
-            counters = torch.tensor([self._sums[k] for k in sum_keys], dtype=torch.float64)
+            masked = {k: list(v) for k, v in self._masked.items()}
+            scalars_rec = {k: list(v) for k, v in self._scalars.items()}
+            sums_rec = dict(self._sums)
             denominators = set(self._denominators)
             if reset:
                 self._denominators.clear()
@@ -149,7 +133,38 @@ class StatsTracker:
                 self._scalars.clear()
                 self._sums.clear()
 
-        if dist.is_available() and dist.is_initialized():
+        distributed = dist.is_available() and dist.is_initialized()
+        masked_keys, scalar_keys, sum_keys = sorted(masked), sorted(scalars_rec), sorted(sums_rec)
+        if distributed:
+            # Ranks may record different keys (e.g. only rank 0 runs rollout): reduce over the
+            # union, a missing key contributing nothing.
+            world = dist.get_world_size(reduce_group)
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, (masked_keys, scalar_keys, sum_keys,
+                                              sorted(denominators)), group=reduce_group)
+            masked_keys = sorted({k for g in gathered for k in g[0]})
+            scalar_keys = sorted({k for g in gathered for k in g[1]})
+            sum_keys = sorted({k for g in gathered for k in g[2]})
+            denominators = {k for g in gathered for k in g[3]}
+
+        sums = torch.zeros(len(masked_keys), 2, dtype=torch.float64)  # weighted sum, count
+        mins = torch.full((len(masked_keys),), float("inf"), dtype=torch.float64)
+        maxs = torch.full((len(masked_keys),), float("-inf"), dtype=torch.float64)
+        for i, key in enumerate(masked_keys):
+            for values, mask in masked.get(key, []):
+                sel = values[mask.bool()].double()
+                sums[i, 0] += sel.sum()
+                sums[i, 1] += sel.numel()
+                if sel.numel():
+                    mins[i] = min(mins[i], sel.min())
+                    maxs[i] = max(maxs[i], sel.max())
+        scalars = torch.tensor(
+            [[sum(scalars_rec.get(k, [])), len(scalars_rec.get(k, []))] for k in scalar_keys],
+            dtype=torch.float64,
+        ).reshape(-1, 2)
+        counters = torch.tensor([sums_rec.get(k, 0.0) for k in sum_keys], dtype=torch.float64)
+
+        if distributed:
             for tensor, op in ((sums, dist.ReduceOp.SUM), (mins, dist.ReduceOp.MIN),
                                (maxs, dist.ReduceOp.MAX), (scalars, dist.ReduceOp.SUM),
                                (counters, dist.ReduceOp.SUM)):

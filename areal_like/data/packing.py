@@ -1,0 +1,215 @@
+"""Packing padded batches into 1-D micro-batches, and splitting them by a token budget.
+
+A *batch* is a TensorDict with batch_size [B] holding padded [B, L] sequences: `input_ids`,
+`attention_mask` (1 on real tokens; padding may be on either side, but the real tokens of a
+row must be contiguous) and any other keys. A key whose first two dims are [B, L] is
+*per-token*; any other key (first dim B) is *per-sequence*.
+
+A *packed micro-batch* is a TensorDict with batch_size [] holding a subset of the rows:
+- every per-token key concatenated over its real tokens -> [T, ...],
+- every per-sequence key -> [n_seqs, ...],
+- `cu_seqlens` int64 [n_seqs + 1] (0, len_0, len_0 + len_1, ..., T),
+- `position_ids` int64 [T], restarting at 0 for every sequence.
+Non-tensor entries of the batch are not carried into micro-batches.
+
+All functions here are pure and single-process; the engine adds the cross-rank agreement.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+from tensordict import TensorDict
+
+RESERVED_KEYS = ("cu_seqlens", "position_ids")
+
+
+def sequence_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Number of real tokens per row of a [B, L] mask; checks the tokens are contiguous."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [B, L], got shape {tuple(attention_mask.shape)}")
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    first = mask.int().argmax(-1)
+    last = mask.shape[1] - 1 - mask.flip(-1).int().argmax(-1)
+    holes = (lengths > 0) & (last - first + 1 != lengths)
+    if holes.any():
+        row = int(holes.nonzero()[0])
+        raise ValueError(
+            f"attention_mask row {row} has gaps: real tokens must be contiguous (padding only "
+            f"at the start or end), got {attention_mask[row].tolist()}"
+        )
+    return lengths
+
+
+def _first_real_column(attention_mask: torch.Tensor) -> torch.Tensor:
+    return attention_mask.bool().int().argmax(-1)
+
+
+def split_keys(batch: TensorDict) -> tuple[list[str], list[str]]:
+    """(per-token keys, per-sequence keys) of a padded batch; rejects nested or misshaped keys."""
+    for key in ("input_ids", "attention_mask"):
+        if key not in batch.keys():
+            raise KeyError(f"batch is missing {key!r}; present keys: {sorted(batch.keys())}")
+    clash = [k for k in RESERVED_KEYS if k in batch.keys()]
+    if clash:
+        raise ValueError(f"batch keys {clash} are reserved for the packed layout; rename them")
+    b, seq_len = batch["input_ids"].shape
+    if tuple(batch["attention_mask"].shape) != (b, seq_len):
+        raise ValueError(
+            f"'attention_mask' has shape {tuple(batch['attention_mask'].shape)}; expected "
+            f"{(b, seq_len)} like 'input_ids'"
+        )
+    per_token, per_seq = [], []
+    for key, value in batch.items():
+        if isinstance(value, TensorDict):
+            raise ValueError(f"batch key {key!r} is a nested TensorDict; flatten it first")
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() >= 2 and tuple(value.shape[:2]) == (b, seq_len):
+            per_token.append(key)
+        elif value.dim() >= 1 and value.shape[0] == b:
+            per_seq.append(key)
+        else:
+            raise ValueError(f"batch key {key!r} has shape {tuple(value.shape)}; expected [B={b}, "
+                             f"L={seq_len}, ...] (per token) or [B={b}, ...] (per sequence)")
+    return per_token, per_seq
+
+
+def pack_sequences(batch: TensorDict, indices: Sequence[int]) -> TensorDict:
+    """Pack rows `indices` of a padded batch into one 1-D micro-batch (see module docstring)."""
+    per_token, per_seq = split_keys(batch)
+    mask = batch["attention_mask"]
+    lengths = sequence_lengths(mask)
+    idx = torch.as_tensor(list(indices), dtype=torch.long)
+    if idx.numel() == 0:
+        raise ValueError("pack_sequences needs at least one row index")
+    lens = lengths[idx]
+    if (lens == 0).any():
+        raise ValueError(f"row {int(idx[lens == 0][0])} of the batch has no real tokens")
+    cu = torch.zeros(len(idx) + 1, dtype=torch.long)
+    cu[1:] = torch.cumsum(lens, 0)
+    n_tokens = int(cu[-1])
+    seg = torch.repeat_interleave(torch.arange(len(idx)), lens)
+    position_ids = torch.arange(n_tokens) - cu[:-1][seg]
+    rows = idx[seg]
+    cols = _first_real_column(mask)[rows] + position_ids
+    out: dict[str, torch.Tensor] = {}
+    for key in per_token:
+        value = batch[key]
+        out[key] = value[rows.to(value.device), cols.to(value.device)]
+    for key in per_seq:
+        out[key] = batch[key][idx.to(batch[key].device)]
+    device = batch["input_ids"].device
+    out["cu_seqlens"] = cu.to(device)
+    out["position_ids"] = position_ids.to(device)
+    return TensorDict(out, batch_size=[])
+
+
+def unpack_to_padded(per_seq_values: Sequence[torch.Tensor],
+                     attention_mask: torch.Tensor) -> torch.Tensor:
+    """Place one [len_b, ...] tensor per row (original order) back into [B, L, ...] at the
+    row's real-token positions; padding positions are 0."""
+    lengths = sequence_lengths(attention_mask)
+    b, seq_len = attention_mask.shape
+    if len(per_seq_values) != b:
+        raise ValueError(f"got {len(per_seq_values)} per-sequence outputs for a batch of {b} rows")
+    first = _first_real_column(attention_mask)
+    ref = per_seq_values[0]
+    out = torch.zeros((b, seq_len, *ref.shape[1:]), dtype=ref.dtype, device=ref.device)
+    for row, value in enumerate(per_seq_values):
+        n = int(lengths[row])
+        if value.shape[0] != n:
+            raise ValueError(f"output for row {row} has {value.shape[0]} entries; the row has "
+                             f"{n} real tokens")
+        start = int(first[row])
+        out[row, start:start + n] = value
+    return out
+
+
+def ffd_allocate(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit-decreasing bin packing of sequence indices under `capacity` tokens per bin."""
+    too_long = [(i, n) for i, n in enumerate(lengths) if n > capacity]
+    if too_long:
+        i, n = too_long[0]
+        raise ValueError(
+            f"sequence {i} has {n} tokens, more than MicroBatchSpec.max_tokens_per_mb="
+            f"{capacity}; raise max_tokens_per_mb to at least the longest sequence"
+        )
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= capacity:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def count_micro_batches(lengths: Sequence[int], capacity: int, min_count: int = 1) -> int:
+    """How many micro-batches this rank needs: max(first-fit-decreasing bins, min_count)."""
+    return max(len(ffd_allocate(lengths, capacity)), min_count)
+
+
+def _lpt(lengths: Sequence[int], order: Sequence[int], k: int) -> list[list[int]]:
+    """Longest-processing-time: each sequence (longest first) to the currently lightest bin."""
+    heap = [(0, b) for b in range(k)]
+    bins: list[list[int]] = [[] for _ in range(k)]
+    for i in sorted(order, key=lambda j: (-lengths[j], j)):
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (load + lengths[i], b))
+    return bins
+
+
+def partition_into_micro_batches(lengths: Sequence[int], capacity: int,
+                                 count: int) -> list[list[int]]:
+    """Exactly `count` groups of sequence indices, each within `capacity` tokens, balanced.
+
+    Balanced (LPT) when that fits the budget; otherwise first-fit-decreasing bins are split
+    until there are `count`. Groups are empty only when there are fewer sequences than
+    `count` (the engine runs a dummy micro-batch for those, to keep ranks in step)."""
+    bins = ffd_allocate(lengths, capacity)
+    if len(bins) > count:
+        raise ValueError(f"{len(lengths)} sequences need {len(bins)} micro-batches of "
+                         f"{capacity} tokens, more than the requested {count}")
+    balanced = _lpt(lengths, range(len(lengths)), count)
+    if all(sum(lengths[i] for i in g) <= capacity for g in balanced):
+        return [sorted(g) for g in balanced]
+    while len(bins) < count:
+        splittable = [b for b in bins if len(b) >= 2]
+        if not splittable:
+            bins.append([])
+            continue
+        heaviest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
+        bins.remove(heaviest)
+        bins.extend(_lpt(lengths, heaviest, 2))
+    return [sorted(g) for g in bins]
+
+
+def dp_shard_indices(lengths: Sequence[int], world_size: int,
+                     group_size: int = 1) -> list[list[int]]:
+    """Split rows among `world_size` ranks with balanced token counts, keeping consecutive
+    groups of `group_size` rows (e.g. the samples of one prompt) on the same rank."""
+    if len(lengths) % group_size:
+        raise ValueError(f"batch of {len(lengths)} rows is not a multiple of "
+                         f"group_size={group_size}")
+    group_lens = [sum(lengths[g * group_size:(g + 1) * group_size])
+                  for g in range(len(lengths) // group_size)]
+    groups = _lpt(group_lens, range(len(group_lens)), world_size)
+    return [sorted(i for g in gs for i in range(g * group_size, (g + 1) * group_size))
+            for gs in groups]
+
+
+def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:
+    """This rank's rows of a full batch (see `dp_shard_indices`), for callers that hold the
+    whole batch on every rank; `FSDPEngine` expects the local shard."""
+    lengths = sequence_lengths(batch["attention_mask"]).tolist()
+    rows = dp_shard_indices(lengths, world_size, group_size)[rank]
+    return batch[torch.as_tensor(rows, dtype=torch.long)]

@@ -1,0 +1,1 @@
+"""Helpers of the FSDP2 train engine: packed attention, process groups, optimiser, checkpoints."""

@@ -1,0 +1,134 @@
+"""Model loading, HF-format export and exact-resume (DCP) checkpoints for the FSDP2 engine."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+# Files copied next to exported weights so that the folder is a complete HF model folder.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
+                  attn_implementation: str) -> torch.nn.Module:
+    """An HF causal LM, or (critic) the same backbone with a 1-output token-classification head.
+
+    The critic head of a causal-LM folder is freshly initialised under a fixed seed, so every
+    rank builds the same head; the global RNG state is left untouched."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"ModelConfig.path={path!r} is not an HF model folder "
+                                f"(no config.json)")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if is_critic:
+            config = AutoConfig.from_pretrained(path, num_labels=1)
+            config.classifier_dropout = 0.0  # values must be deterministic in train mode
+            return AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, attn_implementation=attn_implementation)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                    attn_implementation=attn_implementation)
+
+
+def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded weights on CPU at rank 0 (an empty dict elsewhere)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+
+
+def write_hf_folder(model: Any, state_dict: dict[str, torch.Tensor], path: str,
+                    tokenizer: Any = None, copy_tokenizer_from: Optional[str] = None) -> None:
+    """Rank 0 only: safetensors + config (+ tokenizer) at `path`."""
+    os.makedirs(path, exist_ok=True)
+    # transformers 5 empties the dict it is given: hand it a shallow copy.
+    model.save_pretrained(path, state_dict=dict(state_dict), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    elif copy_tokenizer_from:
+        for name in TOKENIZER_FILES:
+            src = os.path.join(copy_tokenizer_from, name)
+            if os.path.isfile(src):
+                shutil.copyfile(src, os.path.join(path, name))
+
+
+def load_hf_weights(model: torch.nn.Module, path: str, is_critic: bool) -> None:
+    """Collective: load an HF folder's weights into the (sharded) model on every rank."""
+    ref = load_hf_model(path, is_critic, next(model.parameters()).dtype, "sdpa")
+    set_model_state_dict(model, ref.state_dict(),
+                         options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any, extra: dict[str, Any], with_optim: bool) -> None:
+    """Collective: sharded model (+ optimizer) through DCP; scheduler, RNG and `extra` per rank."""
+    os.makedirs(path, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_sd}
+    if with_optim:
+        state["optim"] = optim_sd
+    dcp.save(state, checkpoint_id=path)
+    local = {"rng": _rng_state(), "scheduler": scheduler.state_dict(), "extra": extra,
+             "with_optim": with_optim}
+    torch.save(local, Path(path) / f"engine_state_rank{dist.get_rank()}.pt")
+    dist.barrier()
+
+
+def load_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any, with_optim: bool) -> dict[str, Any]:
+    """Collective: restore what `save_dcp` wrote; returns the saved `extra` dict."""
+    local_file = Path(path) / f"engine_state_rank{dist.get_rank()}.pt"
+    if not local_file.is_file():
+        raise FileNotFoundError(f"{local_file} not found: {path!r} is not a DCP checkpoint "
+                                f"written by FSDPEngine.save with the same world size")
+    local = torch.load(local_file, weights_only=False)
+    if with_optim and not local["with_optim"]:
+        raise ValueError(f"checkpoint {path!r} was saved without optimizer state; load it "
+                         f"with SaveLoadMeta(with_optim=False)")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_sd}
+    if with_optim:
+        state["optim"] = optim_sd
+    dcp.load(state, checkpoint_id=path)
+    if with_optim:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        scheduler.load_state_dict(local["scheduler"])
+    else:
+        set_model_state_dict(model, state["model"])
+    _set_rng_state(local["rng"])
+    return local["extra"]

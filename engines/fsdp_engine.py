@@ -1,0 +1,359 @@
+"""FSDP2 train engine: packed micro-batches, forward / train_batch, checkpoints, weight export.
+
+Start every rank under `torchrun` (any world size; a plain single process also works and gets
+a one-rank group). CPU uses gloo, CUDA uses NCCL (`TrainEngineConfig.backend="auto"`).
+
+Data-parallel convention: **every rank passes its own local shard** of the global batch
+(different rows on different ranks, any sizes, even empty). Use
+`areal_like.data.packing.shard_batch(full_batch, rank, world_size, group_size)` when every rank
+holds the full batch. Losses are still one global weighted mean over all ranks:
+
+    loss = sum_{ranks r, micro-batches m} w_rm * loss_fn(logits_rm, mb_rm) / sum_{r, m} w_rm,
+    w_rm = loss_weight_fn(mb_rm)   (finite, >= 0; a micro-batch with w = 0 skips loss_fn)
+
+so the update does not depend on how the batch was split into ranks or micro-batches.
+
+Micro-batches: each rank counts the micro-batches first-fit-decreasing packing needs under
+`mb_spec.max_tokens_per_mb` tokens (at least `mb_spec.n_mbs`); ranks agree on the maximum count
+(FSDP collectives need the same number of forwards everywhere), then each rank spreads its rows
+over that many micro-batches, balanced by tokens within the budget. A rank with fewer rows than
+micro-batches runs dummy one-token micro-batches that contribute zero gradient.
+
+`loss_fn(logits, mb)` and `post_hook(logits, mb)` get `logits` [T, V] for the packed tokens
+(critic: values [T]) and the packed micro-batch (see `areal_like.data.packing`): per-token keys
+[T], per-sequence keys [n_seqs], `cu_seqlens`, `position_ids`. For next-token quantities use
+`areal_like.utils.functional` (label of token t = token t+1 of the same sequence).
+`train_batch` does not step the LR scheduler: call `step_lr_scheduler()` once per global step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from areal_like.api.config import TrainEngineConfig
+from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
+from areal_like.api.io_struct import SaveLoadMeta, WeightUpdateMeta
+from areal_like.data.packing import (
+    count_micro_batches,
+    pack_sequences,
+    partition_into_micro_batches,
+    sequence_lengths,
+    unpack_to_padded,
+)
+from areal_like.utils.functional import next_token_logprobs
+from engines.fsdp import checkpoint as ckpt
+from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
+from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
+from engines.fsdp.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PostHook = Callable[[torch.Tensor, TensorDict], torch.Tensor]
+
+
+class FSDPEngine(TrainEngine):
+    """An HF model (causal LM, or a value model when `config.model.is_critic`) sharded with
+    FSDP2, trained with AdamW on packed micro-batches. See the module docstring."""
+
+    def __init__(self, config: TrainEngineConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.lr_scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
+        self.device = torch.device("cpu")
+        self.rank, self.world_size = 0, 1
+        self._owns_group = False
+        self._version = 0
+        self._pad_token_id = 0
+
+    # ------------------------------------------------------------------ set-up
+    def initialize(self) -> None:
+        cfg = self.config
+        if not cfg.model.path:
+            raise ValueError("TrainEngineConfig.model.path is empty: set it to an HF model folder")
+        self.device, backend = resolve_device_and_backend(cfg.backend)
+        self._owns_group = ensure_process_group(backend, self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+
+        model = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic, _DTYPES[cfg.model.dtype],
+                                   choose_attn_implementation(self.device))
+        self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        if cfg.gradient_checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        if self.device.type == "cuda":
+            model.to(self.device)
+        shard_kwargs: dict[str, Any] = {"mesh": mesh}
+        if cfg.param_dtype != "float32" or cfg.reduce_dtype != "float32":
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
+        if cfg.cpu_offload:
+            if self.device.type == "cuda":
+                shard_kwargs["offload_policy"] = CPUOffloadPolicy()
+            else:
+                logger.info("cpu_offload ignored: the engine already runs on CPU")
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+        if not blocks:
+            raise ValueError(f"{type(model).__name__} declares no decoder-layer classes "
+                             f"(_no_split_modules={sorted(block_names)}); cannot shard per layer")
+        for block in blocks:
+            fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+        self.model = model
+
+        self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad],
+                                         cfg.optimizer)
+        self.lr_scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.total_train_steps)
+
+    def destroy(self) -> None:
+        self.model = self.optimizer = self.lr_scheduler = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    def _require_initialized(self) -> None:
+        if self.model is None:
+            raise RuntimeError("FSDPEngine is not initialized: call initialize() first")
+
+    def train(self, mode: bool = True) -> FSDPEngine:
+        self._require_initialized()
+        self.model.train(mode)
+        return self
+
+    # ------------------------------------------------------------------ micro-batches
+    def _split(self, batch: TensorDict) -> tuple[list[list[int]], list[Optional[TensorDict]]]:
+        """(row indices, packed micro-batch) per micro-batch of this rank, as many as on every
+        other rank; a micro-batch without rows is None (run as a dummy)."""
+        if not isinstance(batch, TensorDict):
+            raise TypeError(f"batch must be a TensorDict, got {type(batch).__name__}")
+        spec = self.config.mb_spec
+        lengths = sequence_lengths(batch["attention_mask"]).tolist() if batch.numel() else []
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if empty:
+            raise ValueError(f"batch row {empty[0]} has no real tokens (attention_mask all 0)")
+        local = count_micro_batches(lengths, spec.max_tokens_per_mb, spec.n_mbs)
+        count = int(all_reduce_scalar(local, self.device, op="max"))
+        groups = partition_into_micro_batches(lengths, spec.max_tokens_per_mb, count)
+        return groups, [pack_sequences(batch, g).to(self.device) if g else None for g in groups]
+
+    def _dummy_micro_batch(self) -> TensorDict:
+        ids = torch.tensor([self._pad_token_id], device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        return TensorDict({"input_ids": ids, "position_ids": zero,
+                           "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
+
+    def _logits(self, mb: TensorDict) -> torch.Tensor:
+        out = self.model(input_ids=mb["input_ids"][None], position_ids=mb["position_ids"][None],
+                         attention_mask=None, use_cache=False,
+                         **packed_model_kwargs(mb["cu_seqlens"]))
+        logits = out.logits[0]
+        return logits.squeeze(-1) if self.config.model.is_critic else logits
+
+    def _weights(self, mbs: list[Optional[TensorDict]],
+                 loss_weight_fn: LossWeightFn) -> tuple[list[float], float]:
+        weights = [0.0 if mb is None else float(loss_weight_fn(mb)) for mb in mbs]
+        bad = [w for w in weights if not math.isfinite(w) or w < 0]
+        if bad:
+            raise ValueError(f"loss_weight_fn returned {bad[0]}; weights must be finite and >= 0")
+        total = all_reduce_scalar(sum(weights), self.device)
+        if total <= 0:
+            raise ValueError("loss_weight_fn gives a total weight of 0 over all micro-batches and "
+                             "ranks: nothing to train on (e.g. every loss_mask is empty)")
+        return weights, total
+
+    # ------------------------------------------------------------------ primitives
+    @torch.no_grad()
+    def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
+                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
+        """Per-token outputs of the local batch without gradients (model mode unchanged).
+
+        `post_hook(logits, mb)` must return a per-token tensor [T, ...]; default: log-probs of
+        the next tokens (critic: the values). The outputs are cut into one tensor per row, in
+        the batch's original order, and passed to `aggregate_fn`; default: back to the padded
+        [B, L, ...] layout (0 at padding; log-probs are 0 at each row's last real token)."""
+        self._require_initialized()
+        hook = post_hook or ((lambda v, mb: v.float()) if self.config.model.is_critic
+                             else next_token_logprobs)
+        groups, mbs = self._split(batch)
+        per_row: dict[int, torch.Tensor] = {}
+        for mb, rows in zip(mbs, groups, strict=True):
+            if mb is None:
+                self._logits(self._dummy_micro_batch())
+                continue
+            out = hook(self._logits(mb), mb)
+            n_tokens = mb["input_ids"].shape[0]
+            if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != n_tokens:
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(f"post_hook must return a per-token tensor [T={n_tokens}, ...], "
+                                 f"got {got}")
+            for row, piece in zip(rows, out.split(mb["cu_seqlens"].diff().tolist()), strict=True):
+                per_row[row] = piece.to(batch["input_ids"].device)
+        values = [per_row[i] for i in range(batch.shape[0])] if batch.numel() else []
+        if aggregate_fn is not None:
+            return aggregate_fn(values)
+        if not values:
+            return torch.zeros(batch["input_ids"].shape)
+        return unpack_to_padded(values, batch["attention_mask"])
+
+    def train_batch(self, batch: TensorDict, loss_fn: LossFn,
+                    loss_weight_fn: LossWeightFn) -> dict[str, float]:
+        """One AdamW step on the global weighted-mean loss (see module docstring).
+
+        Returns loss, grad_norm (before clipping), lr, n_tokens, n_seqs (global), n_mbs (per
+        rank) and update_successful (0.0 when the gradient norm was not finite: the step is
+        skipped, weights and optimizer state stay as they were)."""
+        self._require_initialized()
+        self.model.train()
+        _, mbs = self._split(batch)
+        weights, total = self._weights(mbs, loss_weight_fn)
+        self.optimizer.zero_grad(set_to_none=True)
+        weighted_loss = 0.0
+        for mb, w in zip(mbs, weights, strict=True):
+            if mb is None or w == 0:
+                # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
+                # the same forward/backward collectives on every rank.
+                mb = mb if mb is not None else self._dummy_micro_batch()
+                (self._logits(mb).sum() * 0.0).backward()
+                continue
+            loss = self._scalar_loss(loss_fn(self._logits(mb), mb))
+            weighted_loss += float(loss.detach()) * w
+            # FSDP averages gradients over ranks; scale by world size to get the global sum.
+            (loss * (w * self.world_size / total)).backward()
+        grad_norm = self._clip_gradients()
+        ok = math.isfinite(grad_norm)
+        if ok:
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": all_reduce_scalar(weighted_loss, self.device) / total,
+            "grad_norm": grad_norm,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "update_successful": 1.0 if ok else 0.0,
+            **self._count_stats(mbs),
+        }
+
+    @torch.no_grad()
+    def eval_batch(self, batch: TensorDict, loss_fn: LossFn,
+                   loss_weight_fn: LossWeightFn) -> dict[str, float]:
+        """The weighted-mean loss of `train_batch`, without gradients or a step."""
+        self._require_initialized()
+        _, mbs = self._split(batch)
+        weights, total = self._weights(mbs, loss_weight_fn)
+        weighted_loss = 0.0
+        for mb, w in zip(mbs, weights, strict=True):
+            if mb is None or w == 0:
+                self._logits(mb if mb is not None else self._dummy_micro_batch())
+                continue
+            weighted_loss += float(self._scalar_loss(loss_fn(self._logits(mb), mb))) * w
+        return {"loss": all_reduce_scalar(weighted_loss, self.device) / total,
+                **self._count_stats(mbs)}
+
+    @staticmethod
+    def _scalar_loss(loss: Any) -> torch.Tensor:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(f"loss_fn must return a scalar tensor, got {got}")
+        return loss.reshape(())
+
+    def _count_stats(self, mbs: list[Optional[TensorDict]]) -> dict[str, float]:
+        real = [mb for mb in mbs if mb is not None]
+        n_tokens = sum(int(mb["cu_seqlens"][-1]) for mb in real)
+        n_seqs = sum(mb["cu_seqlens"].numel() - 1 for mb in real)
+        return {"n_tokens": all_reduce_scalar(n_tokens, self.device),
+                "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs))}
+
+    def _clip_gradients(self) -> float:
+        """Global gradient L2 norm (all ranks, all shards); clips in place when finite."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        norm = float(total)
+        max_norm = self.config.optimizer.gradient_clipping
+        if math.isfinite(norm) and max_norm > 0 and norm > max_norm:
+            coef = max_norm / (norm + 1e-6)
+            for g in grads:
+                g.mul_(coef)
+        return norm
+
+    def step_lr_scheduler(self) -> None:
+        self._require_initialized()
+        self.lr_scheduler.step()
+
+    def set_version(self, version: int) -> None:
+        self._version = int(version)
+
+    def get_version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, meta: SaveLoadMeta) -> None:
+        """`hf`: safetensors + config (+ `meta.tokenizer`) written by rank 0; `dcp`: the full
+        training state (model, optimizer when `with_optim`, scheduler, RNG, version)."""
+        self._require_initialized()
+        if meta.weight_format == "hf":
+            if meta.with_optim:
+                raise ValueError("SaveLoadMeta(weight_format='hf') holds weights only; use "
+                                 "weight_format='dcp' to save optimizer state")
+            self._export_hf(meta.path, tokenizer=meta.tokenizer, copy_tokenizer=False)
+        elif meta.weight_format == "dcp":
+            ckpt.save_dcp(meta.path, self.model, self.optimizer, self.lr_scheduler,
+                          {"version": self._version}, meta.with_optim)
+        else:
+            raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
+                             f"use 'hf' or 'dcp'")
+
+    def load(self, meta: SaveLoadMeta) -> None:
+        """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""
+        self._require_initialized()
+        if meta.weight_format == "hf":
+            ckpt.load_hf_weights(self.model, meta.path, self.config.model.is_critic)
+        elif meta.weight_format == "dcp":
+            extra = ckpt.load_dcp(meta.path, self.model, self.optimizer, self.lr_scheduler,
+                                  meta.with_optim)
+            self._version = int(extra["version"])
+        else:
+            raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
+                             f"use 'hf' or 'dcp'")
+        dist.barrier()
+
+    def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
+        """Export the current weights as an HF folder at `meta.path` (rank 0 writes; tokenizer
+        files are copied from the model folder); every rank returns once the folder is complete.
+        Returns {"update_weights_seconds": wall time of the export}."""
+        self._require_initialized()
+        if meta.type != "disk":
+            raise NotImplementedError(f"WeightUpdateMeta.type={meta.type!r}: only 'disk' exists")
+        start = time.perf_counter()
+        self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
+        return {"update_weights_seconds": time.perf_counter() - start}
+
+    def _export_hf(self, path: Optional[str], tokenizer: Any, copy_tokenizer: bool) -> None:
+        if not path:
+            raise ValueError("an export path is required "
+                             "(SaveLoadMeta.path / WeightUpdateMeta.path)")
+        source = os.path.realpath(self.config.model.path)
+        if os.path.realpath(path) == source:
+            raise ValueError(f"refusing to export over the source model folder {path!r}")
+        state_dict = ckpt.gather_full_state_dict(self.model)
+        if self.rank == 0:
+            tok_dir = self.config.model.tokenizer_path or self.config.model.path
+            ckpt.write_hf_folder(self.model, state_dict, path, tokenizer=tokenizer,
+                                 copy_tokenizer_from=tok_dir if copy_tokenizer else None)
+        del state_dict
+        dist.barrier()

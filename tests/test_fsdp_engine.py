@@ -1,0 +1,211 @@
+"""FSDPEngine under a real `torchrun --nproc_per_node=2` on CPU (gloo), against references
+computed here with plain PyTorch / transformers in one process (no FSDP, no packing).
+
+One launch of tests/fsdp_worker.py runs every scenario; each test checks one of them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fsdp_worker as W
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+pytestmark = pytest.mark.torchrun
+LAUNCH_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("fsdp_worker")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           str(Path(__file__).with_name("fsdp_worker.py")),
+           "--model", str(tiny_model_dir), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}\n"
+                    f"{proc.stderr[-6000:]}")
+    res = torch.load(out / "results.pt", weights_only=False)
+    res["out"], res["model_dir"] = out, tiny_model_dir
+    return res
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def _reference_steps(model_dir: Path, batches: list[dict[str, torch.Tensor]]) -> tuple[list, list]:
+    """Plain single-process float64 training: padded forward, global token-mean NLL of the next
+    tokens where loss_mask of the predicted token is 1, clip to 1.0, AdamW, warm-up factor 0.5
+    then 1.0 (the worker's cosine schedule)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").double()
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=W.LR, eps=W.ADAM_EPS, weight_decay=W.WEIGHT_DECAY)
+    stats, snapshots = [], []
+    for factor, batch in zip([0.5, 1.0], batches, strict=True):
+        ids, attn, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        mask = (loss_mask[:, 1:] * attn[:, 1:]).bool()
+        loss = -(logp * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+        for group in opt.param_groups:
+            group["lr"] = W.LR * factor
+        opt.step()
+        stats.append({"loss": loss.item(), "grad_norm": norm, "lr": W.LR * factor})
+        snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return stats, snapshots
+
+
+@pytest.fixture(scope="module")
+def reference(run: dict[str, Any]) -> tuple[list, list]:
+    return _reference_steps(run["model_dir"], [run["batch1"], run["batch2"]])
+
+
+def test_data_parallel_split_is_real(run: dict[str, Any]) -> None:
+    assert run["world_size"] == 2
+    assert 0 < run["local_rows_rank0"] < run["batch1"]["input_ids"].shape[0]
+
+
+def test_train_steps_match_single_process_reference(run: dict[str, Any], reference) -> None:
+    ref_stats, ref_params = reference
+    for i, name in enumerate(["step1", "step2"]):
+        got = run[name]
+        assert got["update_successful"] == 1.0
+        assert got["loss"] == pytest.approx(ref_stats[i]["loss"], rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(ref_stats[i]["grad_norm"], rel=1e-5)
+        assert got["lr"] == pytest.approx(ref_stats[i]["lr"], rel=1e-12)
+    n_ref_tokens = int(run["batch1"]["attention_mask"].sum())
+    assert run["step1"]["n_tokens"] == n_ref_tokens
+    assert _max_diff(run["params_step1"], ref_params[0]) < 1e-5
+    assert _max_diff(run["params_step2"], ref_params[1]) < 1e-5
+    # the check is meaningful: the steps moved the weights by much more than the tolerance
+    assert _max_diff(run["params_step2"], run["params_step1"]) > 1e-3
+
+
+def test_eval_batch_matches_train_loss(run: dict[str, Any]) -> None:
+    assert run["eval_loss_before"] == pytest.approx(run["step1"]["loss"], rel=1e-6)
+
+
+def _per_sequence(run: dict[str, Any], critic: bool = False) -> list[dict[str, torch.Tensor]]:
+    """Each row of batch1 through the plain model on its own (no packing, no padding)."""
+    if critic:
+        model = AutoModelForTokenClassification.from_pretrained(
+            run["out"] / "critic_export", dtype=torch.float32, attn_implementation="eager")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(run["model_dir"], dtype=torch.float32,
+                                                     attn_implementation="eager")
+    model = model.double().eval()
+    rows = []
+    ids, attn = run["batch1"]["input_ids"], run["batch1"]["attention_mask"]
+    with torch.no_grad():
+        for b in range(ids.shape[0]):
+            seq = ids[b, : int(attn[b].sum())]
+            out = model(input_ids=seq[None]).logits[0]
+            if critic:
+                rows.append({"values": out[:, 0]})
+                continue
+            logp_all = torch.log_softmax(out, -1)
+            rows.append({"logp": logp_all[:-1].gather(-1, seq[1:, None]).squeeze(-1),
+                         "entropy": -(logp_all.exp() * logp_all).sum(-1)})
+    return rows
+
+
+def test_packed_forward_equals_per_sequence_forward(run: dict[str, Any]) -> None:
+    logp, ent = run["forward_logprobs"], run["forward_entropy"]
+    attn = run["batch1"]["attention_mask"]
+    assert logp.shape == attn.shape
+    for b, ref in enumerate(_per_sequence(run)):
+        n = int(attn[b].sum())
+        torch.testing.assert_close(logp[b, : n - 1].double(), ref["logp"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[b, :n].double(), ref["entropy"], atol=1e-5, rtol=0)
+        assert logp[b, n - 1] == 0 and (logp[b, n:] == 0).all() and (ent[b, n:] == 0).all()
+        assert run["forward_rows"][b].shape == (n,)
+
+
+def test_micro_batch_count_does_not_change_the_update(run: dict[str, Any]) -> None:
+    assert run["mb4_step1"]["n_mbs"] >= 4
+    for name in ("step1", "step2"):
+        assert run[f"mb4_{name}"]["loss"] == pytest.approx(run[name]["loss"], rel=1e-6)
+        assert run[f"mb4_{name}"]["grad_norm"] == pytest.approx(run[name]["grad_norm"], rel=1e-5)
+    assert _max_diff(run["mb4_params_step2"], run["params_step2"]) < 1e-5
+
+
+def test_dcp_resume_reproduces_the_uninterrupted_step(run: dict[str, Any]) -> None:
+    assert run["resumed_version"] == 1
+    assert run["resumed_step2"] == run["step2"]
+    assert _max_diff(run["resumed_params_step2"], run["params_step2"]) == 0.0
+
+
+def test_exported_weights_reload_in_transformers(run: dict[str, Any]) -> None:
+    export = run["out"] / "export"
+    assert run["update_weights"]["update_weights_seconds"] > 0
+    saved = load_file(export / "model.safetensors")
+    assert _max_diff(saved, run["params_step2"]) == 0.0
+    model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    assert model.config.architectures == ["Qwen2ForCausalLM"]
+    ids, attn = run["batch1"]["input_ids"], run["batch1"]["attention_mask"]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits
+    mask = attn.bool()
+    torch.testing.assert_close(run["export_logits"][mask], logits[mask], atol=1e-5, rtol=0)
+    tok = AutoTokenizer.from_pretrained(export)
+    assert len(tok) == len(AutoTokenizer.from_pretrained(run["model_dir"]))
+    # HF save -> load into a sharded engine gives back the same weights
+    assert _max_diff(run["hf_loaded_params"], run["params_step2"]) == 0.0
+
+
+def test_nan_loss_skips_the_step(run: dict[str, Any]) -> None:
+    stats = run["nan_step"]
+    assert stats["update_successful"] == 0.0
+    assert math.isnan(stats["grad_norm"]) and math.isnan(stats["loss"])
+    assert run["nan_params_max_change"] == 0.0
+    assert run["nan_adam_step_delta"] == 0.0
+    after = run["after_nan_step"]
+    assert after["update_successful"] == 1.0 and math.isfinite(after["loss"])
+
+
+def test_a_rank_without_rows_still_steps_in_lockstep(run: dict[str, Any]) -> None:
+    stats = run["one_row_step"]
+    assert stats["update_successful"] == 1.0 and stats["n_seqs"] == 1.0
+    seq_len = run["batch1"]["input_ids"].shape[1]
+    assert sorted(run["one_row_rows_and_forward_shapes"]) == [(0, (0, seq_len)),
+                                                              (1, (1, seq_len))]
+
+
+def test_mixed_precision_with_gradient_checkpointing(run: dict[str, Any]) -> None:
+    stats = run["bf16_step1"]
+    assert stats["update_successful"] == 1.0
+    assert stats["loss"] == pytest.approx(run["step1"]["loss"], rel=2e-2)
+
+
+def test_critic_values_and_training(run: dict[str, Any]) -> None:
+    values, attn = run["critic_values"], run["batch1"]["attention_mask"]
+    assert values.shape == attn.shape and values.dtype == torch.float32
+    for b, ref in enumerate(_per_sequence(run, critic=True)):
+        n = int(attn[b].sum())
+        torch.testing.assert_close(values[b, :n].double(), ref["values"], atol=1e-5, rtol=0)
+    assert run["critic_step1"]["update_successful"] == 1.0
+    assert not torch.allclose(run["critic_values_after"], values)

@@ -1,0 +1,419 @@
+"""WorkflowExecutor: runs many `arun_episode` coroutines under a staleness bound.
+
+Threading model, and why. Trainer code is plain synchronous torch: a training step blocks its
+thread for seconds. If rollouts ran on an event loop driven by the trainer thread they would
+stall during every step, and rollout and training would never overlap. So the executor owns
+one daemon thread running an asyncio loop; every episode (and the inference engine's HTTP
+session, which must live on the loop that uses it) runs there, while the trainer calls plain
+blocking methods — `submit`, `wait`, `prepare_batch` — from its own thread. torch kernels
+release the GIL, so the loop keeps requests flowing while the trainer computes. Alternatives
+rejected: a separate process (trajectories and errors would have to be pickled across, and the
+engine's client state could not be shared with the trainer's weight-update calls); one thread
+per episode (thousands of threads, no shared aiohttp session). The hand-off is a
+`threading.Condition` around small queues; the loop is woken with `call_soon_threadsafe`.
+The engine runs its own coroutines there with `run_coroutine(coro, timeout)`.
+
+Flow: `submit` queues an item; the loop admits queued items while fewer than
+`max_concurrent_rollouts` run and the staleness bound allows (see `staleness.py`); a finished
+episode is validated, filtered by `should_accept`, and buffered; `wait(count)` takes the oldest
+`count` buffered groups (dropping stale ones) and returns them as one padded TensorDict.
+A workflow exception is re-raised by the next `wait` with the data item's id, chained to the
+original (its traceback points into the workflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
+
+from tensordict import TensorDict
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.trajectory import validate_trajectory
+from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.batching import (
+    min_generated_version,
+    trajectory_from_state,
+    trajectory_to_state,
+)
+from areal_like.rollout.data_cursor import DataCursor
+from areal_like.rollout.errors import (
+    ExecutorClosedError,
+    NoTrajectoriesError,
+    RolloutTimeoutError,
+)
+from areal_like.rollout.executor_state import (
+    EpisodeResult,
+    ExecutorState,
+    ShouldAccept,
+    Submission,
+    Ticket,
+    workflow_error,
+)
+from areal_like.rollout.loop_thread import EventLoopThread
+from areal_like.rollout.stats import assemble_batch
+
+POLL_INTERVAL_S = 0.05  # the loop re-checks admission this often (version bumps, resume)
+STATE_FORMAT = 1
+
+
+class WorkflowExecutor:
+    """Drives `RolloutWorkflow`s for an `InferenceEngine` (which delegates its rollout API here).
+
+    Call `initialize()` before use and `destroy()` at the end. All public methods are
+    thread-safe; `wait` / `prepare_batch` / `rollout_batch` block the calling thread for at
+    most `timeout` seconds (default `wait_timeout`).
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        inference_engine: InferenceEngine,
+        wait_timeout: float = 3600.0,
+    ) -> None:
+        if wait_timeout <= 0:
+            raise ValueError(f"WorkflowExecutor wait_timeout={wait_timeout} must be > 0")
+        self.config = config
+        self.engine = inference_engine
+        self.wait_timeout = wait_timeout
+        self._state = ExecutorState(config)
+        self._loop_thread = EventLoopThread("rollout-loop", on_error=self._state.set_fatal)
+        self._tasks: set[asyncio.Task] = set()
+        self._cursor: Optional[DataCursor] = None
+        self._restored_position: Optional[dict[str, int]] = None
+        self._initialized = False
+        self._closed = False
+        self._admit_scheduled = False
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def initialize(self, timeout: float = 10.0) -> None:
+        """Start the event-loop thread (idempotent)."""
+        if self._closed:
+            raise ExecutorClosedError("WorkflowExecutor was destroyed; create a new one")
+        if self._initialized:
+            return
+        self._loop_thread.start(timeout)
+        self._loop_thread.call_soon(self._start_poller)
+        self._initialized = True
+
+    def destroy(self, timeout: float = 10.0) -> None:
+        """Cancel queued and running episodes and stop the loop thread within `timeout` s.
+        Safe to call twice. Waiters in other threads get ExecutorClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        self._state.close()
+        if self._initialized:
+            self._loop_thread.stop(timeout)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The rollout event loop (create the engine's aiohttp session on it)."""
+        return self._loop_thread.loop
+
+    def run_coroutine(self, coro: Any, timeout: float) -> Any:
+        """Run `coro` on the rollout loop from another thread; TimeoutError after `timeout` s."""
+        self._check_open()
+        return self._loop_thread.run_coroutine(coro, timeout)
+
+    def _check_blocking_allowed(self, what: str) -> None:
+        if self._initialized and self._loop_thread.in_loop_thread():
+            raise RuntimeError(
+                f"{what} blocks and was called from the rollout event loop (inside a workflow?), "
+                f"which would deadlock; workflows should only `await engine.agenerate(...)`"
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ExecutorClosedError("WorkflowExecutor was destroyed")
+        if not self._initialized:
+            raise ExecutorClosedError("WorkflowExecutor.initialize() was not called")
+        self._state.raise_if_fatal()
+
+    # ---- loop side (runs on the event-loop thread) --------------------------------------
+    def _start_poller(self) -> None:
+        self._track(self._loop_thread.loop.create_task(self._poll()))
+
+    async def _poll(self) -> None:
+        while True:
+            self._admit()
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _track(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # episodes catch their own errors, so this is a bug in the executor: surface it
+            self._state.set_fatal(task.exception())
+
+    def _admit(self) -> None:
+        self._admit_scheduled = False
+        if self._closed:
+            return
+        version = self.engine.get_version()  # read outside our lock: engines may lock too
+        started = self._state.admit(version)
+        loop = self._loop_thread.loop
+        for sub in started:
+            self._track(loop.create_task(self._run_episode(sub)))
+
+    async def _run_episode(self, sub: Submission) -> None:
+        try:
+            kind, payload = await self._episode_outcome(sub)
+        except asyncio.CancelledError:
+            self._state.finish(sub, "cancelled", None)
+            raise
+        except Exception as exc:  # handed to the caller of wait(), chained to `exc`
+            kind, payload = "failed", workflow_error(sub, exc)
+        # outside the try: a failure here is the executor's bug and becomes fatal
+        self._state.finish(sub, kind, payload)
+        self._kick_from_loop()
+
+    async def _episode_outcome(self, sub: Submission) -> tuple[str, Optional[EpisodeResult]]:
+        start = time.monotonic()
+        trajectory = await sub.workflow.arun_episode(self.engine, sub.data)
+        if trajectory is None:
+            return "rejected_by_workflow", None
+        validate_trajectory(trajectory)
+        if sub.should_accept is not None and not sub.should_accept(trajectory):
+            return "rejected_by_filter", None
+        return "accepted", EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
+                                         time.monotonic() - start,
+                                         min_generated_version(trajectory))
+
+    def _kick_from_loop(self) -> None:
+        if not self._closed:
+            self._loop_thread.loop.call_soon(self._admit)
+
+    def _kick(self) -> None:
+        # one pending wake-up is enough: a burst of submits must not wake the loop per item
+        if not self._closed and not self._admit_scheduled:
+            self._admit_scheduled = True
+            self._loop_thread.call_soon(self._admit)
+
+    # ---- trainer side -------------------------------------------------------------------
+    def submit(
+        self,
+        data: dict[str, Any],
+        workflow: RolloutWorkflow,
+        should_accept: Optional[ShouldAccept] = None,
+    ) -> int:
+        """Queue one data item for `workflow`; returns its submission number."""
+        self._check_open()
+        sub = self._state.enqueue(data, workflow, should_accept, bounded=True, respect_limit=True)
+        self._kick()
+        return sub.seq
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
+        """Block until `count` accepted, fresh groups are buffered; return them concatenated
+        (oldest first, rows of one group together) as one right-padded TensorDict."""
+        return self._wait_groups(count, timeout, refill=None, what=f"wait(count={count})")
+
+    def rollout_batch(
+        self,
+        data: list[dict[str, Any]],
+        workflow: RolloutWorkflow,
+        should_accept: Optional[ShouldAccept] = None,
+        timeout: Optional[float] = None,
+    ) -> TensorDict:
+        """Run `workflow` on every item (synchronous rollout) and return the accepted groups in
+        the order of `data`. These items bypass the staleness bound (they are generated now
+        and are not part of the asynchronous stream) but obey pause and max concurrency."""
+        self._check_open()
+        self._check_blocking_allowed("rollout_batch()")
+        if len(data) == 0:
+            raise ValueError("rollout_batch: `data` is empty")
+        for i, item in enumerate(data):  # check all first: never leave half a batch queued
+            if not isinstance(item, dict):
+                raise TypeError(f"rollout_batch: data[{i}] is a {type(item).__name__}, not a dict")
+        ticket = Ticket()
+        for item in data:
+            self._state.enqueue(item, workflow, should_accept, bounded=False, ticket=ticket)
+        self._kick()
+        timeout = self._timeout(timeout)
+        version = self.engine.get_version()
+        outcomes = self._state.wait_ticket(ticket, len(data), time.monotonic() + timeout,
+                                           lambda: self._timeout_error(
+                                               f"rollout_batch({len(data)} items)",
+                                               len(data), len(ticket.outcomes), timeout,
+                                               version))
+        version = self.engine.get_version()
+        results = self._state.drop_stale_results(outcomes, version)
+        if not results:
+            c = self._state.counters
+            raise NoTrajectoriesError(
+                f"rollout_batch: none of the {len(data)} items gave a trajectory to train on "
+                f"(totals so far: rejected by the workflow {c.rejected_by_workflow}, by "
+                f"should_accept {c.rejected_by_filter}, dropped as stale {c.dropped_stale})"
+            )
+        return self._assemble(results, version)
+
+    def prepare_batch(
+        self,
+        dataloader: Iterable[Any],
+        workflow: RolloutWorkflow,
+        should_accept: Optional[ShouldAccept] = None,
+        timeout: Optional[float] = None,
+    ) -> TensorDict:
+        """Keep the pipeline full from `dataloader` (cycled epoch after epoch) and return the
+        next `consumer_batch_size` groups. The executor owns the position in the dataloader
+        (see `state_dict`); always pass the same dataloader (or, after a restore, an equal
+        one)."""
+        self._check_open()
+        cursor = self._cursor_for(dataloader)
+        self._state.resubmit_restored(workflow, should_accept)
+
+        def refill(need: int) -> None:
+            while need > 0:
+                items = cursor.next_items()
+                for item in items:
+                    self._state.enqueue(item, workflow, should_accept, bounded=True)
+                need -= len(items)
+
+        batch = self.config.consumer_batch_size
+        return self._wait_groups(batch, timeout, refill, what=f"prepare_batch({batch} groups)")
+
+    def _cursor_for(self, dataloader: Iterable[Any]) -> DataCursor:
+        if self._cursor is None:
+            position = self._restored_position or {}
+            self._cursor = DataCursor(dataloader, **position)
+            self._restored_position = None
+        elif self._cursor.loader is not dataloader:
+            raise ValueError(
+                "prepare_batch got a different dataloader than before; the executor tracks the "
+                "position of one dataloader. Call reset_data_position() to switch loaders."
+            )
+        return self._cursor
+
+    def reset_data_position(self) -> None:
+        """Forget the dataloader and its position (the next prepare_batch starts at 0)."""
+        self._cursor = None
+        self._restored_position = None
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        timeout = self.wait_timeout if timeout is None else timeout
+        if timeout <= 0:
+            raise ValueError(f"timeout={timeout} must be > 0 seconds")
+        return timeout
+
+    def _wait_groups(
+        self, count: int, timeout: Optional[float], refill: Optional[Callable[[int], None]],
+        what: str,
+    ) -> TensorDict:
+        self._check_open()
+        self._check_blocking_allowed(what)
+        if count < 1:
+            raise ValueError(f"{what}: count must be >= 1")
+        timeout = self._timeout(timeout)
+        deadline = time.monotonic() + timeout
+        self._kick()
+        while True:
+            version = self.engine.get_version()
+            taken, need = self._state.take_or_wait(
+                count, version, deadline, refill is not None,
+                lambda v=version: self._timeout_error(
+                    what, count, len(self._state.ready), timeout, v),
+                on_drop=self._kick,
+            )
+            if taken is not None:
+                return self._assemble(taken, version)
+            if refill is not None and need > 0:
+                refill(need)
+                self._kick()
+
+    def _timeout_error(
+        self, what: str, count: int, have: int, timeout: float, version: int
+    ) -> RolloutTimeoutError:
+        return RolloutTimeoutError(
+            f"{what} timed out after {timeout:.3g} s with {have} of {count} groups ready; "
+            + self._state.describe(version)
+        )
+
+    def _assemble(self, results: list[EpisodeResult], version: int) -> TensorDict:
+        batch, last = assemble_batch(results, version, self._state.snapshot(version))
+        self._state.last_batch = last
+        return batch
+
+    # ---- admission control --------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop admitting new episodes; running ones continue and are buffered."""
+        self._state.set_paused(True)
+
+    def resume(self) -> None:
+        """Admit episodes again."""
+        self._state.set_paused(False)
+        if self._initialized and not self._closed:
+            self._kick()
+
+    @property
+    def paused(self) -> bool:
+        return self._state.paused
+
+    # ---- statistics ---------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters, gauges and the statistics of the last consumed batch."""
+        return self._state.snapshot(self.engine.get_version())
+
+    # ---- checkpointing ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything exact resume needs: counters, version, dataloader position, buffered
+        groups (as plain tensors/lists, `torch.load(weights_only=True)`-readable when the
+        data items are) and the data items drawn but not yet finished (they are re-run after
+        a restore). A pending workflow error is raised here rather than lost."""
+        self._state.raise_if_fatal()
+        version = self.engine.get_version()
+        snapshot = self._state.checkpoint()
+        if self._cursor is not None:
+            position = self._cursor.position()
+        else:
+            position = self._restored_position
+        return {
+            "format": STATE_FORMAT,
+            "version": version,
+            "counters": snapshot["counters"],
+            "buffered": [
+                {"seq": r.seq, "data_id": r.data_id, "latency": r.latency,
+                 "min_version": r.min_version, "trajectory": trajectory_to_state(r.trajectory)}
+                for r in snapshot["ready"]
+            ],
+            "pending_data": snapshot["pending_data"],
+            "data_position": position,
+            "paused": snapshot["paused"],
+            "next_seq": snapshot["next_seq"],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
+        """Restore `state_dict()` into this executor, which must hold no work yet. With
+        `restore_version` the engine's version is set to the saved one."""
+        for key in ("format", "version", "counters", "buffered", "pending_data",
+                    "data_position", "paused", "next_seq"):
+            if key not in state:
+                raise KeyError(f"executor state is missing '{key}'; got keys {sorted(state)}")
+        if state["format"] != STATE_FORMAT:
+            raise ValueError(f"executor state format {state['format']} != {STATE_FORMAT}")
+        ready = [
+            EpisodeResult(int(b["seq"]), str(b["data_id"]), trajectory_from_state(b["trajectory"]),
+                          True, float(b["latency"]), b["min_version"])
+            for b in state["buffered"]
+        ]
+        self._state.restore(state["counters"], ready, list(state["pending_data"]),
+                            bool(state["paused"]), int(state["next_seq"]))
+        self._cursor = None
+        self._restored_position = dict(state["data_position"]) if state["data_position"] else None
+        if restore_version:
+            self.engine.set_version(int(state["version"]))
+
+    def resubmit_restored(
+        self, workflow: RolloutWorkflow, should_accept: Optional[ShouldAccept] = None
+    ) -> int:
+        """Re-queue the unfinished data items of a restored state (prepare_batch does this
+        itself); returns how many. For users of plain submit/wait."""
+        self._check_open()
+        n = self._state.resubmit_restored(workflow, should_accept)
+        self._kick()
+        return n

@@ -1,0 +1,405 @@
+"""The executor's shared state: queues, buffers and counters behind one condition variable.
+
+The loop thread calls `admit` and `finish`; trainer threads call `enqueue`, `take_or_wait`,
+`wait_ticket`, `checkpoint`... Every method takes the lock itself, so callers never do.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from tensordict import TensorDict
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.errors import (
+    ExecutorClosedError,
+    RolloutError,
+    RolloutQueueFullError,
+    RolloutWorkflowError,
+)
+from areal_like.rollout.staleness import (
+    RolloutCounters,
+    admission_capacity,
+    is_stale,
+    staleness_bound,
+)
+
+ShouldAccept = Callable[[TensorDict], bool]
+DATA_ID_KEYS = ("id", "query_id", "qid", "uid")
+
+
+def data_id_of(data: dict[str, Any], seq: int) -> str:
+    for key in DATA_ID_KEYS:
+        if key in data:
+            return str(data[key])
+    return f"#{seq}"
+
+
+class Ticket:
+    """The outcomes of one `rollout_batch` call, by submission number."""
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.outcomes: dict[int, tuple[str, Any]] = {}
+        self.failure: Optional[RolloutWorkflowError] = None
+
+
+@dataclass
+class Submission:
+    seq: int
+    data: dict[str, Any]
+    data_id: str
+    workflow: RolloutWorkflow
+    should_accept: Optional[ShouldAccept]
+    bounded: bool  # counts against the staleness bound (False: rollout_batch items)
+    ticket: Optional[Ticket] = None
+
+
+@dataclass
+class EpisodeResult:
+    seq: int
+    data_id: str
+    trajectory: TensorDict
+    bounded: bool
+    latency: float  # seconds from admission to the validated trajectory
+    min_version: Optional[int]
+
+
+def workflow_error(sub: Submission, exc: BaseException) -> RolloutWorkflowError:
+    """Wrap `exc` so the caller sees which item failed; `exc` (and its traceback) is the cause."""
+    err = RolloutWorkflowError(
+        f"{type(sub.workflow).__name__}.arun_episode failed on data item id={sub.data_id} "
+        f"(submission #{sub.seq}): {type(exc).__name__}: {exc}",
+        data_id=sub.data_id, seq=sub.seq, data=sub.data,
+    )
+    err.__cause__ = exc
+    err.__suppress_context__ = True
+    return err
+
+
+@dataclass
+class ExecutorState:
+    config: RolloutConfig
+    # reentrant: describe()/capacity() are also called from inside locked methods
+    cond: threading.Condition = field(
+        default_factory=lambda: threading.Condition(threading.RLock()))
+    queued: deque = field(default_factory=deque)  # bounded submissions, FIFO
+    queued_sync: deque = field(default_factory=deque)  # rollout_batch submissions, first served
+    running: dict = field(default_factory=dict)  # seq -> Submission
+    running_bounded: int = 0
+    ready: deque = field(default_factory=deque)  # EpisodeResult, accepted and not consumed
+    oldest_ready: float = math.inf  # min of min_version over `ready`: O(1) staleness check
+    ready_waits: list = field(default_factory=list)  # counts blocked waiters need
+    errors: deque = field(default_factory=deque)  # RolloutWorkflowError, oldest first
+    counters: RolloutCounters = field(default_factory=RolloutCounters)
+    restored_pending: list = field(default_factory=list)  # data items to run again
+    last_batch: dict = field(default_factory=dict)
+    paused: bool = False
+    closed: bool = False
+    fatal: Optional[BaseException] = None
+    next_seq: int = 0
+
+    # ---- errors and lifecycle -----------------------------------------------------------
+    def set_fatal(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.fatal is None:
+                self.fatal = exc
+            self.cond.notify_all()
+
+    def raise_if_fatal(self) -> None:
+        with self.cond:
+            if self.fatal is not None:
+                raise RolloutError(
+                    f"the rollout event-loop thread failed: {type(self.fatal).__name__}: "
+                    f"{self.fatal}"
+                ) from self.fatal
+
+    def _raise_if_unusable(self) -> None:
+        """For waiters: closed, fatal, or the oldest workflow error (each raised once)."""
+        if self.closed:
+            raise ExecutorClosedError("WorkflowExecutor was destroyed while waiting")
+        self.raise_if_fatal()
+        if self.errors:
+            raise self.errors.popleft()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.counters.cancelled += len(self.queued) + len(self.queued_sync)
+            self.queued.clear()
+            self.queued_sync.clear()
+            self.cond.notify_all()
+
+    def set_paused(self, paused: bool) -> None:
+        with self.cond:
+            self.paused = paused
+            self.cond.notify_all()
+
+    # ---- submission and admission -------------------------------------------------------
+    def enqueue(
+        self, data: dict[str, Any], workflow: RolloutWorkflow,
+        should_accept: Optional[ShouldAccept], bounded: bool,
+        respect_limit: bool = False, ticket: Optional[Ticket] = None,
+    ) -> Submission:
+        if not isinstance(data, dict):
+            raise TypeError(f"a data item must be a dict, got {type(data).__name__}")
+        if not isinstance(workflow, RolloutWorkflow):
+            raise TypeError(f"workflow must be a RolloutWorkflow, got {type(workflow).__name__}")
+        with self.cond:
+            if self.closed:
+                raise ExecutorClosedError("WorkflowExecutor was destroyed")
+            limit = self.config.queue_size
+            if respect_limit and limit > 0 and len(self.queued) >= limit:
+                raise RolloutQueueFullError(
+                    f"rollout input queue is full ({len(self.queued)} items, "
+                    f"RolloutConfig.queue_size={limit}); wait() for results first"
+                )
+            seq = self.next_seq
+            self.next_seq += 1
+            sub = Submission(seq, data, data_id_of(data, seq), workflow, should_accept,
+                             bounded, ticket)
+            self.counters.submitted += 1
+            if ticket is not None:
+                ticket.seqs.append(seq)
+                self.queued_sync.append(sub)
+            else:
+                self.queued.append(sub)
+            return sub
+
+    def resubmit_restored(self, workflow: RolloutWorkflow,
+                          should_accept: Optional[ShouldAccept]) -> int:
+        with self.cond:
+            pending, self.restored_pending = self.restored_pending, []
+        for data in pending:
+            self.enqueue(data, workflow, should_accept, bounded=True)
+        return len(pending)
+
+    def capacity(self, version: int) -> int:
+        with self.cond:
+            cfg = self.config
+            return admission_capacity(cfg.max_head_offpolicyness, version,
+                                      cfg.consumer_batch_size,
+                                      self.counters.staleness_accepted, self.running_bounded)
+
+    def admit(self, version: int) -> list[Submission]:
+        """Move queued submissions to running as far as pause, concurrency and staleness allow."""
+        started: list[Submission] = []
+        with self.cond:
+            if self.paused or self.closed:
+                return started
+            free = self.config.max_concurrent_rollouts - len(self.running)
+            while free > 0 and self.queued_sync:
+                started.append(self.queued_sync.popleft())
+                free -= 1
+            capacity = self.capacity(version)
+            while free > 0 and capacity > 0 and self.queued:
+                started.append(self.queued.popleft())
+                self.running_bounded += 1
+                free -= 1
+                capacity -= 1
+            for sub in started:
+                self.running[sub.seq] = sub
+        return started
+
+    def finish(self, sub: Submission, kind: str, payload: Any) -> None:
+        """Record an episode's outcome: accepted / rejected_by_* / failed / cancelled."""
+        with self.cond:
+            self.running.pop(sub.seq, None)
+            if sub.bounded:
+                self.running_bounded -= 1
+            c = self.counters
+            if kind == "cancelled":
+                c.cancelled += 1
+            else:
+                c.completed += 1
+                setattr(c, kind, getattr(c, kind) + 1)
+            # wake waiters only when it can matter: one wake per episode costs a thread switch
+            if sub.ticket is not None:
+                ticket = sub.ticket
+                ticket.outcomes[sub.seq] = (kind, payload)
+                if kind == "failed" and ticket.failure is None:
+                    ticket.failure = payload
+                wake = kind == "failed" or len(ticket.outcomes) >= len(ticket.seqs)
+            elif kind == "accepted":
+                self.ready.append(payload)
+                if payload.min_version is not None:
+                    self.oldest_ready = min(self.oldest_ready, payload.min_version)
+                if sub.bounded:
+                    c.staleness_accepted += 1
+                wake = any(len(self.ready) >= n for n in self.ready_waits)
+            else:  # an error to raise, or a rejection that changes how much to prefetch
+                if kind == "failed":
+                    self.errors.append(payload)
+                wake = True
+            if wake:
+                self.cond.notify_all()
+
+    # ---- consumption --------------------------------------------------------------------
+    def _recompute_oldest_locked(self) -> None:
+        versions = [r.min_version for r in self.ready if r.min_version is not None]
+        self.oldest_ready = min(versions, default=math.inf)
+
+    def _drop_stale_locked(self, version: int) -> int:
+        eta = self.config.max_head_offpolicyness
+        if self.oldest_ready >= version - eta:
+            return 0
+        keep = [r for r in self.ready if not is_stale(r.min_version, version, eta)]
+        dropped = len(self.ready) - len(keep)
+        if dropped:
+            stale_bounded = sum(r.bounded for r in self.ready) - sum(r.bounded for r in keep)
+            self.ready = deque(keep)
+            self._recompute_oldest_locked()
+            self.counters.dropped_stale += dropped
+            self.counters.staleness_accepted -= stale_bounded  # frees admission budget
+        return dropped
+
+    def refill_need(self, version: int) -> int:
+        """How many more items prepare_batch should draw: enough that everything the bound
+        admits at `version` is queued, plus one consumer batch of slack so rejected groups
+        are replaced while the trainer is busy."""
+        with self.cond:
+            cfg = self.config
+            bound = staleness_bound(cfg.max_head_offpolicyness, version, cfg.consumer_batch_size)
+            in_pipeline = (self.counters.staleness_accepted + self.running_bounded
+                           + len(self.queued))
+            need = bound + cfg.consumer_batch_size - in_pipeline
+            if cfg.queue_size > 0:
+                need = min(need, cfg.queue_size - len(self.queued))
+            return need
+
+    def take_or_wait(
+        self, count: int, version: int, deadline: float, want_refill: bool,
+        make_timeout: Callable[[], Exception], on_drop: Callable[[], None],
+    ) -> tuple[Optional[list[EpisodeResult]], int]:
+        """Take `count` fresh groups, or report how many items to draw (want_refill), or
+        wait once for a change; raise the oldest workflow error or a timeout."""
+        with self.cond:
+            self._raise_if_unusable()
+            if want_refill:  # top up first, so prefetch does not depend on timing
+                need = self.refill_need(version)
+                if need > 0:
+                    return None, need
+            if self._drop_stale_locked(version):
+                on_drop()
+            if len(self.ready) >= count:
+                taken = [self.ready.popleft() for _ in range(count)]
+                self._recompute_oldest_locked()
+                self.counters.consumed += count
+                return taken, 0
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise make_timeout()
+            self.ready_waits.append(count)
+            try:  # the 1 s cap re-reads the version, which another thread may advance
+                self.cond.wait(min(remaining, 1.0))
+            finally:
+                self.ready_waits.remove(count)
+            return None, 0
+
+    def wait_ticket(self, ticket: Ticket, count: int, deadline: float,
+                    make_timeout: Callable[[], Exception]) -> list[tuple[str, Any]]:
+        """Wait until all of a rollout_batch's items finished; raise its first failure."""
+        with self.cond:
+            while True:
+                self._raise_if_unusable()
+                if ticket.failure is not None:
+                    raise ticket.failure
+                if len(ticket.outcomes) >= count:
+                    return [ticket.outcomes[seq] for seq in ticket.seqs]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise make_timeout()
+                self.cond.wait(min(remaining, 1.0))
+
+    def drop_stale_results(self, outcomes: list[tuple[str, Any]],
+                           version: int) -> list[EpisodeResult]:
+        eta = self.config.max_head_offpolicyness
+        results = [payload for kind, payload in outcomes if kind == "accepted"]
+        fresh = [r for r in results if not is_stale(r.min_version, version, eta)]
+        with self.cond:
+            self.counters.dropped_stale += len(results) - len(fresh)
+            self.counters.consumed += len(fresh)
+        return fresh
+
+    # ---- reporting ----------------------------------------------------------------------
+    def snapshot(self, version: int) -> dict[str, Any]:
+        with self.cond:
+            c = self.counters
+            return {
+                **c.to_dict(), "rejected": c.rejected, "version": version,
+                "running": len(self.running), "queued": len(self.queued) + len(self.queued_sync),
+                "buffered": len(self.ready), "pending_errors": len(self.errors),
+                "capacity": self.capacity(version), "paused": self.paused,
+                "last_batch": dict(self.last_batch),
+            }
+
+    def describe(self, version: int) -> str:
+        """A one-paragraph account of where every submitted item went, with hints."""
+        with self.cond:
+            c, cfg = self.counters, self.config
+            eta, b = cfg.max_head_offpolicyness, cfg.consumer_batch_size
+            queued = len(self.queued) + len(self.queued_sync)
+            capacity = self.capacity(version)
+            text = (
+                f"produced {c.completed} episodes (accepted {c.accepted}, rejected {c.rejected}: "
+                f"{c.rejected_by_workflow} by the workflow returning None, "
+                f"{c.rejected_by_filter} by should_accept; failed {c.failed}); dropped as "
+                f"stale {c.dropped_stale}; consumed {c.consumed}; still running "
+                f"{len(self.running)}, queued {queued}; version {version}, eta {eta}."
+            )
+            hints = []
+            if self.paused:
+                hints.append("the executor is paused: call resume()")
+            if self.queued and capacity <= 0:
+                hints.append(
+                    f"admission is blocked by the staleness bound (accepted "
+                    f"{c.staleness_accepted} + running {self.running_bounded} >= (eta {eta} + "
+                    f"version {version} + 1) x consumer_batch_size {b}); advance the version "
+                    f"after each consumed batch or raise max_head_offpolicyness"
+                )
+            if queued == 0 and not self.running:
+                hints.append("nothing is running or queued: submit more data")
+            return text + ("".join(f" Hint: {h}." for h in hints))
+
+    # ---- checkpointing ------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        with self.cond:
+            if self.errors:
+                raise self.errors.popleft()
+            unfinished = sorted(
+                [s for s in self.running.values() if s.ticket is None] + list(self.queued),
+                key=lambda s: s.seq,
+            )
+            return {
+                "counters": self.counters.to_dict(),
+                "ready": list(self.ready),
+                # restored items come first: they were drawn earliest
+                "pending_data": list(self.restored_pending) + [s.data for s in unfinished],
+                "paused": self.paused,
+                "next_seq": self.next_seq,
+            }
+
+    def restore(self, counters: dict[str, int], ready: list[EpisodeResult],
+                pending_data: list[dict[str, Any]], paused: bool, next_seq: int) -> None:
+        with self.cond:
+            busy = len(self.running) + len(self.queued) + len(self.queued_sync) + len(self.ready)
+            if busy or self.counters.submitted:
+                raise RolloutError(
+                    "load_state_dict() needs a fresh executor: this one already has "
+                    f"{self.counters.submitted} submissions ({busy} not yet consumed)"
+                )
+            restored = RolloutCounters.from_dict(counters)
+            # unfinished items will be submitted again: they are not counted twice
+            restored.submitted -= len(pending_data)
+            self.counters = restored
+            self.ready = deque(ready)
+            self._recompute_oldest_locked()
+            self.restored_pending = list(pending_data)
+            self.paused = paused
+            self.next_seq = next_seq

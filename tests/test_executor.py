@@ -1,0 +1,295 @@
+"""WorkflowExecutor unit tests: staleness admission, errors, timeouts, pause/resume, lifecycle.
+
+Uses the instant in-process engine from test_executor_fakes (a unit test of one component).
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+import pytest
+from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.trajectory import TrajectoryError
+from areal_like.rollout import (
+    ExecutorClosedError,
+    NoTrajectoriesError,
+    RolloutError,
+    RolloutTimeoutError,
+    RolloutWorkflowError,
+    admission_capacity,
+    is_stale,
+    staleness_bound,
+)
+
+
+@pytest.fixture
+def make_engine():
+    engines: list[InstantEngine] = []
+
+    def make(**cfg) -> InstantEngine:
+        engine = InstantEngine(RolloutConfig(**cfg))
+        engine.initialize()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.destroy()
+
+
+def loader(n_batches: int, per_batch: int) -> list[list[dict]]:
+    return [items(b * per_batch, (b + 1) * per_batch) for b in range(n_batches)]
+
+
+def test_staleness_arithmetic():
+    assert staleness_bound(eta=0, version=0, consumer_batch_size=4) == 4
+    assert staleness_bound(eta=2, version=3, consumer_batch_size=4) == 24
+    assert admission_capacity(2, 3, 4, accepted=20, running=3) == 1
+    assert admission_capacity(0, 1, 4, accepted=8, running=0) == 0
+    assert not is_stale(None, 10, 0)  # nothing trained on: never stale
+    assert is_stale(1, 2, 0) and not is_stale(2, 2, 0)
+    assert not is_stale(0, 2, 2) and is_stale(0, 3, 2)
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_admission_never_exceeds_bound(make_engine, eta):
+    batch_size, steps = 2, 6
+    engine = make_engine(max_head_offpolicyness=eta, consumer_batch_size=batch_size,
+                         max_concurrent_rollouts=64)
+    ex = engine.executor
+    violations: list[str] = []
+
+    def on_start(data: dict) -> None:  # runs on the loop thread right after admission
+        s = ex.stats()
+        bound = staleness_bound(eta, s["version"], batch_size)
+        if s["staleness_accepted"] + s["running"] > bound:
+            violations.append(f"{s['staleness_accepted']} + {s['running']} > {bound}")
+
+    wf = GroupWorkflow(n=2, max_sleep=0.003, on_start=on_start)
+    data = loader(40, 2)
+    staleness_seen: list[int] = []
+    for step in range(steps):
+        batch = ex.prepare_batch(data, wf)
+        assert len(group_ids(batch)) == batch_size
+        trained = batch["versions"][batch["loss_mask"]]
+        staleness = step - int(trained.min())
+        staleness_seen.append(staleness)
+        assert 0 <= staleness <= eta
+        if eta == 0:  # synchronous semantics: every trained token from the current policy
+            assert (trained == step).all()
+        s = ex.stats()
+        assert s["last_batch"]["staleness_max"] == staleness
+        assert s["staleness_accepted"] + s["running"] <= staleness_bound(eta, step, batch_size)
+        engine.set_version(step + 1)
+    assert not violations, violations
+    if eta == 2:  # the rollout really ran ahead of the trainer
+        assert max(staleness_seen) > 0
+    s = ex.stats()
+    assert s["consumed"] == steps * batch_size
+    if eta == 0:  # exactly B groups are admitted per version, all consumed at that version
+        assert s["dropped_stale"] == 0
+
+
+def test_stale_groups_are_dropped_and_counted(make_engine):
+    engine = make_engine(max_head_offpolicyness=0, consumer_batch_size=2,
+                         max_concurrent_rollouts=16)
+    ex = engine.executor
+    gate = threading.Event()
+    wf = GroupWorkflow(n=2, gate=gate)
+    for item in items(0, 4):
+        ex.submit(item, wf)
+    # 2 groups x 2 samples generated at version 0, then held at the gate
+    eventually(lambda: engine.requests == 4, what="2 groups generated at version 0")
+    s = ex.stats()
+    assert s["running"] == 2 and s["queued"] == 2  # the bound (0 + 0 + 1) * 2 holds back 2
+    engine.set_version(1)
+    eventually(lambda: engine.requests == 8, what="2 more groups generated at version 1")
+    gate.set()
+    eventually(lambda: ex.stats()["completed"] == 4, what="all 4 episodes finished")
+    batch = ex.wait(2, timeout=10)  # drops the 2 stale groups, returns the 2 fresh ones
+    assert sorted(group_ids(batch)) == [2, 3]
+    assert (batch["versions"][batch["loss_mask"]] == 1).all()
+    s = ex.stats()
+    assert s["dropped_stale"] == 2 and s["accepted"] == 4 and s["consumed"] == 2
+    assert s["staleness_accepted"] == 2  # dropped groups gave their budget back
+
+
+def test_workflow_exception_reaches_wait_with_id_and_traceback(make_engine):
+    engine = make_engine(max_head_offpolicyness=10, consumer_batch_size=1)
+    ex = engine.executor
+    for item in items(0, 5):
+        ex.submit(item, GroupWorkflow(fail_ids=(3,)))
+    with pytest.raises(RolloutWorkflowError) as info:
+        ex.wait(5, timeout=10)
+    err = info.value
+    assert "id=3" in str(err) and "boom on item 3" in str(err) and err.data_id == "3"
+    assert isinstance(err.__cause__, ValueError)
+    frames = [f.name for f in traceback.extract_tb(err.__cause__.__traceback__)]
+    assert "arun_episode" in frames
+    assert "boom on item 3" in "".join(traceback.format_exception(err))
+    # the executor keeps serving the other items
+    assert sorted(group_ids(ex.wait(4, timeout=10))) == [0, 1, 2, 4]
+    assert ex.stats()["failed"] == 1
+
+
+def test_invalid_trajectory_names_the_key(make_engine):
+    class NoRewards(GroupWorkflow):
+        async def arun_episode(self, engine, data):
+            td = await super().arun_episode(engine, data)
+            del td["rewards"]
+            return td
+
+    ex = make_engine(max_head_offpolicyness=10).executor
+    ex.submit(items(0, 1)[0], NoRewards())
+    with pytest.raises(RolloutWorkflowError, match="rewards") as info:
+        ex.wait(1, timeout=10)
+    assert isinstance(info.value.__cause__, TrajectoryError)
+
+
+def test_always_rejecting_filter_times_out_with_counts(make_engine):
+    ex = make_engine(max_head_offpolicyness=10, consumer_batch_size=2).executor
+    for item in items(0, 5):
+        ex.submit(item, GroupWorkflow(), should_accept=lambda td: False)
+    eventually(lambda: ex.stats()["completed"] == 5, what="5 episodes finished")
+    with pytest.raises(RolloutTimeoutError) as info:
+        ex.wait(1, timeout=0.2)
+    msg = str(info.value)
+    assert isinstance(info.value, TimeoutError)
+    for part in ("0 of 1 groups ready", "produced 5 episodes", "rejected 5",
+                 "5 by should_accept", "still running 0", "queued 0",
+                 "nothing is running or queued"):
+        assert part in msg, (part, msg)
+
+
+def test_prepare_batch_with_rejecting_filter_does_not_hang(make_engine):
+    ex = make_engine(max_head_offpolicyness=0, consumer_batch_size=2).executor
+    with pytest.raises(RolloutTimeoutError, match="by should_accept"):
+        ex.prepare_batch(loader(3, 2), GroupWorkflow(), lambda td: False, timeout=0.3)
+    assert ex.stats()["rejected_by_filter"] > 6  # it cycled the 6-item loader
+
+
+def test_dynamic_sampling_filter(make_engine):
+    ex = make_engine(max_head_offpolicyness=1, consumer_batch_size=3).executor
+    odd_only = lambda td: bool(td["rewards"][0] == 1.0)  # noqa: E731
+    batch = ex.prepare_batch(loader(10, 2), GroupWorkflow(), odd_only)
+    assert all(i % 2 == 1 for i in group_ids(batch)) and len(group_ids(batch)) == 3
+    assert ex.stats()["rejected_by_filter"] >= 3
+
+
+def test_pause_and_resume(make_engine):
+    ex = make_engine(max_head_offpolicyness=10, consumer_batch_size=1).executor
+    gate = threading.Event()
+    wf = GroupWorkflow(gate=gate)
+    ex.submit(items(0, 1)[0], wf)
+    ex.submit(items(1, 2)[0], wf)
+    eventually(lambda: ex.stats()["running"] == 2)
+    ex.pause()
+    ex.submit(items(2, 3)[0], wf)
+    gate.set()  # in-flight episodes finish while paused
+    assert sorted(group_ids(ex.wait(2, timeout=10))) == [0, 1]
+    with pytest.raises(RolloutTimeoutError, match="paused"):
+        ex.wait(1, timeout=0.2)
+    s = ex.stats()
+    assert s["running"] == 0 and s["queued"] == 1 and s["paused"]
+    ex.resume()
+    assert group_ids(ex.wait(1, timeout=10)) == [2]
+
+
+def test_staleness_block_hint(make_engine):
+    ex = make_engine(max_head_offpolicyness=0, consumer_batch_size=1).executor
+    for item in items(0, 2):
+        ex.submit(item, GroupWorkflow())
+    with pytest.raises(RolloutTimeoutError, match="blocked by the staleness bound"):
+        ex.wait(2, timeout=0.3)  # version never advances: only one group may be admitted
+
+
+def test_rollout_batch_order_bypass_and_errors(make_engine):
+    ex = make_engine(max_head_offpolicyness=0, consumer_batch_size=1,
+                     max_concurrent_rollouts=4).executor
+    wf = GroupWorkflow(max_sleep=0.005)
+    batch = ex.rollout_batch(items(0, 9), wf)  # 9 > the staleness bound of 1: bypassed
+    assert group_ids(batch) == list(range(9)) and batch.batch_size[0] == 18
+    # rows of a group stay together and in sample order (sample i has 2 + i + id % 3 tokens)
+    expected_lengths = [2 + i + k % 3 for k in range(9) for i in range(2)]
+    assert batch["loss_mask"].sum(1).tolist() == expected_lengths
+    assert ex.stats()["staleness_accepted"] == 0
+    with pytest.raises(RolloutWorkflowError, match="id=4"):
+        ex.rollout_batch(items(0, 6), GroupWorkflow(fail_ids=(4,)))
+    with pytest.raises(NoTrajectoriesError, match="should_accept"):
+        ex.rollout_batch(items(0, 3), wf, should_accept=lambda td: False)
+
+
+def test_loop_thread_error_surfaces(make_engine, monkeypatch):
+    ex = make_engine().executor
+
+    def broken(version):
+        raise RuntimeError("admission bug")
+
+    monkeypatch.setattr(ex._state, "admit", broken)
+    with pytest.raises(RolloutError, match="event-loop thread failed") as info:
+        ex.submit(items(0, 1)[0], GroupWorkflow())
+        ex.wait(1, timeout=10)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_run_coroutine_on_the_loop(make_engine):
+    ex = make_engine().executor
+
+    async def which_loop():
+        import asyncio
+        return asyncio.get_running_loop()
+
+    async def sleeper():
+        import asyncio
+        await asyncio.sleep(30)
+
+    async def fails():
+        raise KeyError("inside")
+
+    assert ex.run_coroutine(which_loop(), timeout=5) is ex.loop
+    with pytest.raises(TimeoutError, match="did not finish"):
+        ex.run_coroutine(sleeper(), timeout=0.1)
+    with pytest.raises(KeyError, match="inside"):
+        ex.run_coroutine(fails(), timeout=5)
+
+
+def test_destroy_cancels_and_wakes_waiters():
+    engine = InstantEngine(RolloutConfig(max_head_offpolicyness=10))
+    engine.initialize()
+    ex = engine.executor
+    gate = threading.Event()
+    for item in items(0, 3):
+        ex.submit(item, GroupWorkflow(gate=gate))
+    eventually(lambda: ex.stats()["running"] == 3)
+    errors: list[BaseException] = []
+
+    def waiter():
+        try:
+            ex.wait(3, timeout=30)
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    engine.destroy()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ExecutorClosedError)
+    assert ex.stats()["cancelled"] == 3
+    engine.destroy()  # twice is fine
+    with pytest.raises(ExecutorClosedError):
+        ex.submit(items(0, 1)[0], GroupWorkflow())
+
+
+def test_blocking_call_inside_a_workflow_is_an_error(make_engine):
+    class WaitsInside(GroupWorkflow):
+        async def arun_episode(self, engine, data):
+            return engine.executor.wait(1, timeout=1)
+
+    ex = make_engine(max_head_offpolicyness=10).executor
+    ex.submit(items(0, 1)[0], WaitsInside())
+    with pytest.raises(RolloutWorkflowError, match="deadlock"):
+        ex.wait(1, timeout=10)

@@ -299,6 +299,19 @@ class LoggingConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """How the local launcher allocates the machine: servers x trainer processes."""
+
+    n_trainer_procs: int = 1
+    threads_per_trainer: int = 1
+    gpus_per_server: int = 1  # CUDA only: servers take the first GPUs, trainers the rest
+
+    def __post_init__(self) -> None:
+        _check("LauncherConfig", "n_trainer_procs", self.n_trainer_procs >= 1,
+               self.n_trainer_procs, ">= 1")
+
+
+@dataclass
 class BaseExperimentConfig:
     """Fields every recipe shares; recipes subclass it to add their own sections."""
 
@@ -317,3 +330,4 @@ class BaseExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -1,0 +1,38 @@
+"""The `areal-like` command.
+
+    areal-like run <recipe> [--config FILE] [key=value ...]   fleet + trainer (local launcher)
+    areal-like serve --model-path DIR [--n-servers N] ...      an inference fleet only
+    areal-like tiny-model --out DIR [--size 1m]                build a tiny offline model
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from areal_like.launcher.local import main as run_main
+
+        return run_main(rest)
+    if command == "serve":
+        from engines.sglang_server import main as serve_main
+
+        return serve_main(rest)
+    if command == "tiny-model":
+        from areal_like.models.tiny import main as tiny_main
+
+        tiny_main(rest)
+        return 0
+    print(f"areal-like: unknown command {command!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Supervised batches from (messages, answer) items, and teacher-forced greedy accuracy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from transformers import PreTrainedTokenizerBase
+
+from areal_like.rollout.batching import concat_padded
+from areal_like.utils.functional import next_token_labels
+
+
+def build_sft_batch(items: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> TensorDict:
+    """Chat prompt + `answer` + EOS per item; `loss_mask` marks the answer and EOS tokens."""
+    rows = []
+    for item in items:
+        text = tokenizer.apply_chat_template(item["messages"], tokenize=False,
+                                             add_generation_prompt=True)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        answer = tokenizer.encode(str(item["answer"]), add_special_tokens=False)
+        ids = prompt + answer + [tokenizer.eos_token_id]
+        loss = [0] * len(prompt) + [1] * (len(answer) + 1)
+        rows.append(TensorDict({
+            "input_ids": torch.tensor([ids]),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.bool),
+            "loss_mask": torch.tensor([loss], dtype=torch.bool),
+        }, batch_size=[1]))
+    return concat_padded(rows)
+
+
+def argmax_hits(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+    """Per-token post-hook: 1 where the argmax prediction equals the next token."""
+    return (logits.argmax(-1) == next_token_labels(mb["input_ids"], mb["cu_seqlens"])).float()
+
+
+def greedy_exact_match(hits: torch.Tensor, batch: TensorDict) -> torch.Tensor:
+    """[B] bool: every answer token is the argmax given the right prefix, which is exactly
+    when greedy decoding reproduces the answer (and its EOS)."""
+    shifted = torch.zeros_like(batch["loss_mask"], dtype=torch.bool)
+    shifted[:, :-1] = batch["loss_mask"][:, 1:].bool()  # position t predicts token t+1
+    return ((hits > 0.5) | ~shifted).all(dim=-1)

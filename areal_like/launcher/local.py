@@ -1,0 +1,179 @@
+"""Local launcher: an SGLang fleet plus a `torchrun` trainer on this machine.
+
+    python -m areal_like.launcher.local <recipe> [--config FILE] [key=value ...]
+    areal-like run <recipe> [--config FILE] [key=value ...]
+
+The config is composed and validated first, so a typo fails before any process starts. Unless
+`rollout.server_addrs` names an existing fleet, `server.n_servers` SGLang servers are started
+on `model.path` and their addresses passed to the trainer. The trainer is
+`torchrun --nproc_per_node=launcher.n_trainer_procs -m recipes.<recipe>`. Logs stream with
+`[trainer]` / `[server i]` prefixes; if any part dies the rest is stopped and the cause shown
+(a server's log tail); Ctrl-C stops everything. On CUDA machines servers take the first GPUs
+and trainers the next ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from areal_like.api.config_loader import ConfigError, load_config
+from areal_like.runtime.cli import split_args
+from areal_like.utils.metrics_logger import run_dir
+from areal_like.utils.network import find_free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class LaunchError(RuntimeError):
+    """A part of the launch failed; the message says which and why."""
+
+
+def _stream(prefix: str, pipe, out=sys.stdout) -> threading.Thread:  # noqa: ANN001
+    def pump() -> None:
+        for line in iter(pipe.readline, b""):
+            out.write(f"[{prefix}] {line.decode(errors='replace')}")
+            out.flush()
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def _follow(prefix: str, path: Path, stop: threading.Event) -> threading.Thread:
+    """Stream a growing log file (SGLang servers write their own logs)."""
+    def pump() -> None:
+        while not path.exists() and not stop.is_set():
+            time.sleep(0.2)
+        with open(path, "rb") as f:
+            while not stop.is_set():
+                line = f.readline()
+                if line:
+                    sys.stdout.write(f"[{prefix}] {line.decode(errors='replace')}")
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.2)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # no torch CUDA runtime: a CPU machine
+        return 0
+
+
+def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
+    """Run `recipe` with its fleet; returns the trainer's exit code."""
+    from recipes.configs import RECIPES
+
+    if recipe not in RECIPES:
+        raise LaunchError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    config_cls, default_yaml, needs_fleet = RECIPES[recipe]
+    config_path, overrides = split_args(argv, default_yaml)
+    config = load_config(config_cls, config_path, overrides)  # fails fast on a typo
+    log_dir = run_dir(config.logging)
+    n_gpus = _gpu_count() if config.server.device == "cuda" else 0
+
+    fleet = None
+    stop_follow = threading.Event()
+    trainer: Optional[subprocess.Popen[bytes]] = None
+    try:
+        if needs_fleet and not config.rollout.server_addrs:
+            from engines.sglang_server import SGLangFleet, SGLangServerError
+
+            if n_gpus:
+                gpus = ",".join(str(i) for i in range(config.server.n_servers
+                                                      * config.launcher.gpus_per_server))
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+            print(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
+                  f"{config.model.path}", flush=True)
+            fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
+                                log_dir=log_dir / "servers")
+            try:
+                fleet.start()
+            except SGLangServerError as e:  # start() already stopped every server
+                raise LaunchError(str(e)) from e
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            print(f"[launcher] servers ready: {fleet.addresses}", flush=True)
+            overrides.append(f"rollout.server_addrs=[{','.join(fleet.addresses)}]")
+            if not quiet_servers:
+                for i, path in enumerate(fleet.log_paths):
+                    _follow(f"server {i}", path, stop_follow)
+
+        env = dict(os.environ, OMP_NUM_THREADS=str(config.launcher.threads_per_trainer),
+                   TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        if n_gpus:
+            first = config.server.n_servers * config.launcher.gpus_per_server if fleet else 0
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                str(first + i) for i in range(config.launcher.n_trainer_procs))
+        cmd = [sys.executable, "-m", "torch.distributed.run",
+               f"--nproc_per_node={config.launcher.n_trainer_procs}",
+               "--master_addr=127.0.0.1", f"--master_port={find_free_port()}",
+               "-m", f"recipes.{recipe}", "--config", str(config_path), *overrides]
+        print(f"[launcher] $ {' '.join(cmd)}", flush=True)
+        trainer = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        pump = _stream("trainer", trainer.stdout)
+        while trainer.poll() is None:
+            time.sleep(1.0)
+            dead = fleet.dead_servers() if fleet else []
+            if dead:
+                from engines.sglang_server import tail_file
+
+                i = dead[0]
+                raise LaunchError(f"SGLang server {i} ({fleet.addresses[i]}) died; last lines "
+                                  f"of {fleet.log_paths[i]}:\n{tail_file(fleet.log_paths[i])}")
+        pump.join(timeout=10)
+        code = trainer.returncode
+        if code != 0:
+            print(f"[launcher] trainer exited with code {code}", file=sys.stderr, flush=True)
+        return code
+    finally:
+        stop_follow.set()
+        if trainer is not None and trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGTERM)
+            try:
+                trainer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(trainer.pid, signal.SIGKILL)
+        if fleet is not None:
+            fleet.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return launch(argv[0], argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except LaunchError as e:
+        print(f"launch failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("[launcher] interrupted: stopped trainer and servers", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

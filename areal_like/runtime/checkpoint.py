@@ -1,0 +1,70 @@
+"""Checkpoints for exact resume: train state (DCP), executor state and the run's own state.
+
+Layout: `<dir>/step<N>/{train_state/, run_state.pt}` and `<dir>/latest` naming the newest
+complete one (written last, atomically, so a run killed mid-save resumes from the previous).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from areal_like.api import SaveLoadMeta, TrainEngine
+from areal_like.api.config import CheckpointConfig
+
+
+class Checkpointer:
+    def __init__(self, config: CheckpointConfig, run_dir: Path, rank: int = 0) -> None:
+        self.config = config
+        self.dir = Path(config.save_dir) if config.save_dir else Path(run_dir) / "checkpoints"
+        self.rank = rank
+
+    def should_save(self, step: int, last_step: bool = False) -> bool:
+        freq = self.config.freq_steps
+        return freq > 0 and ((step + 1) % freq == 0 or last_step)
+
+    def save(self, step: int, engine: TrainEngine, run_state: dict[str, Any]) -> Path:
+        """Every rank calls this; rank 0's `run_state` (executor state etc.) is written."""
+        path = self.dir / f"step{step}"
+        engine.save(SaveLoadMeta(str(path / "train_state"), weight_format="dcp", with_optim=True))
+        if self.rank == 0:
+            state = {"step": step, "python_rng": random.getstate(),
+                     "numpy_rng": np.random.get_state(), **run_state}
+            torch.save(state, path / "run_state.pt")
+            tmp = self.dir / "latest.tmp"
+            tmp.write_text(path.name)
+            os.replace(tmp, self.dir / "latest")
+            self._prune(keep=self.config.keep_last)
+        if dist.is_initialized():
+            dist.barrier()
+        return path
+
+    def _prune(self, keep: int) -> None:
+        steps = sorted((int(p.name[4:]), p) for p in self.dir.glob("step*") if p.name[4:].isdigit())
+        for _, p in steps[:-keep] if keep > 0 else []:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def latest(self) -> Optional[Path]:
+        marker = self.dir / "latest"
+        if not marker.is_file():
+            return None
+        path = self.dir / marker.read_text().strip()
+        if not (path / "run_state.pt").is_file():
+            raise FileNotFoundError(f"checkpoint marker {marker} names {path}, which is incomplete")
+        return path
+
+    def load(self, path: Path, engine: TrainEngine) -> dict[str, Any]:
+        """Restore `engine` (weights, optimizer, scheduler, RNG, version) and the RNGs of this
+        process; return the saved run state."""
+        engine.load(SaveLoadMeta(str(path / "train_state"), weight_format="dcp", with_optim=True))
+        state = torch.load(path / "run_state.pt", weights_only=False)
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        return state

@@ -1,0 +1,119 @@
+"""What a recipe process needs around its loop: distributed set-up, seeding, run folder,
+metrics sinks, timing, and moving a rollout batch from rank 0 to every trainer rank."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from areal_like.api.config import BaseExperimentConfig
+from areal_like.api.config_loader import to_yaml
+from areal_like.data.packing import shard_batch
+from areal_like.utils import stats_tracker
+from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir
+from areal_like.utils.network import find_free_port
+
+logger = logging.getLogger("areal_like")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the torchrun process group (gloo on CPU, NCCL on CUDA); a plain process is rank 0
+    of a one-process group so the same code runs without torchrun."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+class RunContext:
+    """Per-process run state. Rank 0 owns the metric sinks and the rollout engine."""
+
+    def __init__(self, config: BaseExperimentConfig, console_keys: Optional[list[str]] = None):
+        self.config = config
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.rank, self.world_size = init_distributed()
+        seed_everything(config.seed + self.rank)
+        self.dir = run_dir(config.logging)
+        self.is_main = self.rank == 0
+        self.metrics: Optional[MetricsLogger] = None
+        if self.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "config.yaml").write_text(to_yaml(config))
+            self.metrics = MetricsLogger(config.logging, console_keys=console_keys)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        self._step_start = time.perf_counter()
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.dir / "weights"
+
+    @contextlib.contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        with stats_tracker.record_timing(name):
+            yield
+
+    def broadcast_batch(self, batch: Optional[TensorDict], group_size: int) -> TensorDict:
+        """Rank 0's batch, split so each rank gets its own rows (groups kept whole)."""
+        if self.world_size == 1:
+            assert batch is not None
+            return batch
+        holder = [batch]
+        dist.broadcast_object_list(holder, src=0)
+        return shard_batch(holder[0], self.rank, self.world_size, group_size)
+
+    def global_mean(self, values: torch.Tensor) -> float:
+        """Mean of `values` over every rank's entries."""
+        total = torch.tensor([values.sum().item(), values.numel()], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+
+    def log_step(self, step: int, stats: dict[str, float]) -> dict[str, float]:
+        """Export every tracker's statistics (reduced over ranks) and write them (rank 0)."""
+        metrics = {**stats, **stats_tracker.export()}
+        if metrics.get("timeperf/train") and "n_tokens" in metrics:
+            metrics["perf/train_tokens_per_s"] = metrics["n_tokens"] / metrics["timeperf/train"]
+        now = time.perf_counter()
+        metrics["timeperf/step"] = now - self._step_start
+        self._step_start = now
+        if self.metrics is not None:
+            self.metrics.log(step, metrics)
+        return metrics
+
+    def summarize(self, key: str) -> None:
+        """Print the first and last logged value of `key` (rank 0), e.g. before/after RL."""
+        if self.metrics is None:
+            return
+        values = [r[key] for r in read_jsonl(self.metrics.jsonl_path) if key in r]
+        if values:
+            print(f"{key}: {values[0]:.3f} before -> {values[-1]:.3f} after "
+                  f"({len(values)} evaluations; metrics in {self.metrics.jsonl_path})", flush=True)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

@@ -22,3 +22,29 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from areal_like.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_1m"), size="1m", seed=1)
+
+
+# ---- SGLang fleet (real servers; tests marked `sglang`) -------------------------------------
+SGLANG_TEST_API_KEY = "areal-like-test-key"
+
+
+@pytest.fixture(scope="session")
+def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two real SGLang servers on the tiny 1m model, shared by the whole session (each start-up
+    costs ~30 s and ~2 GB). They require `SGLANG_TEST_API_KEY`. Tests that change weights
+    restore `tiny_model_dir` before they end. Skips when the SGLang venv is missing, except in
+    CI (CI=true), where a missing venv is an error."""
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet, SGLangServerError, resolve_sglang_python
+
+    config = SGLangServerConfig(n_servers=2, max_total_tokens=16384, context_length=1024)
+    try:
+        resolve_sglang_python(config.venv)
+    except SGLangServerError as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the SGLang tests: {e}")
+        pytest.skip(f"SGLang venv missing (run `make sglang`): {e}")
+    fleet = SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                        log_dir=tmp_path_factory.mktemp("sglang_logs"))
+    with fleet:
+        yield fleet

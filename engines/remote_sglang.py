@@ -1,0 +1,418 @@
+"""RemoteSGLangEngine: the InferenceEngine that talks to a fleet of SGLang servers over HTTP.
+
+Threading model. All HTTP traffic goes through one `aiohttp.ClientSession`, which belongs to
+the event loop it was created on: the *rollout loop*, i.e. the loop thread of the attached
+`WorkflowExecutor` (`engine.executor.loop`), where episodes run and call `agenerate` directly.
+`agenerate` awaited on any other loop (a script's `asyncio.run`, a test) is forwarded to the
+rollout loop and awaited there, so the session is never touched from a foreign loop. Trainer
+code is synchronous: `update_weights`, `pause`, `resume` run their async twins (`aupdate_weights`,
+`apause`, `aresume`) on the rollout loop and block the calling thread, bounded by timeouts;
+calling a sync method from the rollout loop itself raises (it would deadlock) — await the async
+twin there instead.
+
+Requests: `agenerate(req)` generates one sample (`req.gconfig.n_samples` must be 1);
+`agenerate_n(req)` fans `n_samples` samples out concurrently and returns a list. Servers are
+chosen by fewest in-flight requests (or round robin), sticky by `rid`, so a multi-turn
+conversation that reuses its rid hits the server that holds its prefix cache. Connection errors,
+timeouts and HTTP 5xx are retried with exponential backoff, on another server when one exists;
+after `request_retries` tries the error names the server and the cause. Every token's version
+is the one the server reports (`meta_info.weight_versions` spans), not a client-side guess.
+If a request is aborted because this engine paused the fleet in "abort" mode, it is continued
+from the tokens it already has once generation resumes, so callers never see that abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Optional
+
+import aiohttp
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from engines.sglang_protocol import generate_payload, parse_generate_reply
+from engines.sglang_routing import ServerPool
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from areal_like.api.workflow_api import RolloutWorkflow
+    from areal_like.rollout import WorkflowExecutor
+
+logger = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
+
+
+class RemoteSGLangError(RuntimeError):
+    """A request or control call to an SGLang server failed; the message names the server."""
+
+
+class _RetryableHTTPError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+
+
+_RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError, _RetryableHTTPError)
+
+
+class RemoteSGLangEngine(InferenceEngine):
+    """Client of an SGLang fleet (`config.server_addrs`, or `addresses`), see module doc."""
+
+    def __init__(self, config: RolloutConfig, addresses: Optional[list[str]] = None) -> None:
+        self.config = config
+        self.addresses = list(addresses if addresses is not None else config.server_addrs)
+        if not self.addresses:
+            raise ValueError("RemoteSGLangEngine: no server addresses (RolloutConfig."
+                             "server_addrs is empty and no `addresses` were given)")
+        self.executor: Optional[WorkflowExecutor] = None
+        self._owns_executor = False
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._version = 0
+        self._version_lock = threading.Lock()
+        self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
+        self._abort_epoch = 0  # bumped whenever this engine pauses the fleet in "abort" mode
+        self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
+        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def initialize(
+        self, executor: Optional[WorkflowExecutor] = None, check_health: bool = True
+    ) -> None:
+        """Attach `executor` (default: a new `WorkflowExecutor(config, self)`), open the HTTP
+        session on its loop and (unless `check_health=False`) wait up to
+        `config.setup_timeout` s until every server answers `/health`."""
+        if self._session is not None:
+            return
+        if executor is None:
+            from areal_like.rollout import WorkflowExecutor
+
+            executor, self._owns_executor = WorkflowExecutor(self.config, self), True
+        self.executor = executor
+        try:
+            executor.initialize()
+            executor.run_coroutine(self._open_session(), timeout=CONTROL_TIMEOUT_S)
+            if check_health:
+                executor.run_coroutine(self.await_healthy(self.config.setup_timeout),
+                                       timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
+        except BaseException:
+            self.destroy()
+            raise
+
+    async def _open_session(self) -> None:
+        # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+
+    def destroy(self) -> None:
+        """Close the session and, if this engine created it, the executor. Safe to call twice."""
+        executor, self.executor = self.executor, None
+        if executor is None:
+            return
+        if self._session is not None:
+            session, self._session = self._session, None
+            executor.run_coroutine(session.close(), timeout=CONTROL_TIMEOUT_S)
+        if self._owns_executor:
+            executor.destroy()
+
+    async def await_healthy(self, timeout: float) -> None:
+        """Poll `/health` of every server until all answer 200; error after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        for addr in self.addresses:
+            last = "no answer"
+            while True:
+                try:
+                    wait = max(0.1, min(5.0, deadline - time.monotonic()))
+                    async with self._require_session().get(
+                        f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=wait)
+                    ) as resp:
+                        if resp.status == 200:
+                            break
+                        last = f"HTTP {resp.status}"
+                except _RETRYABLE as e:
+                    last = f"{type(e).__name__}: {e}"
+                if time.monotonic() > deadline:
+                    raise RemoteSGLangError(
+                        f"SGLang server {addr} not healthy within {timeout:.0f} s "
+                        f"(RolloutConfig.setup_timeout); last answer: {last}"
+                    )
+                await asyncio.sleep(0.5)
+
+    # ---- loop plumbing ------------------------------------------------------------------
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+        return self._session
+
+    def _rollout_loop(self) -> asyncio.AbstractEventLoop:
+        if self.executor is None:
+            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+        return self.executor.loop
+
+    async def _on_rollout_loop(self, coro: Awaitable[Any]) -> Any:
+        """Await `coro` on the rollout loop, wherever we are called from."""
+        try:
+            loop = self._rollout_loop()
+        except RuntimeError:
+            coro.close()  # type: ignore[attr-defined]
+            raise
+        if asyncio.get_running_loop() is loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+    def _run_sync(self, coro: Awaitable[Any], timeout: float, what: str) -> Any:
+        try:
+            loop = self._rollout_loop()
+        except RuntimeError:
+            coro.close()  # type: ignore[attr-defined]
+            raise
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            coro.close()  # type: ignore[attr-defined]
+            raise RuntimeError(f"RemoteSGLangEngine.{what}() would block the rollout loop it "
+                               f"runs on; await a{what}() there instead")
+        assert self.executor is not None
+        return self.executor.run_coroutine(coro, timeout=timeout)
+
+    # ---- generation ---------------------------------------------------------------------
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """One completion of `req` (token ids in, token ids + logprobs + versions out)."""
+        if req.gconfig.n_samples != 1:
+            raise ValueError(
+                f"agenerate generates one sample but req.gconfig.n_samples="
+                f"{req.gconfig.n_samples}; use agenerate_n(req) for a list of samples"
+            )
+        return await self._on_rollout_loop(self._generate(req, route_key=req.rid, rid=req.rid))
+
+    async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
+        """`req.gconfig.n_samples` completions, sampled concurrently on the server `req.rid` is
+        sticky to (they share the prompt's prefix cache); sample i has rid `<rid>-<i>`."""
+        n = req.gconfig.n_samples
+        one = req.gconfig.new(n_samples=1)
+        coros = [self._generate(req.copy(gconfig=one), route_key=req.rid, rid=f"{req.rid}-{i}")
+                 for i in range(n)]
+
+        async def fan_out() -> list[ModelResponse]:
+            return list(await asyncio.gather(*coros))
+
+        return await self._on_rollout_loop(fan_out())
+
+    async def _generate(self, req: ModelRequest, route_key: str, rid: str) -> ModelResponse:
+        g = req.gconfig
+        start = time.monotonic()
+        epoch = self._abort_epoch
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        ttft: Optional[float] = None
+        segment = 0
+        while True:
+            # After an abort we continue from the tokens we have (a new rid: SGLang may still
+            # be cleaning up the old one).
+            seg_rid = rid if segment == 0 else f"{rid}#cont{segment}"
+            payload = generate_payload(
+                list(req.input_ids) + tokens, g, seg_rid,
+                max_new_tokens=g.max_new_tokens - len(tokens),
+                min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
+            )
+            addr, data = await self._post_generate(payload, route_key, seg_rid)
+            reply = parse_generate_reply(data, addr, seg_rid)
+            if ttft is None:
+                ttft = time.monotonic() - start
+            tokens += reply.output_ids
+            logprobs += reply.logprobs
+            versions += reply.versions
+            stop_reason = reply.stop_reason
+            if stop_reason != "abort" or self._abort_epoch == epoch:
+                break  # a real abort (not caused by our pause) is reported as such
+            epoch = self._abort_epoch
+            segment += 1
+            if len(tokens) >= g.max_new_tokens:
+                stop_reason = "length"
+                break
+        return ModelResponse(
+            input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs,
+            output_versions=versions, stop_reason=stop_reason,  # type: ignore[arg-type]
+            latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
+            metadata={"server": addr, "segments": segment + 1,
+                      "num_retractions": reply.meta_info.get("num_retractions", 0)},
+        )
+
+    # ---- retries ------------------------------------------------------------
+    async def _post_generate(
+        self, payload: dict[str, Any], route_key: str, rid: str
+    ) -> tuple[str, Any]:
+        session = self._require_session()
+        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout)
+        tried: list[str] = []
+        last_error: BaseException | None = None
+        for attempt in range(self.config.request_retries):
+            addr = self.servers.choose(route_key, exclude=frozenset(tried))
+            tried.append(addr)
+            # A retry gets a fresh rid: the failed server may still hold the old one.
+            payload["rid"] = rid if attempt == 0 else f"{rid}#retry{attempt}"
+            self.servers.inflight[addr] += 1
+            try:
+                async with session.post(f"http://{addr}/generate", json=payload,
+                                        timeout=timeout) as resp:
+                    if resp.status >= 500:
+                        raise _RetryableHTTPError(resp.status, await resp.text())
+                    if resp.status != 200:
+                        raise RemoteSGLangError(
+                            f"SGLang server {addr} rejected /generate rid={payload['rid']}: "
+                            f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                        )
+                    return addr, await resp.json()
+            except _RETRYABLE as e:
+                last_error = e
+                self.servers.mark_failed(addr)
+                logger.warning("SGLang server %s failed rid=%s (try %d/%d): %s: %s", addr,
+                               payload["rid"], attempt + 1, self.config.request_retries,
+                               type(e).__name__, e)
+                if isinstance(e, asyncio.TimeoutError):
+                    self._abort_later(addr, payload["rid"])
+                if attempt + 1 < self.config.request_retries:
+                    await asyncio.sleep(self.config.retry_backoff * 2**attempt)
+            finally:
+                self.servers.inflight[addr] -= 1
+        cause = (f"timed out after {self.config.request_timeout} s (RolloutConfig."
+                 f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
+                 else f"{type(last_error).__name__}: {last_error}")
+        raise RemoteSGLangError(
+            f"/generate rid={rid} failed after {len(tried)} tries (servers tried: {tried}); "
+            f"last error from SGLang server {tried[-1]}: {cause}"
+        ) from last_error
+
+    def _abort_later(self, addr: str, rid: str) -> None:
+        """Best effort: stop a timed-out request from burning the server's compute."""
+
+        async def abort() -> None:
+            try:
+                await self._post_json(addr, "/abort_request", {"rid": rid}, timeout=5.0)
+            except (RemoteSGLangError, *_RETRYABLE) as e:
+                logger.warning("could not abort rid=%s on %s: %s", rid, addr, e)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- control calls ------------------------------------------------------------------
+    async def _post_json(
+        self, addr: str, path: str, body: dict[str, Any], timeout: float
+    ) -> Any:
+        try:
+            async with self._require_session().post(
+                f"http://{addr}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise RemoteSGLangError(
+                        f"SGLang server {addr}: {path} returned HTTP {resp.status}: {text[:500]}")
+                return await resp.json(content_type=None)
+        except asyncio.TimeoutError:
+            raise RemoteSGLangError(
+                f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
+        except aiohttp.ClientError as e:
+            raise RemoteSGLangError(
+                f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
+
+    async def _on_all(self, path: str, body: dict[str, Any], timeout: float) -> list[Any]:
+        """POST to every server concurrently; the first failure (naming its server) raises."""
+        results = await asyncio.gather(
+            *(self._post_json(a, path, body, timeout) for a in self.addresses),
+            return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if len(errors) > 1:
+                logger.error("%s failed on %d servers: %s", path, len(errors), errors)
+            raise errors[0]
+        return results
+
+    async def _pause_servers(self, mode: str) -> None:
+        if mode == "abort":
+            self._abort_epoch += 1
+        await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+
+    async def apause(self) -> None:
+        """Pause generation on every server (`config.pause_mode`); also stop admitting."""
+        if self.executor is not None:
+            self.executor.pause()
+        await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
+
+    async def aresume(self) -> None:
+        await self._on_rollout_loop(self._on_all("/continue_generation", {}, CONTROL_TIMEOUT_S))
+        if self.executor is not None:
+            self.executor.resume()
+
+    def pause(self) -> None:
+        self._run_sync(self.apause(), 2 * CONTROL_TIMEOUT_S, "pause")
+
+    def resume(self) -> None:
+        self._run_sync(self.aresume(), 2 * CONTROL_TIMEOUT_S, "resume")
+
+    async def aupdate_weights(self, meta: WeightUpdateMeta) -> None:
+        """Pause every server (retract: in-flight requests are kept), load `meta.path` labelled
+        `meta.version`, continue. Requests in flight finish, their tokens carrying both
+        versions. Each step is bounded by `config.weight_update_timeout`."""
+        if meta.type != "disk":
+            raise NotImplementedError(
+                f"WeightUpdateMeta.type={meta.type!r}: only 'disk' updates are implemented")
+        await self._on_rollout_loop(self._update_from_disk(meta))
+
+    async def _update_from_disk(self, meta: WeightUpdateMeta) -> None:
+        timeout = self.config.weight_update_timeout
+        await self._pause_servers("retract")
+        try:
+            replies = await self._on_all(
+                "/update_weights_from_disk",
+                {"model_path": str(meta.path), "weight_version": str(meta.version)}, timeout)
+            for addr, reply in zip(self.addresses, replies, strict=True):
+                if not (isinstance(reply, dict) and reply.get("success")):
+                    raise RemoteSGLangError(
+                        f"SGLang server {addr} failed to load weights from {meta.path}: {reply}")
+        finally:
+            # Always continue: a fleet left paused would hang every rollout.
+            await self._on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
+        self.set_version(meta.version)
+
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        self._run_sync(self.aupdate_weights(meta),
+                       self.config.weight_update_timeout + 3 * CONTROL_TIMEOUT_S,
+                       "update_weights")
+
+    def set_version(self, version: int) -> None:
+        with self._version_lock:
+            self._version = int(version)
+
+    def get_version(self) -> int:
+        with self._version_lock:
+            return self._version
+
+    def inflight(self) -> dict[str, int]:
+        """In-flight requests per server (a snapshot)."""
+        return dict(self.servers.inflight)
+
+    # ---- rollout API: delegated to the attached WorkflowExecutor ------------------------
+    def _executor(self) -> WorkflowExecutor:
+        if self.executor is None:
+            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+        return self.executor
+
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
+        self._executor().submit(data, workflow)
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
+        return self._executor().wait(count, timeout)
+
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow) -> TensorDict:
+        return self._executor().rollout_batch(data, workflow)
+
+    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow) -> TensorDict:
+        return self._executor().prepare_batch(dataloader, workflow)

@@ -1,0 +1,152 @@
+"""The SGLang HTTP protocol as RemoteSGLangEngine uses it: request payloads and parsed replies.
+
+Pure functions (no I/O), so the wire format is checked in one place. Requests are token-in,
+token-out: `input_ids` in, `output_ids` + `meta_info.output_token_logprobs` out, so SGLang's
+tokenizer never matters (servers run with --skip-tokenizer-init).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from areal_like.api.io_struct import GenerationHyperparameters
+
+# SGLang's finish_reason.type -> ModelResponse.stop_reason
+STOP_REASON_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
+# SGLang's label for weights loaded at start-up when no --weight-version was given.
+DEFAULT_WEIGHT_VERSION_LABEL = "default"
+
+
+class SGLangProtocolError(RuntimeError):
+    """A server reply does not have the expected shape (names the server and the field)."""
+
+
+def sampling_params(
+    gconfig: GenerationHyperparameters, max_new_tokens: int, min_new_tokens: int
+) -> dict[str, Any]:
+    """SGLang `sampling_params` for one request. Greedy = temperature 0 (argmax)."""
+    params: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": min_new_tokens,
+        "temperature": 0.0 if gconfig.greedy else gconfig.temperature,
+        "top_p": 1.0 if gconfig.greedy else gconfig.top_p,
+        "top_k": 1 if gconfig.greedy else gconfig.top_k,
+        # Keep the matched stop token in output_ids: it is generated and trained on.
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+    }
+    if gconfig.stop_token_ids:
+        params["stop_token_ids"] = list(gconfig.stop_token_ids)
+    if gconfig.stop:
+        params["stop"] = list(gconfig.stop)
+    return params
+
+
+def generate_payload(
+    input_ids: list[int],
+    gconfig: GenerationHyperparameters,
+    rid: str,
+    max_new_tokens: int,
+    min_new_tokens: int,
+) -> dict[str, Any]:
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": sampling_params(gconfig, max_new_tokens, min_new_tokens),
+        "return_logprob": True,
+        "rid": rid,
+        "stream": False,
+    }
+
+
+def parse_version_label(label: Any, server: str) -> int:
+    """Version labels are the decimal version numbers we send; SGLang's start-up label
+    "default" (a server launched without --weight-version) counts as version 0."""
+    if label == DEFAULT_WEIGHT_VERSION_LABEL:
+        return 0
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        raise SGLangProtocolError(
+            f"server {server} reported weight version {label!r}; expected an integer label "
+            f"(launch servers with --weight-version N and update them through this engine)"
+        ) from None
+
+
+def versions_from_spans(meta_info: dict[str, Any], n_tokens: int, server: str) -> list[int]:
+    """One version per output token from `meta_info.weight_versions` = [{version, start, end}].
+
+    The spans must tile [0, n_tokens) exactly; a reply without spans (older SGLang) falls back
+    to the single `meta_info.weight_version` for every token.
+    """
+    spans = meta_info.get("weight_versions")
+    if spans is None:
+        if n_tokens == 0:
+            return []
+        if "weight_version" not in meta_info:
+            raise SGLangProtocolError(
+                f"server {server}: reply has neither meta_info.weight_versions nor "
+                f"meta_info.weight_version; cannot tell which weights produced the tokens"
+            )
+        return [parse_version_label(meta_info["weight_version"], server)] * n_tokens
+    versions: list[int] = []
+    for span in spans:
+        start, end = int(span["start"]), int(span["end"])
+        if start != len(versions) or end < start:
+            raise SGLangProtocolError(
+                f"server {server}: meta_info.weight_versions {spans} do not tile the "
+                f"{n_tokens} output tokens contiguously from 0"
+            )
+        versions.extend([parse_version_label(span["version"], server)] * (end - start))
+    if len(versions) != n_tokens:
+        raise SGLangProtocolError(
+            f"server {server}: meta_info.weight_versions {spans} cover {len(versions)} tokens "
+            f"but the reply has {n_tokens} output tokens"
+        )
+    return versions
+
+
+@dataclass
+class GenerateReply:
+    """One `/generate` reply, checked."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_reason: str
+    meta_info: dict[str, Any]
+
+
+def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> GenerateReply:
+    where = f"server {server}" + (f", rid={rid}" if rid else "")
+    if not isinstance(data, dict) or "output_ids" not in data or "meta_info" not in data:
+        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise SGLangProtocolError(
+            f"{where}: /generate reply lacks 'output_ids'/'meta_info' (got {keys})"
+        )
+    meta = data["meta_info"]
+    output_ids = [int(t) for t in data["output_ids"]]
+    entries = meta.get("output_token_logprobs")
+    if entries is None or len(entries) != len(output_ids):
+        got = None if entries is None else len(entries)
+        raise SGLangProtocolError(
+            f"{where}: meta_info.output_token_logprobs has {got} entries for "
+            f"{len(output_ids)} output tokens (was return_logprob sent?)"
+        )
+    logprobs: list[float] = []
+    for i, (entry, token) in enumerate(zip(entries, output_ids, strict=True)):
+        if int(entry[1]) != token:
+            raise SGLangProtocolError(
+                f"{where}: output_token_logprobs[{i}] is for token {entry[1]} but "
+                f"output_ids[{i}] = {token}"
+            )
+        logprobs.append(float(entry[0]))
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind not in STOP_REASON_MAP:
+        raise SGLangProtocolError(
+            f"{where}: meta_info.finish_reason={finish!r}; expected a type in "
+            f"{sorted(STOP_REASON_MAP)}"
+        )
+    versions = versions_from_spans(meta, len(output_ids), server)
+    return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta)

@@ -1,0 +1,321 @@
+"""Launch a local fleet of real SGLang servers (one process each) and shut them down reliably.
+
+    python -m engines.sglang_server --model-path DIR [--n-servers N] [--port P] [--api-key K]
+                                    [--device cpu|cuda] [--venv .venv-sglang] [--log-dir DIR]
+
+From Python (tests use it as a session fixture)::
+
+    with SGLangFleet(model_path, SGLangServerConfig(n_servers=2)) as fleet:
+        fleet.addresses  # ["127.0.0.1:PORT", ...]
+
+Servers run `<venv>/bin/python -m sglang.launch_server` from the dedicated SGLang venv made by
+`make sglang`. Each one gets its own process group (so stopping it also stops SGLang's scheduler
+and detokenizer children), `PR_SET_PDEATHSIG` so it dies with the process that started it, one
+thread by default (OMP_NUM_THREADS) and a bounded KV cache. Logs go to `<log_dir>/server_<i>.log`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Callable, Optional
+
+from areal_like.api.config import SGLangServerConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1
+
+
+class SGLangServerError(RuntimeError):
+    """A server could not be started (the message includes the tail of its log)."""
+
+
+def resolve_sglang_python(venv: str | os.PathLike[str]) -> Path:
+    """`<venv>/bin/python`; a relative venv is looked up in the CWD, then the repo root."""
+    venv_path = Path(venv)
+    candidates = [venv_path] if venv_path.is_absolute() else [Path.cwd() / venv_path,
+                                                              REPO_ROOT / venv_path]
+    candidates = list(dict.fromkeys(candidates))  # the CWD is usually the repo root
+    for candidate in candidates:
+        python = candidate / "bin" / "python"
+        if python.exists():
+            return python
+    tried = ", ".join(str(c) for c in candidates)
+    raise SGLangServerError(
+        f"SGLang venv {str(venv)!r} not found (looked in: {tried}). Run `make sglang` (or "
+        f"`bash scripts/install_sglang.sh {venv}`) to install the SGLang server first."
+    )
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def tail_file(path: Path, n_lines: int = 40) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return f"(no log file at {path})"
+    return "\n".join(lines[-n_lines:])
+
+
+def build_server_command(
+    python: Path,
+    model_path: str,
+    port: int,
+    config: SGLangServerConfig,
+    host: str = "127.0.0.1",
+    api_key: Optional[str] = None,
+    weight_version: int = 0,
+) -> list[str]:
+    """The `sglang.launch_server` command line for one server.
+
+    The tokenizer stays loaded (--skip-tokenizer-init would disable `min_new_tokens`), but
+    requests talk in token ids, so SGLang's handling of a custom tokenizer never matters.
+    """
+    cmd = [
+        str(python), "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", host,
+        "--port", str(port),
+        "--dtype", config.dtype,
+        "--context-length", str(config.context_length),
+        "--max-total-tokens", str(config.max_total_tokens),
+        "--mem-fraction-static", str(config.mem_fraction_static),
+        "--weight-version", str(weight_version),
+        "--log-level", "warning",
+    ]
+    if config.device == "cpu":
+        # torch_native: the CPU engine's dense path that needs no sgl_kernel (see the shim).
+        # --sleep-on-idle: an idle scheduler otherwise busy-polls a whole core.
+        cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle"]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    cmd += [str(a) for a in config.extra_args]
+    return cmd
+
+
+def server_env(config: SGLangServerConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = str(config.threads_per_server)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1")
+    if config.device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    # The main env's packages must never leak into the server's venv.
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def preexec() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def health_ok(address: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class SGLangFleet:
+    """N local SGLang servers; a context manager. `.addresses` lists `host:port` of each.
+
+    Servers die with the thread that started them (PR_SET_PDEATHSIG): start the fleet from a
+    long-lived thread (normally the main one).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        config: Optional[SGLangServerConfig] = None,
+        *,
+        host: str = "127.0.0.1",
+        base_port: Optional[int] = None,
+        api_key: Optional[str] = None,
+        log_dir: Optional[str | os.PathLike[str]] = None,
+        weight_version: int = 0,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.config = config or SGLangServerConfig()
+        self.host = host
+        self.base_port = base_port
+        self.api_key = api_key
+        self.weight_version = weight_version
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang_logs_"))
+        self.addresses: list[str] = []
+        self.log_paths: list[Path] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> SGLangFleet:
+        if self.processes:
+            raise SGLangServerError("SGLangFleet.start() called twice")
+        if not (Path(self.model_path) / "config.json").exists():
+            raise SGLangServerError(
+                f"model_path {self.model_path!r} is not an HF model folder (no config.json)"
+            )
+        python = resolve_sglang_python(self.config.venv)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = server_env(self.config)
+        try:
+            for i in range(self.config.n_servers):
+                port = self.base_port + i if self.base_port else find_free_port(self.host)
+                cmd = build_server_command(python, self.model_path, port, self.config,
+                                           self.host, self.api_key, self.weight_version)
+                log_path = self.log_dir / f"server_{i}.log"
+                with open(log_path, "wb") as log:
+                    log.write(("$ " + " ".join(cmd) + "\n").encode())
+                    log.flush()
+                    proc = subprocess.Popen(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+                    )
+                self.processes.append(proc)
+                self.addresses.append(f"{self.host}:{port}")
+                self.log_paths.append(log_path)
+            self._wait_healthy(self.config.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(range(len(self.processes)))
+        while pending:
+            for i in sorted(pending):
+                code = self.processes[i].poll()
+                if code is not None:
+                    raise SGLangServerError(
+                        f"SGLang server {i} ({self.addresses[i]}) exited with code {code} during "
+                        f"start-up. Last lines of {self.log_paths[i]}:\n"
+                        f"{tail_file(self.log_paths[i])}"
+                    )
+                if health_ok(self.addresses[i]):
+                    pending.discard(i)
+            if pending and time.monotonic() > deadline:
+                i = min(pending)
+                raise SGLangServerError(
+                    f"SGLang server {i} ({self.addresses[i]}) not healthy after {timeout:.0f} s "
+                    f"(SGLangServerConfig.startup_timeout). Last lines of {self.log_paths[i]}:\n"
+                    f"{tail_file(self.log_paths[i])}"
+                )
+            if pending:
+                time.sleep(0.5)
+
+    def kill_server(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to server `index`'s process group (tests use it to simulate a crash)."""
+        proc = self.processes[index]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)  # the group we created for this server only
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM every server group, wait up to `timeout`, then SIGKILL. Safe to call twice."""
+        with self._lock:
+            for i in range(len(self.processes)):
+                self.kill_server(i, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for i, proc in enumerate(self.processes):
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.kill_server(i, signal.SIGKILL)
+                    proc.wait(timeout=10)
+                # SGLang's children live in the same group: make sure none outlives the server.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    def dead_servers(self) -> list[int]:
+        return [i for i, p in enumerate(self.processes) if p.poll() is not None]
+
+    def __enter__(self) -> SGLangFleet:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.stop()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--n-servers", type=int, default=1)
+    parser.add_argument("--port", type=int, default=None,
+                        help="first port (server i uses port+i); default: free ports")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--venv", default=SGLangServerConfig.venv)
+    parser.add_argument("--threads-per-server", type=int, default=1)
+    parser.add_argument("--max-total-tokens", type=int, default=SGLangServerConfig.max_total_tokens)
+    parser.add_argument("--startup-timeout", type=float, default=SGLangServerConfig.startup_timeout)
+    parser.add_argument("--log-dir", default=None)
+    args, extra = parser.parse_known_args(argv)
+    config = SGLangServerConfig(
+        n_servers=args.n_servers, device=args.device, venv=args.venv,
+        threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
+        startup_timeout=args.startup_timeout, extra_args=extra,
+    )
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    fleet = SGLangFleet(args.model_path, config, host=args.host, base_port=args.port,
+                        api_key=args.api_key, log_dir=args.log_dir)
+    try:
+        fleet.start()
+        print(f"SGLang servers ready (logs in {fleet.log_dir}):", flush=True)
+        for addr in fleet.addresses:
+            print(addr, flush=True)
+        while True:
+            time.sleep(1.0)
+            dead = fleet.dead_servers()
+            if dead:
+                i = dead[0]
+                print(f"SGLang server {i} ({fleet.addresses[i]}) died; last lines of its log:\n"
+                      f"{tail_file(fleet.log_paths[i])}", file=sys.stderr, flush=True)
+                return 1
+    except KeyboardInterrupt:
+        return 0
+    except SGLangServerError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        # A second Ctrl-C / SIGTERM must not interrupt the shutdown itself.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        fleet.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""RemoteSGLangEngine against real SGLang servers: log-probs, determinism, stops, routing, auth,
+timeouts. The fleet (two servers, tiny 1m model) is shared by the session (conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+import torch
+from conftest import SGLANG_TEST_API_KEY
+from sglang_helpers import LOGPROB_ATOL, eos_token_id, hf_logprobs, make_engine
+
+from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from engines.remote_sglang import RemoteSGLangError
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = [[1, 2, 3, 4], [17, 29, 5, 60, 61, 2], [300, 12], [7] * 9]
+
+
+@pytest.fixture(scope="module")
+def engine(sglang_fleet):
+    engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
+    yield engine
+    engine.destroy()
+
+
+def _versions_match_server(resp) -> None:
+    assert len(set(resp.output_versions)) == 1 and resp.output_versions[0] >= 0
+
+
+async def test_sampled_logprobs_match_hf_forward(engine, tiny_model_dir):
+    g = GenerationHyperparameters(max_new_tokens=24, temperature=1.0)
+    resps = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
+                                   for p in PROMPTS))
+    for prompt, resp in zip(PROMPTS, resps, strict=True):
+        assert resp.input_tokens == prompt
+        assert len(resp.output_tokens) == len(resp.output_logprobs) == len(resp.output_versions)
+        assert resp.stop_reason in ("stop", "length")
+        ref = hf_logprobs(tiny_model_dir, prompt, resp.output_tokens)
+        got = torch.tensor(resp.output_logprobs, dtype=torch.float64)
+        torch.testing.assert_close(got, ref, atol=LOGPROB_ATOL, rtol=0)
+        _versions_match_server(resp)
+
+
+async def test_greedy_is_deterministic_and_argmax(engine, tiny_model_dir):
+    g = GenerationHyperparameters(max_new_tokens=20, greedy=True)
+    # Different rids spread the copies over both servers.
+    resps = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=PROMPTS[1], gconfig=g))
+                                   for _ in range(4)))
+    assert {r.metadata["server"] for r in resps} == set(engine.addresses)
+    for r in resps[1:]:
+        assert r.output_tokens == resps[0].output_tokens
+        torch.testing.assert_close(torch.tensor(r.output_logprobs),
+                                   torch.tensor(resps[0].output_logprobs), atol=1e-5, rtol=0)
+    # Greedy = argmax of the reference model at every step.
+    from sglang_helpers import _reference_model
+
+    ids = torch.tensor([PROMPTS[1] + resps[0].output_tokens])
+    with torch.no_grad():
+        logits = _reference_model(str(tiny_model_dir))(input_ids=ids).logits[0]
+    argmax = logits[len(PROMPTS[1]) - 1 : -1].argmax(-1).tolist()
+    assert resps[0].output_tokens == argmax
+
+
+async def test_stop_token_ids_end_generation_and_are_kept(engine):
+    g = GenerationHyperparameters(max_new_tokens=30, greedy=True)
+    full = await engine.agenerate(ModelRequest(input_ids=PROMPTS[0], gconfig=g))
+    stop_at = next(i for i, t in enumerate(full.output_tokens) if t != full.output_tokens[0])
+    stop_token = full.output_tokens[stop_at]
+    resp = await engine.agenerate(
+        ModelRequest(input_ids=PROMPTS[0], gconfig=g.new(stop_token_ids=[stop_token])))
+    assert resp.stop_reason == "stop"
+    assert resp.output_tokens == full.output_tokens[: stop_at + 1]
+    assert resp.output_logprobs == pytest.approx(full.output_logprobs[: stop_at + 1], abs=1e-5)
+
+
+async def test_length_stop_and_min_new_tokens(engine, tiny_model_dir):
+    g = GenerationHyperparameters(max_new_tokens=12, min_new_tokens=12, temperature=1.0)
+    resp = await engine.agenerate(ModelRequest(input_ids=PROMPTS[2], gconfig=g))
+    assert resp.stop_reason == "length" and len(resp.output_tokens) == 12
+    # Under min_new_tokens SGLang samples with EOS banned and reports the log-probs of that
+    # distribution (a trainer recomputing log-probs without the ban differs by ~log(1-p_eos)).
+    eos = eos_token_id(tiny_model_dir)
+    assert eos not in resp.output_tokens
+    ref = hf_logprobs(tiny_model_dir, PROMPTS[2], resp.output_tokens, banned_token_ids=(eos,))
+    torch.testing.assert_close(torch.tensor(resp.output_logprobs, dtype=torch.float64), ref,
+                               atol=LOGPROB_ATOL, rtol=0)
+
+
+async def test_agenerate_n_fans_out_on_one_server(engine, tiny_model_dir):
+    g = GenerationHyperparameters(max_new_tokens=10, temperature=1.0, n_samples=4)
+    req = ModelRequest(input_ids=PROMPTS[3], gconfig=g)
+    with pytest.raises(ValueError, match="agenerate_n"):
+        await engine.agenerate(req)
+    resps = await engine.agenerate_n(req)
+    assert [r.rid for r in resps] == [f"{req.rid}-{i}" for i in range(4)]
+    assert len({r.metadata["server"] for r in resps}) == 1  # sticky: shared prefix cache
+    for r in resps:
+        ref = hf_logprobs(tiny_model_dir, PROMPTS[3], r.output_tokens)
+        torch.testing.assert_close(torch.tensor(r.output_logprobs, dtype=torch.float64), ref,
+                                   atol=LOGPROB_ATOL, rtol=0)
+
+
+async def test_same_rid_sticks_to_its_server(engine):
+    g = GenerationHyperparameters(max_new_tokens=4, greedy=True)
+    servers = set()
+    for turn in range(3):  # a multi-turn conversation keeps its rid
+        resp = await engine.agenerate(ModelRequest(input_ids=PROMPTS[0] + [turn], gconfig=g,
+                                                   rid="conversation-1"))
+        servers.add(resp.metadata["server"])
+    assert len(servers) == 1
+
+
+async def test_server_requires_the_api_key(sglang_fleet):
+    payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+    async with aiohttp.ClientSession() as session:
+        url = f"http://{sglang_fleet.addresses[0]}/generate"
+        async with session.post(url, json=payload) as resp:
+            assert resp.status == 401
+    engine = make_engine(sglang_fleet.addresses[:1], api_key="wrong-key")
+    try:
+        with pytest.raises(RemoteSGLangError, match=r"HTTP 401"):
+            await engine.agenerate(ModelRequest(input_ids=[1, 2]))
+    finally:
+        engine.destroy()
+
+
+async def test_request_timeout_fails_with_a_clear_error(sglang_fleet):
+    engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY, request_timeout=0.2,
+                         request_retries=1)
+    g = GenerationHyperparameters(max_new_tokens=1000, min_new_tokens=1000)
+    try:
+        with pytest.raises(RemoteSGLangError) as info:
+            await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=g))
+        msg = str(info.value)
+        assert sglang_fleet.addresses[0] in msg and "timed out after 0.2 s" in msg
+    finally:
+        engine.destroy()

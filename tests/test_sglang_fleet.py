@@ -1,0 +1,149 @@
+"""SGLangFleet start-up failures and lifetime, RemoteSGLangEngine failover: a server that dies at
+start raises with its log tail; servers die with their parent; a server killed mid-batch loses
+no request; an unreachable server fails within the timeout, naming the server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SGLANG_TEST_API_KEY
+from sglang_helpers import make_engine, require_sglang_venv
+
+from areal_like.api.config import RolloutConfig, SGLangServerConfig
+from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
+from engines.sglang_server import SGLangFleet, SGLangServerError, find_free_port
+
+
+def test_missing_venv_says_to_run_make_sglang(tiny_model_dir):
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(venv="/nonexistent/sglang-venv"))
+    with pytest.raises(SGLangServerError, match="make sglang"):
+        fleet.start()
+
+
+async def test_unreachable_server_fails_with_a_clear_error():
+    addr = f"127.0.0.1:{find_free_port()}"  # nothing listens there
+    config = RolloutConfig(server_addrs=[addr], setup_timeout=1.0, request_timeout=5.0,
+                           request_retries=2, retry_backoff=0.05)
+    engine = RemoteSGLangEngine(config)
+    try:
+        with pytest.raises(RemoteSGLangError, match=rf"{addr} not healthy within 1 s"):
+            engine.initialize()
+    finally:
+        engine.destroy()
+    engine = RemoteSGLangEngine(config)
+    engine.initialize(check_health=False)
+    try:
+        with pytest.raises(RemoteSGLangError) as info:
+            await engine.agenerate(ModelRequest(input_ids=[1, 2, 3]))
+        msg = str(info.value)
+        assert "failed after 2 tries" in msg and f"SGLang server {addr}" in msg
+        assert "ClientConnectorError" in msg  # the cause: connection refused
+    finally:
+        engine.destroy()
+
+
+@pytest.mark.sglang
+def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path):
+    require_sglang_venv()
+    broken = tmp_path / "broken_model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "config.json").write_text('{"model_type": "qwen2", "architectures": [')
+    fleet = SGLangFleet(broken, SGLangServerConfig(startup_timeout=240), log_dir=tmp_path / "logs")
+    with pytest.raises(SGLangServerError) as info:
+        fleet.start()
+    msg = str(info.value)
+    assert "exited with code" in msg and "server_0.log" in msg
+    assert "Traceback" in msg or "Error" in msg  # the log tail is in the message
+    assert fleet.dead_servers() == [0]
+
+
+@pytest.fixture(scope="module")
+def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One extra server the failover test may kill (the session fleet stays intact)."""
+    require_sglang_venv()
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("spare"))
+    with fleet:
+        yield fleet
+
+
+@pytest.mark.sglang
+async def test_killing_a_server_mid_batch_loses_no_request(sglang_fleet, spare_server):
+    survivor, victim = sglang_fleet.addresses[0], spare_server.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, request_retries=3,
+                         retry_backoff=0.2)
+    try:
+        n_tokens = 300
+        g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                                      temperature=1.0)
+        tasks = [asyncio.ensure_future(engine.agenerate(ModelRequest(input_ids=[5, i + 1],
+                                                                     gconfig=g)))
+                 for i in range(12)]
+        while engine.inflight()[victim] == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        placed = engine.inflight()
+        spare_server.kill_server(0)  # SIGKILL: the server and its scheduler vanish at once
+        resps = await asyncio.gather(*tasks)
+        assert spare_server.dead_servers() == [0]
+        assert placed[victim] >= 1 and all(t.done() for t in tasks)
+        for r in resps:  # every request finished in full
+            assert r.stop_reason == "length" and len(r.output_tokens) == n_tokens
+        # The victim's unfinished requests were retried on the survivor.
+        assert sum(r.metadata["server"] == survivor for r in resps) > placed[survivor]
+    finally:
+        engine.destroy()
+
+
+_ORPHAN_SCRIPT = """
+import sys, threading, time
+from areal_like.api.config import SGLangServerConfig
+from engines.sglang_server import SGLangFleet
+
+fleet = SGLangFleet(sys.argv[1], SGLangServerConfig(startup_timeout=300), log_dir=sys.argv[2])
+
+def report():
+    while not fleet.processes:
+        time.sleep(0.05)
+    print(fleet.processes[0].pid, flush=True)
+
+threading.Thread(target=report, daemon=True).start()
+fleet.start()
+"""
+
+
+def _live_pids_in_group(pgid: int) -> list[int]:
+    """Processes (not zombies) whose process group is `pgid`."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.sglang
+def test_servers_die_with_the_process_that_started_them(tiny_model_dir, tmp_path):
+    require_sglang_venv()
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny_model_dir),
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())  # the server is starting up
+        assert _live_pids_in_group(server_pid)
+    finally:
+        parent.kill()  # SIGKILL: no cleanup code of the parent runs
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while _live_pids_in_group(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _live_pids_in_group(server_pid) == [], "server outlived its parent (PR_SET_PDEATHSIG)"

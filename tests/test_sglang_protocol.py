@@ -1,0 +1,101 @@
+"""Unit tests of the SGLang wire format (engines/sglang_protocol.py) and of server selection,
+on hand-written replies (no server; the real-server behaviour is in the other test_sglang_*)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from areal_like.api.io_struct import GenerationHyperparameters
+from engines.sglang_protocol import (
+    SGLangProtocolError,
+    generate_payload,
+    parse_generate_reply,
+    versions_from_spans,
+)
+from engines.sglang_routing import ServerPool
+
+SERVER = "127.0.0.1:1234"
+
+
+def _reply(ids, spans, finish="length"):
+    return {
+        "output_ids": ids,
+        "meta_info": {
+            "output_token_logprobs": [[-0.5 - i, t, None] for i, t in enumerate(ids)],
+            "finish_reason": {"type": finish},
+            "weight_versions": spans,
+        },
+    }
+
+
+def test_spans_become_one_version_per_token():
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    reply = parse_generate_reply(_reply([7, 8, 9, 10, 11], spans), SERVER)
+    assert reply.versions == [3, 3, 4, 4, 4]
+    assert reply.logprobs == [-0.5, -1.5, -2.5, -3.5, -4.5]
+    assert reply.stop_reason == "length"
+
+
+def test_default_label_is_version_zero_and_fallback_without_spans():
+    assert versions_from_spans({"weight_versions": [{"version": "default", "start": 0,
+                                                     "end": 2}]}, 2, SERVER) == [0, 0]
+    assert versions_from_spans({"weight_version": "5"}, 3, SERVER) == [5, 5, 5]
+
+
+@pytest.mark.parametrize("spans, match", [
+    ([{"version": "1", "start": 0, "end": 2}], "cover 2 tokens but the reply has 3"),
+    ([{"version": "1", "start": 1, "end": 3}], "do not tile"),
+    ([{"version": "v1", "start": 0, "end": 3}], "expected an integer label"),
+])
+def test_bad_spans_name_the_server(spans, match):
+    with pytest.raises(SGLangProtocolError, match=match) as info:
+        parse_generate_reply(_reply([1, 2, 3], spans), SERVER)
+    assert SERVER in str(info.value)
+
+
+def test_bad_replies_name_the_field():
+    ok_spans = [{"version": "1", "start": 0, "end": 2}]
+    with pytest.raises(SGLangProtocolError, match="finish_reason"):
+        parse_generate_reply(_reply([1, 2], ok_spans, finish="weird"), SERVER)
+    bad = _reply([1, 2], ok_spans)
+    bad["meta_info"]["output_token_logprobs"][1][1] = 99
+    with pytest.raises(SGLangProtocolError, match=r"output_token_logprobs\[1\] is for token 99"):
+        parse_generate_reply(bad, SERVER)
+    with pytest.raises(SGLangProtocolError, match="lacks 'output_ids'"):
+        parse_generate_reply({"error": "x"}, SERVER)
+
+
+def test_payload_is_token_in_with_logprobs():
+    g = GenerationHyperparameters(greedy=True, temperature=0.7, stop_token_ids=[2])
+    p = generate_payload([1, 2, 3], g, "rid-1", max_new_tokens=8, min_new_tokens=1)
+    assert p["input_ids"] == [1, 2, 3] and p["rid"] == "rid-1" and p["return_logprob"]
+    sp = p["sampling_params"]
+    assert sp["temperature"] == 0.0 and sp["max_new_tokens"] == 8 and sp["min_new_tokens"] == 1
+    assert sp["stop_token_ids"] == [2] and sp["no_stop_trim"] is True
+
+
+def test_server_pool_least_inflight_sticky_and_avoids_failed():
+    a, b = "127.0.0.1:1", "127.0.0.1:2"
+    pool = ServerPool([a, b])
+    pool.inflight[a] = 3
+    assert pool.choose("r1") == b  # fewest in flight
+    pool.inflight[b] = 5
+    assert pool.choose("r1") == b  # sticky by rid
+    assert pool.choose("r2") == a
+    pool.mark_failed(b)  # b just failed: r1 moves away from it
+    assert pool.choose("r1") == a
+    assert pool.choose("r3", exclude=frozenset({a})) == b  # the only one left
+
+
+def test_round_robin_and_all_failed():
+    a, b = "127.0.0.1:1", "127.0.0.1:2"
+    pool = ServerPool([a, b], policy="round_robin")
+    pool.inflight[b] = 9
+    assert [pool.choose(f"k{i}") for i in range(4)] == [a, b, a, b]
+    pool.failed_at[a] = time.monotonic() - 1
+    pool.failed_at[b] = time.monotonic()
+    assert pool.choose("k9") == a  # every server failed recently: the least recent one
+    with pytest.raises(ValueError, match="schedule policy"):
+        ServerPool([a], policy="random")

@@ -1,0 +1,255 @@
+"""Workflows and the executor against real SGLang servers (tiny 1m model)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SGLANG_TEST_API_KEY
+from sglang_helpers import make_engine
+from transformers import AutoTokenizer
+
+from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
+from areal_like.api.trajectory import validate_trajectory
+from areal_like.rewards import exact_match_reward
+from areal_like.rewards.executor import RewardExecutor
+from areal_like.rollout.errors import RolloutTimeoutError, RolloutWorkflowError
+from engines.remote_sglang import RemoteSGLangEngine
+from workflows import (
+    MemoryAgentWorkflow,
+    MultiTurnWorkflow,
+    ReMaxWorkflow,
+    RLVRWorkflow,
+    ToolAgentWorkflow,
+    ToolRegistry,
+    make_memory_episodes,
+)
+
+pytestmark = pytest.mark.sglang
+GCONFIG = GenerationHyperparameters(n_samples=4, max_new_tokens=6, temperature=1.0)
+ITEMS = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}],
+          "answer": str(2 * i)} for i in range(12)]
+
+
+def fleet_version(addresses: list[str]) -> int:
+    versions = set()
+    for addr in addresses:
+        req = urllib.request.Request(f"http://{addr}/get_model_info",
+                                     headers={"Authorization": f"Bearer {SGLANG_TEST_API_KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            versions.add(int(json.load(resp)["weight_version"]))
+    assert len(versions) == 1, versions
+    return versions.pop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def rewards() -> Iterator[RewardExecutor]:
+    executor = RewardExecutor(use_processes=False)
+    yield executor
+    executor.shutdown()
+
+
+def _engine(fleet, **config) -> RemoteSGLangEngine:
+    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY, **config)
+    engine.set_version(fleet_version(fleet.addresses))
+    return engine
+
+
+@pytest.fixture
+def engine(sglang_fleet) -> Iterator[RemoteSGLangEngine]:
+    engine = _engine(sglang_fleet, consumer_batch_size=2, max_concurrent_rollouts=8)
+    yield engine
+    engine.destroy()
+
+
+def _bump(engine: RemoteSGLangEngine, model_dir: Path) -> int:
+    """A weight update to the same weights under the next version label."""
+    version = engine.get_version() + 1
+    engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version))
+    return version
+
+
+def test_rlvr_batch_layout(engine, tokenizer, rewards):
+    workflow = RLVRWorkflow(exact_match_reward, GCONFIG, tokenizer, rewards)
+    batch = engine.rollout_batch(ITEMS[:3], workflow)
+    validate_trajectory(batch)
+    assert batch.batch_size[0] == 3 * GCONFIG.n_samples
+    group_ids = batch["group_id"].view(3, GCONFIG.n_samples)
+    assert (group_ids == group_ids[:, :1]).all() and group_ids[:, 0].unique().numel() == 3
+    version = engine.get_version()
+    for row in range(batch.batch_size[0]):
+        attn, loss = batch["attention_mask"][row].bool(), batch["loss_mask"][row].bool()
+        n_prompt = int((attn & ~loss).sum())
+        prompt = tokenizer.apply_chat_template(ITEMS[row // GCONFIG.n_samples]["messages"],
+                                               tokenize=False, add_generation_prompt=True)
+        assert batch["input_ids"][row, :n_prompt].tolist() == tokenizer.encode(prompt)
+        assert (batch["versions"][row][loss] == version).all()
+        assert (batch["versions"][row][~loss] == -1).all()
+        assert (batch["logprobs"][row][loss] <= 0).all() and loss.sum() >= 1
+    assert set(batch["rewards"].tolist()) <= {0.0, 1.0}
+
+
+def test_remax_reward_is_sample_minus_greedy(engine, tokenizer, rewards):
+    def length_reward(prompt, completion, **_):  # distinguishes greedy from samples
+        return float(len(completion))
+
+    workflow = ReMaxWorkflow(length_reward, GCONFIG.new(n_samples=3), tokenizer,
+                             RewardExecutor(use_processes=False))
+    batch = engine.rollout_batch(ITEMS[:2], workflow)
+    validate_trajectory(batch)
+    assert batch.batch_size[0] == 6
+    torch.testing.assert_close(batch["rewards"], batch["raw_rewards"] - batch["greedy_rewards"])
+    greedy = batch["greedy_rewards"].view(2, 3)
+    assert (greedy == greedy[:, :1]).all()  # one greedy baseline per prompt
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_staleness_bound_with_weight_updates(sglang_fleet, tiny_model_dir, tokenizer, rewards, eta):
+    engine = _engine(sglang_fleet, consumer_batch_size=2, max_concurrent_rollouts=8,
+                     max_head_offpolicyness=eta)
+    try:
+        workflow = RLVRWorkflow(exact_match_reward, GCONFIG.new(n_samples=2), tokenizer, rewards)
+        loader = [ITEMS[i:i + 2] for i in range(0, len(ITEMS), 2)]
+        seen_lags = set()
+        for _ in range(4):
+            batch = engine.prepare_batch(loader, workflow)
+            version = engine.get_version()
+            loss = batch["loss_mask"].bool()
+            lags = version - batch["versions"][loss]
+            assert (lags >= 0).all() and (lags <= eta).all(), (version, lags.unique())
+            seen_lags |= set(lags.unique().tolist())
+            _bump(engine, tiny_model_dir)
+        if eta == 0:
+            assert seen_lags == {0}
+        stats = engine.executor.stats()
+        assert stats["accepted"] >= 8
+    finally:
+        engine.destroy()
+
+
+def test_workflow_exception_surfaces_in_wait(engine, tokenizer, rewards):
+    class Exploding(RLVRWorkflow):
+        async def arun_episode(self, eng, data):
+            await eng.agenerate(ModelRequest(input_ids=self.prompt_ids(data),
+                                             gconfig=self.gconfig.new(n_samples=1)))
+            raise ZeroDivisionError(f"bad item {data['id']}")
+
+    engine.submit(ITEMS[5], Exploding(exact_match_reward, GCONFIG, tokenizer, rewards))
+    with pytest.raises(RolloutWorkflowError, match="q5") as info:
+        engine.wait(1, timeout=60)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_always_rejecting_filter_times_out_clearly(engine, tokenizer, rewards):
+    workflow = RLVRWorkflow(exact_match_reward, GCONFIG.new(n_samples=1), tokenizer, rewards)
+    for item in ITEMS[:3]:
+        engine.executor.submit(item, workflow, should_accept=lambda td: False)
+    with pytest.raises(RolloutTimeoutError, match=r"rejected 3") as info:
+        engine.wait(1, timeout=20)
+    assert "should_accept" in str(info.value)
+
+
+class RecordingEngine:
+    """Forwards to the real engine and records every (sent ids, generated ids) pair."""
+
+    def __init__(self, inner: RemoteSGLangEngine) -> None:
+        self.inner, self.exchanges = inner, []
+
+    async def agenerate(self, req):
+        resp = await self.inner.agenerate(req)
+        self.exchanges.append((list(req.input_ids), list(resp.output_tokens)))
+        return resp
+
+
+async def test_multi_turn_tokens_are_the_exact_concatenation(engine, tokenizer, rewards):
+    workflow = MultiTurnWorkflow(exact_match_reward, GCONFIG.new(max_new_tokens=4), tokenizer,
+                                 max_turns=3, turn_discount=0.5, reward_executor=rewards)
+    recorder = RecordingEngine(engine)
+    item = {"id": "mt", "messages": [{"role": "user", "content": "What is 12 + 30?"}],
+            "answer": "definitely not generated"}
+    td = await workflow.arun_episode(recorder, item)
+    validate_trajectory(td)
+    assert len(recorder.exchanges) == 3 and int(td["num_turns"]) == 3
+    ids = td["input_ids"][0].tolist()
+    last_sent, last_out = recorder.exchanges[-1]
+    assert ids == last_sent + last_out
+    for (sent, out), (next_sent, _) in zip(recorder.exchanges, recorder.exchanges[1:], strict=False):
+        assert next_sent[: len(sent) + len(out)] == sent + out  # history never re-tokenized
+    generated = [t for _, out in recorder.exchanges for t in out]
+    assert [t for t, m in zip(ids, td["loss_mask"][0].tolist(), strict=True) if m] == generated
+    assert float(td["rewards"]) == 0.0
+
+
+async def test_tool_agent_with_scripted_call(engine, tokenizer, rewards):
+    tools = ToolRegistry()
+
+    @tools.register
+    async def add(a: int, b: int) -> int:
+        """a + b"""
+        return a + b
+
+    workflow = ToolAgentWorkflow(tools, exact_match_reward, GCONFIG.new(max_new_tokens=8),
+                                 tokenizer, max_steps=2, action_reward_weight=0.5,
+                                 reward_executor=rewards)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 20, "b": 22}}</tool_call>'
+    item = {"id": "agent", "messages": [{"role": "user", "content": "What is 20 + 22?"}],
+            "answer": "42", "scripted_actions": [call]}
+    td = await workflow.arun_episode(engine, item)
+    validate_trajectory(td)
+    text = tokenizer.decode(td["input_ids"][0])
+    assert call in text and '"result": 42' in text
+    assert int(td["num_actions"]) >= 1
+    dense = td["action_rewards"][0]
+    assert dense[dense != 0].tolist()[:1] == [0.5]  # the scripted call succeeded
+    loss = td["loss_mask"][0].bool()
+    first_trained = int(loss.nonzero()[0])
+    assert "tool" in tokenizer.decode(td["input_ids"][0, :first_trained])  # result came first
+    assert float(td["rewards"]) == pytest.approx(float(td["outcome_rewards"]) + dense.sum().item())
+
+
+async def test_memory_agent_episode(engine, tokenizer):
+    episode = make_memory_episodes(1, seed=3, n_chunks=2)[0]
+    fact = episode["chunks"][0].splitlines()
+    fact = next(line for line in fact if ": my " in line)
+    insert = json.dumps({"name": "memory_insert", "arguments": {"content": fact}})
+    episode["scripted_actions"] = [f"<tool_call>{insert}</tool_call>"]
+    workflow = MemoryAgentWorkflow(GCONFIG.new(max_new_tokens=6), tokenizer, max_steps=1,
+                                   reward_executor=RewardExecutor(use_processes=False))
+    td = await workflow.arun_episode(engine, episode)
+    validate_trajectory(td)
+    assert td.batch_size[0] == 4  # two chunk conversations, two questions
+    assert (td["group_id"] == td["group_id"][0]).all()
+    assert float(td["action_rewards"][0].max()) == pytest.approx(workflow.gamma)  # valid write
+    assert (td["tool_success"] > 0).all() and (td["compression"] >= 0).all()
+    answers = tokenizer.decode(td["input_ids"][2])
+    assert fact in answers  # the question turn sees the memory the scripted call wrote
+
+
+def test_executor_state_survives_round_trip(sglang_fleet, tokenizer, rewards, tmp_path):
+    workflow = RLVRWorkflow(exact_match_reward, GCONFIG.new(n_samples=2), tokenizer, rewards)
+    loader = [ITEMS[i:i + 2] for i in range(0, len(ITEMS), 2)]
+    first = _engine(sglang_fleet, consumer_batch_size=2, max_head_offpolicyness=1)
+    try:
+        first.prepare_batch(loader, workflow)
+        state = first.executor.state_dict()
+        torch.save(state, tmp_path / "executor.pt")
+        expected = first.prepare_batch(loader, workflow)
+    finally:
+        first.destroy()
+    second = _engine(sglang_fleet, consumer_batch_size=2, max_head_offpolicyness=1)
+    try:
+        second.executor.load_state_dict(torch.load(tmp_path / "executor.pt", weights_only=True))
+        resumed = second.prepare_batch(loader, workflow)
+    finally:
+        second.destroy()
+    assert sorted(resumed["group_id"].unique().tolist()) == sorted(
+        expected["group_id"].unique().tolist())

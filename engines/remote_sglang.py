@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from areal_like.api.workflow_api import RolloutWorkflow
     from areal_like.rollout import WorkflowExecutor
+    from areal_like.rollout.executor_state import ShouldAccept
 
 logger = logging.getLogger(__name__)
 
@@ -405,14 +406,19 @@ class RemoteSGLangEngine(InferenceEngine):
             raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
         return self.executor
 
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
-        self._executor().submit(data, workflow)
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
+               should_accept: Optional[ShouldAccept] = None) -> None:
+        self._executor().submit(data, workflow, should_accept)
 
     def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
         return self._executor().wait(count, timeout)
 
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow) -> TensorDict:
-        return self._executor().rollout_batch(data, workflow)
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self._executor().rollout_batch(data, workflow, should_accept, timeout)
 
-    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow) -> TensorDict:
-        return self._executor().prepare_batch(dataloader, workflow)
+    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self._executor().prepare_batch(dataloader, workflow, should_accept, timeout)

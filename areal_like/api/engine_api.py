@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from areal_like.api.io_struct import ModelRequest, ModelResponse, SaveLoadMeta, WeightUpdateMeta
     from areal_like.api.workflow_api import RolloutWorkflow
 
+# should_accept(trajectory) -> keep it? (e.g. drop groups whose rewards are all equal)
+ShouldAccept = Callable[["TensorDict"], bool]
 # loss_fn(logits, micro_batch) -> scalar loss. `logits` is [T, V] for the packed 1-D tokens of
 # the micro-batch; `micro_batch` holds the same packed 1-D layout (plus `cu_seqlens`).
 LossFn = Callable[["torch.Tensor", "TensorDict"], "torch.Tensor"]
@@ -38,19 +40,25 @@ class InferenceEngine(abc.ABC):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
 
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
-        """Queue one data item to be turned into a trajectory by `workflow`."""
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
+               should_accept: Optional[ShouldAccept] = None) -> None:
+        """Queue one data item to be turned into a trajectory by `workflow`; a trajectory for
+        which `should_accept` returns False is rejected (e.g. dynamic sampling)."""
         raise NotImplementedError(f"{type(self).__name__} does not run workflows")
 
     def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
         """Block until `count` accepted trajectories exist; return them concatenated."""
         raise NotImplementedError(f"{type(self).__name__} does not run workflows")
 
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow) -> TensorDict:
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
         """Submit every item of `data` and wait for all of them (synchronous rollout)."""
         raise NotImplementedError(f"{type(self).__name__} does not run workflows")
 
-    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow) -> TensorDict:
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
         """Keep the pipeline full from `dataloader` and return the next consumer batch."""
         raise NotImplementedError(f"{type(self).__name__} does not run workflows")
 

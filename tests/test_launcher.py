@@ -1,0 +1,90 @@
+"""The local launcher: fail-fast config errors, a dying server, and a real run killed and
+recovered (one SGLang server + a torchrun trainer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _launch(args: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "areal_like.launcher.local", *args],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
+
+
+def test_typo_fails_before_any_process_starts():
+    proc = _launch(["grpo", "actor.optimizer.lrr=1e-4"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "did you mean 'actor.optimizer.lr'" in out
+    assert "starting" not in out and "[trainer]" not in out
+
+
+def test_unknown_recipe_is_named():
+    proc = _launch(["grpoo"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "unknown recipe 'grpoo'" in out
+
+
+@pytest.mark.sglang
+def test_server_dying_at_start_stops_launch_with_log_tail(tmp_path, tiny_model_dir):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    config["num_attention_heads"] = 3  # hidden 128 is not divisible by 3: SGLang dies loading it
+    (broken / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (broken / name).symlink_to(tiny_model_dir / name)
+    proc = _launch(["grpo", f"model.path={broken}", f"logging.log_dir={tmp_path / 'runs'}"])
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-2000:]
+    assert "launch failed: SGLang server 0" in out and "exited with code" in out
+    assert "Last lines of" in out and "[trainer]" not in out
+
+
+def _run_args(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
+    return ["grpo", f"model.path={model_dir}", f"logging.log_dir={log_dir}",
+            f"total_train_steps={steps}", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
+            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "train_dataset.size=400", "valid_dataset.size=16", "evaluation.n_prompts=16",
+            "evaluation.freq_steps=100", "checkpoint.freq_steps=2", "checkpoint.recover=auto",
+            "logging.tensorboard=false", "logging.plot=false"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir):
+    log_dir = tmp_path / "runs"
+    run_dir = log_dir / "grpo_addition" / "trial0"
+    proc = _launch(_run_args(tiny_model_dir, log_dir, steps=40), start_new_session=True)
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    try:
+        while not latest.exists():
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 600 s"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # our own launcher's session: trainer and server
+        out, _ = proc.communicate(timeout=120)
+    assert "step39" not in latest.read_text()
+    saved_step = int(latest.read_text().strip().removeprefix("step"))
+
+    resumed = _launch(_run_args(tiny_model_dir, log_dir, steps=saved_step + 3))
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"recovered from {run_dir / 'checkpoints' / f'step{saved_step}'}" in out
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
+    assert steps[-2:] == [saved_step + 2, saved_step + 3]  # resumed after the saved step
+    assert (run_dir / "weights" / f"v{saved_step + 3}").is_dir()  # fleet got the last version

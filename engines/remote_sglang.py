@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
+CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
+# The server (uvicorn) closes idle keep-alive connections after 5 s; the client must drop them
+# first, or it reuses a closed one and gets "Server disconnected".
+KEEPALIVE_S = 4.0
 
 
 class RemoteSGLangError(RuntimeError):
@@ -106,7 +110,7 @@ class RemoteSGLangEngine(InferenceEngine):
 
     async def _open_session(self) -> None:
         # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
 
     def destroy(self) -> None:
@@ -308,21 +312,33 @@ class RemoteSGLangEngine(InferenceEngine):
     async def _post_json(
         self, addr: str, path: str, body: dict[str, Any], timeout: float
     ) -> Any:
-        try:
-            async with self._require_session().post(
-                f"http://{addr}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise RemoteSGLangError(
-                        f"SGLang server {addr}: {path} returned HTTP {resp.status}: {text[:500]}")
-                return await resp.json(content_type=None)
-        except asyncio.TimeoutError:
-            raise RemoteSGLangError(
-                f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
-        except aiohttp.ClientError as e:
-            raise RemoteSGLangError(
-                f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
+        """POST a control call. Every control call is idempotent (pause, continue, load the
+        same folder under the same version), so a dropped connection is retried: a pooled
+        keep-alive connection can be closed by the server just as it is reused."""
+        for attempt in range(CONTROL_RETRIES + 1):
+            try:
+                async with self._require_session().post(
+                    f"http://{addr}{path}", json=body,
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status != 200:
+                        raise RemoteSGLangError(f"SGLang server {addr}: {path} returned HTTP "
+                                                f"{resp.status}: {text[:500]}")
+                    return await resp.json(content_type=None)
+            except asyncio.TimeoutError:
+                raise RemoteSGLangError(
+                    f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
+            except aiohttp.ClientConnectionError as e:
+                if attempt == CONTROL_RETRIES:
+                    raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
+                                            f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
+                logger.warning("%s on %s: %s; retrying", path, addr, e)
+                await asyncio.sleep(0.2 * (attempt + 1))
+            except aiohttp.ClientError as e:
+                raise RemoteSGLangError(
+                    f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
+        raise AssertionError("unreachable")
 
     async def _on_all(self, path: str, body: dict[str, Any], timeout: float) -> list[Any]:
         """POST to every server concurrently; the first failure (naming its server) raises."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.request
 from functools import lru_cache
 from pathlib import Path
 
@@ -80,3 +82,15 @@ def perturbed_copy(src: Path, dst: Path, seed: int, scale: float = 0.05) -> Path
         if (src / name).exists():
             shutil.copy(src / name, dst / name)
     return dst
+
+
+def fleet_version(addresses: list[str], api_key: str | None) -> int:
+    """The weight version every server of the fleet reports (they must agree)."""
+    versions = set()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for addr in addresses:
+        req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            versions.add(int(json.load(resp)["weight_version"]))
+    assert len(versions) == 1, f"servers disagree on the weight version: {versions}"
+    return versions.pop()

@@ -5,8 +5,6 @@ is continued transparently. Every test restores the session fleet's original wei
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import (
     LOGPROB_ATOL,
     eos_token_id,
+    fleet_version,
     hf_logprobs,
     make_engine,
     perturbed_copy,
@@ -37,23 +36,12 @@ def new_weights_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture
 def engine(sglang_fleet, tiny_model_dir: Path) -> Iterator[RemoteSGLangEngine]:
     engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
-    engine.set_version(_fleet_version(sglang_fleet.addresses))  # earlier tests may have bumped it
+    engine.set_version(fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY))  # earlier tests may have bumped it
     yield engine
     # Restore the session's weights under a fresh version, so other tests see tiny_model_dir.
     engine.update_weights(WeightUpdateMeta.from_disk(str(tiny_model_dir),
                                                      engine.get_version() + 1))
     engine.destroy()
-
-
-def _fleet_version(addresses: list[str]) -> int:
-    versions = set()
-    for addr in addresses:
-        req = urllib.request.Request(f"http://{addr}/get_model_info",
-                                     headers={"Authorization": f"Bearer {SGLANG_TEST_API_KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            versions.add(int(json.load(resp)["weight_version"]))
-    assert len(versions) == 1, f"servers disagree on the weight version: {versions}"
-    return versions.pop()
 
 
 def _assert_logprobs(model_dir: Path, prompt: list[int], output: list[int],
@@ -74,7 +62,7 @@ async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_di
     # engine's rollout loop).
     engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights_dir), old + 1))
     assert engine.get_version() == old + 1
-    assert _fleet_version(sglang_fleet.addresses) == old + 1
+    assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == old + 1
     # Concurrent requests spread over both servers, so both are checked.
     after = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
                                    for _ in range(4)))

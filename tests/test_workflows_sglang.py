@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import make_engine
+from sglang_helpers import fleet_version, make_engine
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
@@ -35,17 +34,6 @@ ITEMS = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"What is {i} 
           "answer": str(2 * i)} for i in range(12)]
 
 
-def fleet_version(addresses: list[str]) -> int:
-    versions = set()
-    for addr in addresses:
-        req = urllib.request.Request(f"http://{addr}/get_model_info",
-                                     headers={"Authorization": f"Bearer {SGLANG_TEST_API_KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            versions.add(int(json.load(resp)["weight_version"]))
-    assert len(versions) == 1, versions
-    return versions.pop()
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -60,7 +48,7 @@ def rewards() -> Iterator[RewardExecutor]:
 
 def _engine(fleet, **config) -> RemoteSGLangEngine:
     engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY, **config)
-    engine.set_version(fleet_version(fleet.addresses))
+    engine.set_version(fleet_version(fleet.addresses, SGLANG_TEST_API_KEY))
     return engine
 
 

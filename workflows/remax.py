@@ -7,9 +7,8 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from areal_like.api import InferenceEngine, ModelRequest, validate_trajectory
-from areal_like.rollout.batching import concat_padded
-from workflows.common import TrajectoryBuilder, stable_id
+from areal_like.api import InferenceEngine, ModelRequest
+from workflows.common import stable_id
 from workflows.rlvr import RLVRWorkflow
 
 
@@ -31,18 +30,9 @@ class ReMaxWorkflow(RLVRWorkflow):
             *[engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=sampled_cfg))
               for _ in range(self.gconfig.n_samples)],
         )
-        texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
-                 for r in (greedy, *samples)]
-        greedy_reward, *sample_rewards = await asyncio.gather(*[
-            self.reward_executor(self.reward_fn, prompt, t, **data) for t in texts
-        ])
-        group_id = stable_id(data.get("id", prompt))
-        rows = []
-        for resp, reward in zip(samples, sample_rewards, strict=True):
-            builder = TrajectoryBuilder(input_ids)
-            builder.add_generation(resp)
-            rows.append(builder.to_tensordict(
-                reward - greedy_reward, raw_rewards=reward, greedy_rewards=greedy_reward,
-                group_id=group_id, truncated=int(resp.stop_reason == "length"),
-            ))
-        return validate_trajectory(concat_padded(rows))
+        greedy_reward, *sample_rewards = await self.score(prompt, [greedy, *samples], data)
+        return self.group_trajectory(
+            input_ids, samples, [r - greedy_reward for r in sample_rewards],
+            stable_id(data.get("id", prompt)), raw_rewards=sample_rewards,
+            greedy_rewards=[greedy_reward] * len(samples),
+        )

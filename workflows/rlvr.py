@@ -12,6 +12,7 @@ from areal_like.api import (
     GenerationHyperparameters,
     InferenceEngine,
     ModelRequest,
+    ModelResponse,
     RolloutWorkflow,
     validate_trajectory,
 )
@@ -58,17 +59,30 @@ class RLVRWorkflow(RolloutWorkflow):
             engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
             for _ in range(self.gconfig.n_samples)
         ])
-        completions = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
-                       for r in responses]
-        rewards = await asyncio.gather(*[
-            self.reward_executor(self.reward_fn, prompt, c, **data) for c in completions
-        ])
-        group_id = stable_id(data.get("id", prompt))
+        rewards = await self.score(prompt, responses, data)
+        return self.group_trajectory(input_ids, responses, rewards,
+                                     stable_id(data.get("id", prompt)))
+
+    async def score(self, prompt: str, responses: list[ModelResponse],
+                    data: dict[str, Any]) -> list[float]:
+        """Rewards of the decoded completions, evaluated concurrently."""
+        texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
+                 for r in responses]
+        return list(await asyncio.gather(*[
+            self.reward_executor(self.reward_fn, prompt, t, **data) for t in texts
+        ]))
+
+    @staticmethod
+    def group_trajectory(input_ids: list[int], responses: list[ModelResponse],
+                         rewards: list[float], group_id: int,
+                         **per_sequence: list[float]) -> TensorDict:
+        """One validated group: a row per response (prompt + completion), in order."""
         rows = []
-        for resp, reward in zip(responses, rewards, strict=True):
+        for i, (resp, reward) in enumerate(zip(responses, rewards, strict=True)):
             builder = TrajectoryBuilder(input_ids)
             builder.add_generation(resp)
+            extras = {k: v[i] for k, v in per_sequence.items()}
             rows.append(builder.to_tensordict(
-                reward, group_id=group_id, truncated=int(resp.stop_reason == "length")
+                reward, group_id=group_id, truncated=int(resp.stop_reason == "length"), **extras
             ))
         return validate_trajectory(concat_padded(rows))

@@ -1,12 +1,22 @@
-"""Executor overhead (part 1): what the WorkflowExecutor adds on top of the episodes themselves.
+"""Executor overhead: what the WorkflowExecutor adds on top of the episodes themselves.
 
-An instant in-process engine (no network, no model) isolates the executor's own cost: the
+Part 1 (instant in-process engine: no network, no model) isolates the executor's own cost: the
 same episodes are run (a) directly with `asyncio.gather` on a private loop — the baseline —
 and (b) through the executor: `submit` x N + `wait(N)`, `rollout_batch`, and the trainer's
 `prepare_batch` loop with version bumps (η = 1). Latency: one episode at a time,
 `loop.run_until_complete` vs `submit` + `wait(1)` from the trainer thread.
 
-    python benchmarks/executor_overhead.py [--episodes 4000] [--repeats 5]
+Part 2 (one real SGLang server, tiny model): rollout tokens/s of the bare aiohttp client of
+`rollout_throughput.py` — the baseline — against the same requests run as `RLVRWorkflow`
+episodes (`n_samples` per prompt, `min_new_tokens = max_new_tokens`, a trivial reward) through
+the executor: `rollout_batch`, and `prepare_batch` (η = 0, one batch of all groups, a fresh
+executor each run). Same concurrency: `concurrency / n_samples` episodes run at once. The
+server's prefix cache is flushed before every run; modes alternate order; median of `--rounds`.
+
+    python benchmarks/executor_overhead.py [--part 1|2|both]
+        part 1: [--episodes 4000] [--repeats 5] [--batch 64]
+        part 2: [--size 1m] [--requests 64] [--new-tokens 64] [--concurrency 32]
+                [--n-samples 4] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -15,8 +25,11 @@ import argparse
 import asyncio
 import os
 import platform
+import random
 import statistics
+import tempfile
 import time
+from contextlib import ExitStack
 from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -92,14 +105,7 @@ def best_interleaved(repeats: int, modes: list[tuple[str, Callable[[], float]]]
     return [(name, best[name]) for name, _ in modes]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--episodes", type=int, default=4000)
-    ap.add_argument("--latency-episodes", type=int, default=500)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=64, help="consumer_batch_size for prepare_batch")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+def part1(args: argparse.Namespace) -> None:
     n, wf = args.episodes, OneShotWorkflow()
     data = [{"id": i} for i in range(n)]
     engine = InstantEngine()
@@ -199,6 +205,144 @@ def main() -> None:
           f"{1.0:>10.2f} |")
     print(f"| {'executor submit + wait(1)':<40} | {lat_exec * 1e6:>10.1f} | "
           f"{lat_exec / lat_direct:>10.2f} |")
+
+
+# ---- part 2: real SGLang server ---------------------------------------------------------------
+async def zero_reward_async(prompt: str, completion: str, **data: Any) -> float:
+    """Trivial reward, awaited on the rollout loop: the episode cost is the executor's own."""
+    return 0.0
+
+
+def zero_reward(prompt: str, completion: str, **data: Any) -> float:
+    """Trivial sync reward: runs in the workflow's reward process pool (the default path)."""
+    return 0.0
+
+
+def addition_items(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    items = []
+    for i in range(n):
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        items.append({"id": i, "answer": str(a + b),
+                      "messages": [{"role": "user", "content": f"What is {a}+{b}?"}]})
+    return items
+
+
+def part2(args: argparse.Namespace) -> None:
+    try:  # run as a script: benchmarks/ is sys.path[0]
+        from rollout_throughput import bare_client, flush_cache, timed
+    except ModuleNotFoundError:  # python -m benchmarks.executor_overhead
+        from benchmarks.rollout_throughput import bare_client, flush_cache, timed
+
+    from areal_like.api import GenerationHyperparameters
+    from areal_like.api.config import SGLangServerConfig
+    from areal_like.models.tiny import build_tiny_model
+    from engines.remote_sglang import RemoteSGLangEngine
+    from engines.sglang_server import SGLangFleet
+    from workflows.rlvr import RLVRWorkflow
+
+    k = args.n_samples
+    if args.requests % k or args.concurrency % k:
+        raise SystemExit(f"--requests ({args.requests}) and --concurrency ({args.concurrency}) "
+                         f"must be multiples of --n-samples ({k})")
+    n_groups, timeout = args.requests // k, 600.0
+    items = addition_items(n_groups, seed=0)
+    gconfig = GenerationHyperparameters(n_samples=k, max_new_tokens=args.new_tokens,
+                                        min_new_tokens=args.new_tokens, temperature=1.0)
+    with ExitStack() as stack:
+        model_dir = build_tiny_model(stack.enter_context(tempfile.TemporaryDirectory()),
+                                     size=args.size, seed=1)
+        wf_async = RLVRWorkflow(zero_reward_async, gconfig, str(model_dir))
+        wf_sync = RLVRWorkflow(zero_reward, gconfig, str(model_dir))
+        stack.callback(wf_sync.reward_executor.shutdown)
+        fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(n_servers=1)))
+        addr = fleet.addresses[0]
+        # at most concurrency / k episodes of k requests each: `concurrency` requests in flight
+        config = RolloutConfig(server_addrs=[addr], max_concurrent_rollouts=args.concurrency // k,
+                               consumer_batch_size=n_groups, max_head_offpolicyness=0)
+
+        def new_engine() -> RemoteSGLangEngine:
+            engine = RemoteSGLangEngine(config)
+            engine.initialize()
+            return engine
+
+        engine = new_engine()
+        stack.callback(engine.destroy)
+        # the bare client sends each prompt's tokens k times, with the workflow's own stop ids
+        prompts = [wf_async.prompt_ids(item) for item in items for _ in range(k)]
+        single = wf_async.gconfig.new(n_samples=1)
+
+        def generated(batch: TensorDict) -> int:
+            return int(batch["loss_mask"].sum())
+
+        def prepare_fresh() -> tuple[int, float]:
+            local = new_engine()  # η = 0, version 0: admits exactly the n_groups of one batch
+            try:
+                return timed(lambda: generated(local.prepare_batch(items, wf_async,
+                                                                   timeout=timeout)))
+            finally:
+                local.destroy()
+
+        modes: dict[str, Callable[[], tuple[int, float]]] = {
+            "bare aiohttp (baseline)": lambda: timed(lambda: asyncio.run(
+                bare_client(addr, prompts, single, args.concurrency))),
+            "RLVR rollout_batch": lambda: timed(lambda: generated(
+                engine.rollout_batch(items, wf_async, timeout=timeout))),
+            "RLVR prepare_batch (eta=0)": prepare_fresh,
+            "RLVR rollout_batch, sync reward (pool)": lambda: timed(lambda: generated(
+                engine.rollout_batch(items, wf_sync, timeout=timeout))),
+        }
+        for run in modes.values():  # warm-up: connections, server code paths, reward pool
+            run()
+        rates: dict[str, list[float]] = {name: [] for name in modes}
+        totals: dict[str, int] = {}
+        for rnd in range(args.rounds):
+            for name in (list(modes) if rnd % 2 == 0 else list(reversed(modes))):
+                flush_cache(addr)
+                totals[name], seconds = modes[name]()
+                rates[name].append(totals[name] / seconds)
+
+    expected = args.requests * args.new_tokens
+    print(f"\n# Executor overhead, part 2: {n_groups} prompts x {k} samples = {args.requests} "
+          f"requests x {args.new_tokens} new tokens, {args.concurrency} requests in flight, "
+          f"model tiny-{args.size}, one SGLang server, median of {args.rounds} rounds "
+          f"(alternating order)\n# machine: {platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, torch {torch.__version__}")
+    base = statistics.median(rates["bare aiohttp (baseline)"])
+    print(f"| {'client':<40} | {'tokens':>6} | {'tokens/s':>8} | {'min..max tok/s':>14} "
+          f"| {'x bare':>6} |")
+    print(f"|{'-' * 42}|{'-' * 8}|{'-' * 10}|{'-' * 16}|{'-' * 8}|")
+    for name, values in rates.items():
+        med = statistics.median(values)
+        spread = f"{min(values):.0f}..{max(values):.0f}"
+        print(f"| {name:<40} | {totals[name]:>6} | {med:>8.0f} | {spread:>14} "
+              f"| {med / base:>6.3f} |")
+    for name, tokens in totals.items():
+        if tokens != expected:
+            raise SystemExit(f"{name} generated {tokens} tokens, expected {expected}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=["1", "2", "both"], default="both")
+    one = ap.add_argument_group("part 1 (instant engine)")
+    one.add_argument("--episodes", type=int, default=4000)
+    one.add_argument("--latency-episodes", type=int, default=500)
+    one.add_argument("--repeats", type=int, default=5)
+    one.add_argument("--batch", type=int, default=64, help="consumer_batch_size for prepare_batch")
+    two = ap.add_argument_group("part 2 (one real SGLang server)")
+    two.add_argument("--size", default="1m", help="tiny model size")
+    two.add_argument("--requests", type=int, default=64)
+    two.add_argument("--new-tokens", type=int, default=64)
+    two.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    two.add_argument("--n-samples", type=int, default=4, help="samples per prompt (group)")
+    two.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if args.part in ("1", "both"):
+        part1(args)
+    if args.part in ("2", "both"):
+        part2(args)
 
 
 if __name__ == "__main__":

@@ -4,16 +4,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
+from areal_like.api.config import BaseExperimentConfig, ModelConfig, TrainEngineConfig
 from areal_like.api.config_loader import register_schema
 
 
 @dataclass
 class GRPOConfig(BaseExperimentConfig):
-    """GRPO family: the algorithm section picks estimator, loss and aggregation."""
+    """GRPO family (and ReMax): the algorithm section picks estimator, loss, aggregation."""
 
     use_ref_model: bool = False  # frozen reference for KL (needs algorithm.kl_ctl > 0)
     ref: TrainEngineConfig = field(default_factory=TrainEngineConfig)
+
+
+@dataclass
+class PPOConfig(GRPOConfig):
+    """PPO with a learned critic (a value head on the LM) and GAE."""
+
+    critic: TrainEngineConfig = field(
+        default_factory=lambda: TrainEngineConfig(model=ModelConfig(is_critic=True))
+    )
+
+
+@dataclass
+class MultiTurnConfig(GRPOConfig):
+    max_turns: int = 3
+    turn_discount: float = 0.9
+    feedback: str = "Your answer is wrong. Please try again."
+
+
+@dataclass
+class AgentConfig(GRPOConfig):
+    """The memory agent: tool calls to build a memory, then questions answered from it."""
+
+    max_steps: int = 2  # tool-calling steps per chunk
+    beta: float = 0.2  # weight of memory compression in the reward
+    gamma: float = 0.1  # weight of per-action content validity
 
 
 @dataclass
@@ -24,11 +49,18 @@ class SFTConfig(BaseExperimentConfig):
     eval_every: int = 50
 
 
-register_schema("grpo_schema", GRPOConfig)
-register_schema("sft_schema", SFTConfig)
+SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
+           "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
+           "sft_schema": SFTConfig}
+for _name, _cls in SCHEMAS.items():
+    register_schema(_name, _cls)
 
 # recipe name -> (config schema, default YAML in recipes/conf, needs an inference fleet)
 RECIPES: dict[str, tuple[type, str, bool]] = {
     "grpo": (GRPOConfig, "grpo_addition.yaml", True),
+    "remax": (GRPOConfig, "remax_addition.yaml", True),
+    "ppo": (PPOConfig, "ppo_addition.yaml", True),
+    "multi_turn": (MultiTurnConfig, "multi_turn_addition.yaml", True),
+    "agent": (AgentConfig, "agent_memory.yaml", True),
     "sft": (SFTConfig, "sft_addition.yaml", False),
 }

@@ -3,18 +3,18 @@ then answer questions from that memory alone.
 
 Reward = QA accuracy + tool-call success rate + beta * compression, plus gamma * content
 validity on each memory-writing action (is what it stored actually in the chunk it read?).
-`make_memory_episodes` generates episodes procedurally (facts hidden among chit-chat).
+`areal_like.data.memory_episodes` generates episodes procedurally (facts among chit-chat).
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any, Optional
+from typing import Any
 
 from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, validate_trajectory
+from areal_like.data.memory_episodes import make_memory_episodes  # noqa: F401 (re-export)
 from areal_like.rewards.exact_match import extract_final_answer
 from areal_like.rollout.batching import concat_padded
 from workflows.common import stable_id
@@ -131,30 +131,3 @@ def _validity_reward(validity: dict[int, float]):  # noqa: ANN202
         return validity.get(id(call), 0.0) if result.ok else 0.0
 
     return reward
-
-
-_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi"]
-_ATTRS = {"pet": ["cat", "dog", "parrot", "fish"], "color": ["red", "blue", "green", "gold"],
-          "city": ["Paris", "Oslo", "Lima", "Kyoto"], "drink": ["tea", "coffee", "milk", "juice"]}
-_CHATTER = ["How was your day?", "Pretty good, thanks.", "The weather is nice.",
-            "Did you see the game?", "I am a bit tired.", "Let us meet later."]
-
-
-def make_memory_episodes(n: int, seed: int = 1, n_chunks: int = 2,
-                         rng: Optional[random.Random] = None) -> list[dict[str, Any]]:
-    """Episodes whose chunks state one fact each amid chatter; questions ask for the facts."""
-    rng = rng or random.Random(seed)
-    episodes = []
-    for e in range(n):
-        chunks, questions, answers = [], [], []
-        for _ in range(n_chunks):
-            name, attr = rng.choice(_NAMES), rng.choice(sorted(_ATTRS))
-            value = rng.choice(_ATTRS[attr])
-            lines = rng.sample(_CHATTER, 2) + [f"{name}: my {attr} is {value}."]
-            rng.shuffle(lines)
-            chunks.append("\n".join(lines))
-            questions.append(f"What is {name}'s {attr}?")
-            answers.append(value)
-        episodes.append({"id": f"memory-{seed}-{e}", "chunks": chunks,
-                         "questions": questions, "answers": answers})
-    return episodes

@@ -247,7 +247,8 @@ class RolloutConfig:
 
 @dataclass
 class DatasetConfig:
-    """A task: `addition` (procedural), `gsm8k` (local JSONL/parquet), `reasoning_gym:<name>`."""
+    """A task: `addition` (procedural), `gsm8k` (local JSONL/parquet), `memory_agent`
+    (procedural agent episodes), `reasoning_gym:<name>`."""
 
     type: str = "addition"
     path: str = ""  # for gsm8k: a .jsonl / .parquet file
@@ -260,9 +261,10 @@ class DatasetConfig:
     max_prompt_len: int = 512
 
     def __post_init__(self) -> None:
-        ok = self.type in ("addition", "gsm8k") or self.type.startswith("reasoning_gym:")
+        ok = (self.type in ("addition", "gsm8k", "memory_agent")
+              or self.type.startswith("reasoning_gym:"))
         _check("DatasetConfig", "type", ok, self.type,
-               "'addition', 'gsm8k' or 'reasoning_gym:<task name>'")
+               "'addition', 'gsm8k', 'memory_agent' or 'reasoning_gym:<task name>'")
         _check("DatasetConfig", "size", self.size >= 1, self.size, ">= 1")
         _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
 

@@ -76,7 +76,8 @@ def _root_message(exc: BaseException) -> str:
     for prefix in ("full_key:", "reference_type", "object_type"):
         lines = [ln for ln in lines if not ln.strip().startswith(prefix)]
     text = " ".join(ln.strip() for ln in lines) or type(inner).__name__
-    return re.sub(r"^In '[^']*': \w+ raised while composing config: ", "", text)
+    text = re.sub(r"^In '[^']*': \w+ raised while composing config: ", "", text)
+    return text if len(text) <= 400 else text[:400] + " ..."  # merge errors dump whole configs
 
 
 def explain_config_error(exc: BaseException, config_cls: type, source: str) -> ConfigError:

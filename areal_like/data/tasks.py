@@ -10,6 +10,7 @@ from datasets import Dataset
 from areal_like.api.config import DatasetConfig
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.memory_episodes import load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
 from areal_like.rewards import exact_match_reward, math_verify_reward, reasoning_gym_reward
 
@@ -31,9 +32,15 @@ def build_task(config: DatasetConfig) -> Task:
         if not config.path:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
         return Task(load_gsm8k(config.path, config.size), math_verify_reward)
+    if config.type == "memory_agent":
+        return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
     if config.type.startswith("reasoning_gym:"):
         name = config.type.split(":", 1)[1]
         # train and test draw from disjoint seeds
         seed = config.seed if config.split == "train" else config.seed + 1_000_003
         return Task(load_reasoning_gym(name, config.size, seed), reasoning_gym_reward)
     raise ValueError(f"DatasetConfig.type={config.type!r} is not a known task")
+
+
+def _own_reward(prompt: str, completion: str, **_: object) -> float:
+    raise RuntimeError("this task's workflow computes its own reward (e.g. the memory agent)")

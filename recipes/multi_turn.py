@@ -1,0 +1,41 @@
+"""Multi-turn RL: a wrong answer gets feedback and another try; reward discounted per turn.
+
+    python -m areal_like.launcher.local multi_turn [key=value ...]
+"""
+
+from __future__ import annotations
+
+from areal_like.algorithms import PPOActor
+from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.rl_setup import RLSetup
+from recipes.configs import MultiTurnConfig
+from workflows import MultiTurnWorkflow
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_recipe_args(MultiTurnConfig, "multi_turn_addition.yaml", argv)
+
+    def workflow(greedy: bool = False) -> MultiTurnWorkflow:
+        return MultiTurnWorkflow(rl.task.reward_fn, config.gconfig.new(greedy=greedy),
+                                 rl.tokenizer, config.max_turns, config.turn_discount,
+                                 config.feedback)
+
+    rl = RLSetup(config, eval_workflow=lambda: workflow(greedy=True))
+    actor = PPOActor(rl.actor_engine, config.algorithm)
+    train_workflow = workflow()
+
+    for step in rl.steps():
+        with rl.timing("rollout"):  # one conversation per prompt, token-in/token-out
+            batch = rl.next_batch(train_workflow)
+        with rl.timing("train"):
+            batch["prox_logp"] = actor.compute_logp(batch)
+            batch = actor.compute_advantages(batch)
+            stats = actor.update(batch)
+        with rl.timing("weight_sync"):
+            stats |= rl.push_weights(step)
+        rl.end_step(step, stats)
+    rl.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""PPO with a learned critic: values from a value model, advantages by GAE.
+
+    python -m areal_like.launcher.local ppo [key=value ...]
+"""
+
+from __future__ import annotations
+
+from areal_like.algorithms import CriticActor, PPOActor
+from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.rl_setup import RLSetup, start_engine
+from recipes.configs import PPOConfig
+from workflows import RLVRWorkflow
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_recipe_args(PPOConfig, "ppo_addition.yaml", argv)
+    rl = RLSetup(config)
+    actor = PPOActor(rl.actor_engine, config.algorithm)
+    critic = CriticActor(start_engine(config.critic), config.algorithm)
+    workflow = RLVRWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
+
+    for step in rl.steps():
+        with rl.timing("rollout"):
+            batch = rl.next_batch(workflow)
+        with rl.timing("train"):
+            batch["prox_logp"] = actor.compute_logp(batch)
+            batch["values"] = critic.compute_values(batch)  # V(s_t)
+            batch = actor.compute_advantages(batch)  # GAE(gamma, lambda) and returns
+            stats = actor.update(batch)
+            stats |= {f"critic/{k}": v for k, v in critic.update(batch).items()}
+        with rl.timing("weight_sync"):
+            stats |= rl.push_weights(step)
+        rl.end_step(step, stats, extra_engines=(critic.engine,))
+    rl.finish()
+
+
+if __name__ == "__main__":
+    main()

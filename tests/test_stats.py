@@ -115,3 +115,12 @@ def test_read_jsonl_names_bad_line(tmp_path):
     path.write_text('{"step": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"m\.jsonl:2"):
         read_jsonl(path)
+
+
+def test_fresh_run_starts_new_files_and_recovered_run_appends(tmp_path):
+    config = LoggingConfig(log_dir=str(tmp_path), tensorboard=False, console=False)
+    for fresh, expected_steps in ((True, [1]), (False, [1, 2]), (True, [3])):
+        logger = MetricsLogger(config, fresh=fresh)
+        logger.log(expected_steps[-1], {"x": 1.0})
+        logger.close()
+        assert [r["step"] for r in read_jsonl(logger.jsonl_path)] == expected_steps

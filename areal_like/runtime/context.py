@@ -20,6 +20,7 @@ from tensordict import TensorDict
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import to_yaml
 from areal_like.data.packing import shard_batch
+from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.utils import stats_tracker
 from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir
 from areal_like.utils.network import find_free_port
@@ -61,7 +62,10 @@ class RunContext:
         if self.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "config.yaml").write_text(to_yaml(config))
-            self.metrics = MetricsLogger(config.logging, console_keys=console_keys)
+            resuming = (config.checkpoint.recover == "auto"
+                        and (Checkpointer(config.checkpoint, self.dir).dir / "latest").exists())
+            self.metrics = MetricsLogger(config.logging, console_keys=console_keys,
+                                         fresh=not resuming)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
         self._step_start = time.perf_counter()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -26,6 +27,7 @@ class MetricsLogger:
     """Writes one record per step to every enabled sink. Only rank 0 should create one.
 
     `console_keys` picks what the one-line console summary shows (all keys go to the files).
+    `fresh=True` starts new files (a new run); `fresh=False` appends (a recovered run).
     """
 
     def __init__(
@@ -33,12 +35,16 @@ class MetricsLogger:
         config: LoggingConfig,
         console_keys: Optional[list[str]] = None,
         out_dir: Optional[Path] = None,
+        fresh: bool = True,
     ) -> None:
         self.config = config
         self.dir = Path(out_dir) if out_dir is not None else run_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.console_keys = console_keys
         self.jsonl_path = self.dir / "metrics.jsonl"
+        if fresh:
+            self.jsonl_path.unlink(missing_ok=True)
+            shutil.rmtree(self.dir / "tensorboard", ignore_errors=True)
         self._jsonl = open(self.jsonl_path, "a") if config.jsonl else None  # noqa: SIM115
         self._tb = None
         if config.tensorboard:

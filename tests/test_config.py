@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from areal_like.api.config import BaseExperimentConfig, OptimizerConfig
@@ -86,3 +88,17 @@ def test_missing_file_and_missing_schema(tmp_path):
     plain.write_text("seed: 3\n")
     with pytest.raises(ConfigError, match="defaults list"):
         load_config(BaseExperimentConfig, plain)
+
+
+def test_shipped_recipe_configs_compose():
+    from recipes.configs import RECIPES
+
+    conf = Path(__file__).resolve().parents[1] / "recipes" / "conf"
+    for name, (cls, yaml_name, _) in RECIPES.items():
+        cfg = load_config(cls, conf / yaml_name)
+        assert isinstance(cfg, cls), name
+    from recipes.configs import GRPOConfig
+
+    gsm = load_config(GRPOConfig, conf / "gsm8k_grpo.yaml",
+                      ["model.path=/m", "train_dataset.path=/a.jsonl", "valid_dataset.path=/b.jsonl"])
+    assert gsm.actor.model.path == "/m" and gsm.server.device == "cuda"

@@ -253,7 +253,7 @@ class DatasetConfig:
     type: str = "addition"
     path: str = ""  # for gsm8k: a .jsonl / .parquet file
     split: str = "train"
-    size: int = 10000  # procedural tasks: number of items
+    size: int = 10000  # number of items (gsm8k: 0 = every row of the file)
     num_digits: int = 2  # addition: digits per operand
     seed: int = 1
     batch_size: int = 8  # prompts per rollout batch
@@ -265,7 +265,8 @@ class DatasetConfig:
               or self.type.startswith("reasoning_gym:"))
         _check("DatasetConfig", "type", ok, self.type,
                "'addition', 'gsm8k', 'memory_agent' or 'reasoning_gym:<task name>'")
-        _check("DatasetConfig", "size", self.size >= 1, self.size, ">= 1")
+        _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),
+               self.size, ">= 1 (0 = every row, for type=gsm8k only)")
         _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
 
 

@@ -122,6 +122,10 @@ def load_config(
             f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
             f"(add `defaults: [<schema name>, _self_]` at the top)"
         )
+    missing = sorted(OmegaConf.missing_keys(composed))
+    if missing:
+        raise ConfigError(f"{source}: required config value(s) not set (still '???'): "
+                          f"{missing}; set them with key=value overrides")
     try:
         obj = OmegaConf.to_object(composed)
     except OmegaConfBaseException as e:

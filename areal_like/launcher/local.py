@@ -83,6 +83,9 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
     config_cls, default_yaml, needs_fleet = RECIPES[recipe]
     config_path, overrides = split_args(argv, default_yaml)
     config = load_config(config_cls, config_path, overrides)  # fails fast on a typo
+    if not (Path(config.model.path) / "config.json").is_file():
+        raise LaunchError(f"model.path={config.model.path!r} is not an HF model folder (no "
+                          f"config.json); set model.path=<folder>")
     log_dir = run_dir(config.logging)
     n_gpus = _gpu_count() if config.server.device == "cuda" else 0
 

@@ -104,19 +104,37 @@ def build_server_command(
         # torch_native: the CPU engine's dense path that needs no sgl_kernel (see the shim).
         # --sleep-on-idle: an idle scheduler otherwise busy-polls a whole core.
         cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle"]
+    elif config.gpus_per_server > 1:
+        cmd += ["--tp-size", str(config.gpus_per_server)]
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += [str(a) for a in config.extra_args]
     return cmd
 
 
-def server_env(config: SGLangServerConfig) -> dict[str, str]:
+def server_gpus(config: SGLangServerConfig, index: int) -> str:
+    """The GPUs server `index` sees: its own slice of the GPUs visible to the launcher."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    n = config.gpus_per_server
+    pool = (visible.split(",") if visible else
+            [str(i) for i in range(config.n_servers * n)])
+    mine = pool[index * n:(index + 1) * n]
+    if len(mine) < n:
+        raise SGLangServerError(
+            f"server {index} needs {n} GPU(s) (SGLangServerConfig.gpus_per_server) but only "
+            f"{len(pool)} are visible for {config.n_servers} server(s): {pool}")
+    return ",".join(mine)
+
+
+def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     env = dict(os.environ)
     threads = str(config.threads_per_server)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1")
     if config.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = server_gpus(config, index)
     # The main env's packages must never leak into the server's venv.
     env.pop("PYTHONPATH", None)
     return env
@@ -180,9 +198,9 @@ class SGLangFleet:
             )
         python = resolve_sglang_python(self.config.venv)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = server_env(self.config)
         try:
             for i in range(self.config.n_servers):
+                env = server_env(self.config, i)
                 port = self.base_port + i if self.base_port else find_free_port(self.host)
                 cmd = build_server_command(python, self.model_path, port, self.config,
                                            self.host, self.api_key, self.weight_version)

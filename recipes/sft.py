@@ -8,6 +8,9 @@ transformers and SGLang: the main job uses it as the warm start of RL.
 
 from __future__ import annotations
 
+import sys
+
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from areal_like.algorithms import SFTActor
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         return {"eval/accuracy": run.global_mean(correct.float())}
 
     run.log_step(0, accuracy())
-    for step in range(config.total_train_steps):
+    for step in tqdm(range(config.total_train_steps), desc="sft steps", disable=not run.is_main,
+                     mininterval=5.0, file=sys.stderr):
         batch = build_sft_batch(next(batches), tokenizer)
         stats = actor.update(shard_batch(batch, run.rank, run.world_size))
         engine.step_lr_scheduler()

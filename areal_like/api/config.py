@@ -199,6 +199,7 @@ class SGLangServerConfig:
     mem_fraction_static: float = 0.1
     context_length: int = 1024
     threads_per_server: int = 1
+    gpus_per_server: int = 1  # CUDA: each server gets its own slice of the visible GPUs (TP)
     startup_timeout: float = 300.0
     extra_args: List[str] = field(default_factory=list)
 
@@ -307,7 +308,6 @@ class LauncherConfig:
 
     n_trainer_procs: int = 1
     threads_per_trainer: int = 1
-    gpus_per_server: int = 1  # CUDA only: servers take the first GPUs, trainers the rest
 
     def __post_init__(self) -> None:
         _check("LauncherConfig", "n_trainer_procs", self.n_trainer_procs >= 1,

@@ -96,10 +96,6 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
         if needs_fleet and not config.rollout.server_addrs:
             from engines.sglang_server import SGLangFleet, SGLangServerError
 
-            if n_gpus:
-                gpus = ",".join(str(i) for i in range(config.server.n_servers
-                                                      * config.launcher.gpus_per_server))
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpus
             print(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
                   f"{config.model.path}", flush=True)
             fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
@@ -108,7 +104,6 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
                 fleet.start()
             except SGLangServerError as e:  # start() already stopped every server
                 raise LaunchError(str(e)) from e
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             print(f"[launcher] servers ready: {fleet.addresses}", flush=True)
             overrides.append(f"rollout.server_addrs=[{','.join(fleet.addresses)}]")
             if not quiet_servers:
@@ -118,7 +113,7 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
         env = dict(os.environ, OMP_NUM_THREADS=str(config.launcher.threads_per_trainer),
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         if n_gpus:
-            first = config.server.n_servers * config.launcher.gpus_per_server if fleet else 0
+            first = config.server.n_servers * config.server.gpus_per_server if fleet else 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 str(first + i) for i in range(config.launcher.n_trainer_procs))
         cmd = [sys.executable, "-m", "torch.distributed.run",

@@ -14,10 +14,12 @@ A recipe keeps only the algorithm in view:
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from tensordict import TensorDict
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from areal_like.api import RolloutWorkflow
@@ -66,7 +68,9 @@ class RLSetup:
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)
         if start == 0:
             self.run.log_step(0, self.held_out())
-        yield from range(start, self.config.total_train_steps)
+        total = self.config.total_train_steps
+        yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
+                        disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
 
     def timing(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.run.timing(name)

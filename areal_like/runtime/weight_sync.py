@@ -21,7 +21,8 @@ def push_weights(engine: TrainEngine, rollout: Optional[InferenceEngine], versio
     not lost), loads the folder labelled `version`, and continues — so tokens generated
     across the switch report both versions. Old folders beyond the last `keep` are removed.
     """
-    meta = WeightUpdateMeta.from_disk(str(root / f"v{version}"), version)
+    # absolute: servers started elsewhere resolve relative paths against their own cwd
+    meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
     start = time.perf_counter()
     engine.update_weights(meta)
     exported = time.perf_counter()

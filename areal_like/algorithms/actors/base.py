@@ -24,12 +24,12 @@ next row's first token after packing, or the zero fill).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from tensordict import TensorDict
 
-from areal_like.api.engine_api import TrainEngine
+from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
 from areal_like.utils.functional import next_token_logprobs
 
 TRAJECTORY_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
@@ -71,6 +71,20 @@ def split_minibatches(batch: TensorDict, n: int) -> list[TensorDict]:
         return [batch]
     bounds = torch.linspace(0, b, min(n, b) + 1).round().long().tolist()
     return [batch[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+
+
+def train_minibatches(engine: TrainEngine, batch: TensorDict, n_minibatches: int, loss_fn: LossFn,
+                      loss_weight_fn: LossWeightFn, tracker: Any, scope: str) -> dict[str, float]:
+    """One optimizer step per mini-batch of `batch`; each step's engine stats go to `tracker`
+    under `<scope>/update`; returns their mean."""
+    results = []
+    engine.train()
+    with tracker.scope(scope), tracker.scope("update"):
+        for mb in split_minibatches(batch, n_minibatches):
+            stats = engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=loss_weight_fn)
+            tracker.scalar(**stats)
+            results.append(stats)
+    return mean_stats(results)
 
 
 def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:

@@ -21,9 +21,8 @@ from tensordict import TensorDict
 
 from areal_like.algorithms.actors.base import (
     default_tracker,
-    mean_stats,
     require_keys,
-    split_minibatches,
+    train_minibatches,
 )
 from areal_like.algorithms.actors.loss_fns import make_value_loss_fn
 from areal_like.algorithms.aggregation import loss_weight
@@ -69,11 +68,5 @@ class CriticActor:
                      "CriticActor.update (pass the batch returned by compute_advantages)")
         loss_fn = make_value_loss_fn(self.config, self.tracker)
         weight_fn = functools.partial(loss_weight, mode="token-mean")
-        results = []
-        self.engine.train()
-        with self.tracker.scope(self.scope), self.tracker.scope("update"):
-            for mb in split_minibatches(prepared, self.config.ppo_n_minibatches):
-                stats = self.engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=weight_fn)
-                self.tracker.scalar(**stats)
-                results.append(stats)
-        return mean_stats(results)
+        return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
+                                 weight_fn, self.tracker, self.scope)

@@ -27,9 +27,8 @@ from areal_like.algorithms.actors.base import (
     TRAJECTORY_KEYS,
     compute_logprobs,
     default_tracker,
-    mean_stats,
     require_keys,
-    split_minibatches,
+    train_minibatches,
 )
 from areal_like.algorithms.actors.loss_fns import make_policy_loss_fn
 from areal_like.algorithms.aggregation import loss_weight
@@ -220,11 +219,5 @@ class PPOActor:
         prepared = batch if "advantages" in batch.keys() else self.compute_advantages(batch)
         loss_fn = self.make_loss_fn()
         weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode)
-        results = []
-        self.engine.train()
-        with self.tracker.scope(self.scope), self.tracker.scope("update"):
-            for mb in split_minibatches(prepared, self.config.ppo_n_minibatches):
-                stats = self.engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=weight_fn)
-                self.tracker.scalar(**stats)
-                results.append(stats)
-        return mean_stats(results)
+        return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
+                                 weight_fn, self.tracker, self.scope)

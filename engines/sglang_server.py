@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from types import TracebackType
 from typing import Callable, Optional
 
 from areal_like.api.config import SGLangServerConfig
+from areal_like.utils.network import find_free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
@@ -58,12 +58,6 @@ def resolve_sglang_python(venv: str | os.PathLike[str]) -> Path:
         f"SGLang venv {str(venv)!r} not found (looked in: {tried}). Run `make sglang` (or "
         f"`bash scripts/install_sglang.sh {venv}`) to install the SGLang server first."
     )
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def tail_file(path: Path, n_lines: int = 40) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import torch
 
 from areal_like.api.config import LoggingConfig
 from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl
+from areal_like.utils.network import find_free_port
 from areal_like.utils.stats_tracker import StatsTracker
 
 
@@ -63,19 +63,13 @@ def test_errors_name_the_problem():
         tracker.denominator(m=torch.ones(3))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.torchrun
 def test_reduction_across_two_torchrun_ranks(tmp_path):
     out_file = tmp_path / "stats.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+         "--master_addr=127.0.0.1", f"--master_port={find_free_port()}",
          str(Path(__file__).parent / "stats_worker.py"), str(out_file)],
         capture_output=True, text=True, timeout=180, env=env,
     )

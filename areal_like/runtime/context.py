@@ -22,8 +22,8 @@ from areal_like.api.config_loader import to_yaml
 from areal_like.data.packing import shard_batch
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.utils import stats_tracker
+from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
 from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir
-from areal_like.utils.network import find_free_port
 
 logger = logging.getLogger("areal_like")
 
@@ -34,27 +34,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the torchrun process group (gloo on CPU, NCCL on CUDA); a plain process is rank 0
-    of a one-process group so the same code runs without torchrun."""
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size()
-
-
 class RunContext:
     """Per-process run state. Rank 0 owns the metric sinks and the rollout engine."""
 
     def __init__(self, config: BaseExperimentConfig, console_keys: Optional[list[str]] = None):
         self.config = config
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.rank, self.world_size = init_distributed()
+        # the actor engine's backend: the engine then joins this group instead of making one
+        device, backend = resolve_device_and_backend(config.actor.backend)
+        ensure_process_group(backend, device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         seed_everything(config.seed + self.rank)
         self.dir = run_dir(config.logging)
         self.is_main = self.rank == 0

@@ -1,0 +1,48 @@
+"""Process-group and device set-up shared by the engines and the recipes (torchrun or a single
+process)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from areal_like.utils.network import find_free_port
+
+# Bound on every collective: a peer that died or hangs surfaces as an error, not a hang.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
+
+
+def resolve_device_and_backend(backend: str) -> tuple[torch.device, str]:
+    """`auto`: CUDA + NCCL when a GPU is visible, else CPU + gloo."""
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError("TrainEngineConfig.backend='nccl' but no CUDA device is visible")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), backend
+    return torch.device("cpu"), backend
+
+
+def ensure_process_group(backend: str, device: torch.device) -> bool:
+    """Join the torchrun job (RANK/WORLD_SIZE in the environment) or start a one-process group.
+
+    Returns True when this call created the group (the engine then destroys it)."""
+    if dist.is_initialized():
+        if dist.get_backend() != backend:
+            raise RuntimeError(f"the existing process group uses {dist.get_backend()!r}, but the "
+                               f"engine needs {backend!r} (TrainEngineConfig.backend)")
+        return False
+    kwargs = {"backend": backend, "timeout": COLLECTIVE_TIMEOUT}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(**kwargs)
+    else:
+        dist.init_process_group(init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0,
+                                world_size=1, **kwargs)
+    return True

@@ -34,6 +34,7 @@ import aiohttp
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.seeding import derive_seed, request_seed
 from engines.sglang_protocol import generate_payload, parse_generate_reply
 from engines.sglang_routing import ServerPool
 
@@ -194,14 +195,19 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"agenerate generates one sample but req.gconfig.n_samples="
                 f"{req.gconfig.n_samples}; use agenerate_n(req) for a list of samples"
             )
-        return await self._on_rollout_loop(self._generate(req, route_key=req.rid, rid=req.rid))
+        seed = request_seed(req)  # before any await: the order of calls fixes the seeds
+        return await self._on_rollout_loop(
+            self._generate(req, route_key=req.rid, rid=req.rid, seed=seed))
 
     async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
         """`req.gconfig.n_samples` completions, sampled concurrently on the server `req.rid` is
         sticky to (they share the prompt's prefix cache); sample i has rid `<rid>-<i>`."""
         n = req.gconfig.n_samples
         one = req.gconfig.new(n_samples=1)
-        coros = [self._generate(req.copy(gconfig=one), route_key=req.rid, rid=f"{req.rid}-{i}")
+        seeds = ([derive_seed(req.seed, i) for i in range(n)] if req.seed is not None
+                 else [request_seed(req) for _ in range(n)])
+        coros = [self._generate(req.copy(gconfig=one), route_key=req.rid, rid=f"{req.rid}-{i}",
+                                seed=seeds[i])
                  for i in range(n)]
 
         async def fan_out() -> list[ModelResponse]:
@@ -209,7 +215,8 @@ class RemoteSGLangEngine(InferenceEngine):
 
         return await self._on_rollout_loop(fan_out())
 
-    async def _generate(self, req: ModelRequest, route_key: str, rid: str) -> ModelResponse:
+    async def _generate(self, req: ModelRequest, route_key: str, rid: str,
+                        seed: int) -> ModelResponse:
         g = req.gconfig
         start = time.monotonic()
         epoch = self._abort_epoch
@@ -226,6 +233,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 list(req.input_ids) + tokens, g, seg_rid,
                 max_new_tokens=g.max_new_tokens - len(tokens),
                 min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
+                seed=seed,  # a continuation draws what the uninterrupted request would have
             )
             addr, data = await self._post_generate(payload, route_key, seg_rid)
             reply = parse_generate_reply(data, addr, seg_rid)

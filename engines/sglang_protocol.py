@@ -23,9 +23,14 @@ class SGLangProtocolError(RuntimeError):
 
 
 def sampling_params(
-    gconfig: GenerationHyperparameters, max_new_tokens: int, min_new_tokens: int
+    gconfig: GenerationHyperparameters, max_new_tokens: int, min_new_tokens: int,
+    seed: Optional[int] = None,
 ) -> dict[str, Any]:
-    """SGLang `sampling_params` for one request. Greedy = temperature 0 (argmax)."""
+    """SGLang `sampling_params` for one request. Greedy = temperature 0 (argmax).
+
+    `seed` becomes `sampling_seed`, which servers running deterministic inference sample with
+    (the draw for each token hashes seed and position); other servers ignore it.
+    """
     params: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": min_new_tokens,
@@ -36,6 +41,8 @@ def sampling_params(
         "no_stop_trim": True,
         "skip_special_tokens": False,
     }
+    if seed is not None:
+        params["sampling_seed"] = int(seed)
     if gconfig.stop_token_ids:
         params["stop_token_ids"] = list(gconfig.stop_token_ids)
     if gconfig.stop:
@@ -49,10 +56,11 @@ def generate_payload(
     rid: str,
     max_new_tokens: int,
     min_new_tokens: int,
+    seed: Optional[int] = None,
 ) -> dict[str, Any]:
     return {
         "input_ids": list(input_ids),
-        "sampling_params": sampling_params(gconfig, max_new_tokens, min_new_tokens),
+        "sampling_params": sampling_params(gconfig, max_new_tokens, min_new_tokens, seed),
         "return_logprob": True,
         "rid": rid,
         "stream": False,

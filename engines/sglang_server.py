@@ -100,6 +100,9 @@ def build_server_command(
         cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle"]
     elif config.gpus_per_server > 1:
         cmd += ["--tp-size", str(config.gpus_per_server)]
+    if config.deterministic:
+        # per-request sampling_seed + batch-invariant kernels (on CPU: engines/sglang_shim)
+        cmd += ["--enable-deterministic-inference"]
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += [str(a) for a in config.extra_args]
@@ -142,6 +145,14 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
+
+
+def _bind_failed(log_path: Path) -> bool:
+    try:
+        with open(log_path, "rb") as f:
+            return b"error while attempting to bind" in f.read()
+    except OSError:
+        return False
 
 
 def health_ok(address: str, timeout: float = 2.0) -> bool:
@@ -229,6 +240,12 @@ class SGLangFleet:
                     )
                 if health_ok(self.addresses[i]):
                     pending.discard(i)
+                elif _bind_failed(self.log_paths[i]):  # the process may linger: fail now
+                    raise SGLangServerError(
+                        f"SGLang server {i} could not bind {self.addresses[i]} (address already "
+                        f"in use: another process took the port). Last lines of "
+                        f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
+                    )
             if pending and time.monotonic() > deadline:
                 i = min(pending)
                 raise SGLangServerError(
@@ -291,11 +308,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-total-tokens", type=int, default=SGLangServerConfig.max_total_tokens)
     parser.add_argument("--startup-timeout", type=float, default=SGLangServerConfig.startup_timeout)
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
+                        default=SGLangServerConfig.deterministic,
+                        help="seeded, batch-invariant sampling (default: on)")
     args, extra = parser.parse_known_args(argv)
     config = SGLangServerConfig(
         n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
-        startup_timeout=args.startup_timeout, extra_args=extra,
+        startup_timeout=args.startup_timeout, deterministic=args.deterministic,
+        extra_args=extra,
     )
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet

@@ -8,8 +8,9 @@
 # requirements minus the CUDA-only ones, all against a torch==$TORCH_VERSION constraint so pip
 # can never pull a CUDA torch (the CPU wheel comes from the pip config's find-links). The
 # workarounds the CPU engine needs are the project's own shims (engines/sglang_shim/, see its
-# README), copied into this venv only: an import shim for the CUDA-only `sgl_kernel`, and an
-# import hook that lets PyPI's CUDA torchvision import on CPU torch.
+# README), copied into this venv only: an import shim for the CUDA-only `sgl_kernel`, an
+# import hook that lets PyPI's CUDA torchvision import on CPU torch, and the CPU pieces of
+# SGLang's deterministic inference.
 #
 # Idempotent: a stamp file holds the hash of this script + the shim + the pins; when it matches,
 # the script exits at once. Delete the venv (or the stamp) to force a reinstall.
@@ -104,7 +105,8 @@ EOF
     rm -rf "$SITE/sgl_kernel"
     cp -r "$SHIM_DIR/sgl_kernel" "$SITE/sgl_kernel"
     find "$SITE/sgl_kernel" -name '__pycache__' -prune -exec rm -rf {} +
-    cp "$SHIM_DIR/areal_like_sglang_shim.py" "$SHIM_DIR/areal_like_sglang_shim.pth" "$SITE/"
+    cp "$SHIM_DIR/areal_like_sglang_shim.py" "$SHIM_DIR/areal_like_sglang_shim.pth" \
+        "$SHIM_DIR/areal_like_sglang_deterministic.py" "$SITE/"
 
     # Guard rails: the CPU torch stayed, and no CUDA torchvision slipped in.
     "$VPY" - "$TORCH_VERSION" <<'EOF'

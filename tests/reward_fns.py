@@ -14,3 +14,8 @@ def raises(prompt, completion, **_):
 def sleeps(prompt, completion, **_):
     time.sleep(60)
     return 1.0
+
+
+def starts_with_any(prompt, completion, allowed="", **_):
+    """1 when the completion's first character is one of `allowed` (pass@k tests)."""
+    return 1.0 if completion[:1] and completion[0] in allowed else 0.0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import fleet_version, make_engine
 
@@ -18,17 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str) -> list[dict]:
-    """Run `python -m recipes.<recipe>` (a one-process trainer) attached to the fleet."""
+def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,
+                steps: int = 2, script: Path | None = None) -> list[dict]:
+    """Run `python -m recipes.<recipe>` (or `script`), a one-process trainer, on the fleet."""
     version = fleet_version(fleet.addresses, SGLANG_TEST_API_KEY)
     args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
-            f"rollout.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=2",
+            f"rollout.api_key={SGLANG_TEST_API_KEY}", f"total_train_steps={steps}",
             "evaluation.freq_steps=2", "evaluation.n_prompts=4", "valid_dataset.size=8",
             "train_dataset.size=200", "logging.tensorboard=false", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     try:
-        proc = subprocess.run([sys.executable, "-m", f"recipes.{recipe}", *args], cwd=REPO,
+        command = [str(script)] if script else ["-m", f"recipes.{recipe}"]
+        proc = subprocess.run([sys.executable, *command, *args], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=600)
     finally:  # give the shared fleet its session weights back, under a fresh version
         engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
@@ -63,3 +66,51 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert last["weight_sync/export_s"] > 0
     if recipe == "ppo":
         assert "critic/loss" in last
+
+
+# GRPO whose runs differ wherever sampling does: the untrained model earns no task reward, so
+# the entropy bonus (at a high lr) is what moves the weights, and it depends on every token.
+EQUIVALENCE = [*SMALL, "gconfig.n_samples=4", "gconfig.max_new_tokens=6",
+               "rollout.max_head_offpolicyness=0", "algorithm.entropy_coef=0.05",
+               "actor.optimizer.lr=1e-3", "evaluation.freq_steps=3", "evaluation.pass_k=2"]
+
+
+def _compared(record: dict) -> dict:
+    """What a run computed (not how long it took or how the rollout queue looked). The lag
+    is left out: step 1's tokens carry the label the shared fleet had before the run."""
+    return {k: v for k, v in record.items()
+            if (k.startswith(("actor/", "eval/")) and not k.startswith("actor/version_lag"))
+            or k in ("step", "loss", "grad_norm", "n_tokens")}
+
+
+def _final_weights(log_dir: Path, version: int) -> dict:
+    from safetensors.torch import load_file
+
+    (path,) = log_dir.glob(f"*/trial0/weights/v{version}/*.safetensors")
+    return load_file(path)
+
+
+def test_eta_zero_equals_a_synchronous_loop(sglang_fleet, tiny_model_dir, tmp_path):
+    """recipes/grpo.py with eta = 0 against tests/sync_grpo_loop.py (rollout_batch, then
+    train), same config and seed, 3 steps: every logged statistic of the actor and of the
+    evaluation (pass@2 included), and the final weights, are bit-identical. A third run that
+    changes only `rollout.seed` shows the comparison sees the sampling."""
+    runs = {name: _run_recipe("grpo", sglang_fleet, tiny_model_dir, tmp_path / name,
+                              *EQUIVALENCE, *extra, steps=3, script=script)
+            for name, extra, script in [
+                ("eta0", [], None),
+                ("sync", [], REPO / "tests" / "sync_grpo_loop.py"),
+                ("other_seed", ["rollout.seed=2"], None)]}
+    eta0, sync = runs["eta0"], runs["sync"]
+    assert [r["step"] for r in eta0] == [0, 1, 2, 3]
+    assert "eval/pass@2" in eta0[-1] and eta0[-1]["actor/update/entropy/avg"] > 0
+    for a, b in zip(eta0, sync, strict=True):
+        assert _compared(a) == _compared(b)
+    # on-policy: after the first push every token comes from the weights being trained
+    assert all(r["actor/version_lag/max"] == r["actor/version_lag/min"] == 0 for r in eta0[2:])
+    w_eta0, w_sync = _final_weights(tmp_path / "eta0", 3), _final_weights(tmp_path / "sync", 3)
+    assert all(torch.equal(w_eta0[k], w_sync[k]) for k in w_eta0)
+    first = _final_weights(tmp_path / "other_seed", 3)
+    assert not all(torch.equal(w_eta0[k], first[k]) for k in w_eta0)
+    other = runs["other_seed"]
+    assert other[1]["actor/update/new_logp/avg"] != eta0[1]["actor/update/new_logp/avg"]

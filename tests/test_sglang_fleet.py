@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from sglang_helpers import make_engine, require_sglang_venv
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from areal_like.utils.network import HIGH_PORT, LOW_PORT
 from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
 from engines.sglang_server import SGLangFleet, SGLangServerError, find_free_port
 
@@ -62,6 +64,35 @@ def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path
     assert "exited with code" in msg and "server_0.log" in msg
     assert "Traceback" in msg or "Error" in msg  # the log tail is in the message
     assert fleet.dead_servers() == [0]
+
+
+@pytest.mark.sglang
+def test_server_whose_port_is_taken_fails_fast_with_its_log_tail(tiny_model_dir, tmp_path):
+    """A port taken between our choice and the server's bind leaves SGLang's process alive
+    but never healthy; the fleet sees the bind error in the log instead of waiting out
+    `startup_timeout`."""
+    require_sglang_venv()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=240),
+                            base_port=port, log_dir=tmp_path / "logs")
+        start = time.monotonic()
+        with pytest.raises(SGLangServerError) as info:
+            fleet.start()
+    assert time.monotonic() - start < 120
+    msg = str(info.value)
+    assert f"127.0.0.1:{port}" in msg and "server_0.log" in msg
+    assert "address already in use" in msg.lower() or "exited with code" in msg
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_never_repeat():
+    ports = [find_free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low > HIGH_PORT:  # otherwise find_free_port falls back to the OS's choice
+        assert all(LOW_PORT <= p <= HIGH_PORT for p in ports)
 
 
 @pytest.fixture(scope="module")

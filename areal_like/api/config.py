@@ -200,6 +200,7 @@ class SGLangServerConfig:
     context_length: int = 1024
     threads_per_server: int = 1
     gpus_per_server: int = 1  # CUDA: each server gets its own slice of the visible GPUs (TP)
+    deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
     startup_timeout: float = 300.0
     extra_args: List[str] = field(default_factory=list)
 
@@ -225,6 +226,7 @@ class RolloutConfig:
     weight_update_timeout: float = 300.0
     schedule_policy: str = "least_inflight"
     pause_mode: str = "retract"
+    seed: Optional[int] = None  # of all sampling; None: the recipe's seed (bare engine: random)
 
     def __post_init__(self) -> None:
         _check("RolloutConfig", "max_head_offpolicyness", self.max_head_offpolicyness >= 0,
@@ -286,8 +288,14 @@ class CheckpointConfig:
 class EvaluationConfig:
     freq_steps: int = 0  # 0: off
     n_prompts: int = 100
-    pass_k: int = 1  # >1: also report pass@k from k samples
+    pass_k: int = 1  # >1: also report pass@k and pass@1 from sampled answers
+    pass_n: int = 0  # samples per prompt for pass@k (>= pass_k; 0: pass_k); unbiased estimate
     temperature: float = 1.0  # for pass@k samples (accuracy is always greedy)
+
+    def __post_init__(self) -> None:
+        _check("EvaluationConfig", "pass_k", self.pass_k >= 1, self.pass_k, ">= 1")
+        _check("EvaluationConfig", "pass_n", self.pass_n == 0 or self.pass_n >= self.pass_k,
+               self.pass_n, "0 or >= pass_k")
 
 
 @dataclass

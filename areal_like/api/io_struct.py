@@ -60,12 +60,17 @@ class GenerationHyperparameters:
 
 @dataclass
 class ModelRequest:
-    """One generation request, token-in: `input_ids` are sent as ids, never re-tokenized."""
+    """One generation request, token-in: `input_ids` are sent as ids, never re-tokenized.
+
+    `seed` fixes the sampling; leave it None inside workflows: the executor then derives it
+    from the run seed and the episode (see `areal_like.api.seeding`).
+    """
 
     input_ids: List[int]
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict[str, Any] = field(default_factory=dict)
+    seed: Optional[int] = None
 
     def copy(self, **changes: Any) -> ModelRequest:
         return dataclasses.replace(self, **changes)

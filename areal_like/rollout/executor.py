@@ -32,6 +32,7 @@ from tensordict import TensorDict
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.seeding import begin_episode
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.batching import (
@@ -57,7 +58,7 @@ from areal_like.rollout.loop_thread import EventLoopThread
 from areal_like.rollout.stats import assemble_batch
 
 POLL_INTERVAL_S = 0.05  # the loop re-checks admission this often (version bumps, resume)
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 class WorkflowExecutor:
@@ -176,6 +177,7 @@ class WorkflowExecutor:
 
     async def _episode_outcome(self, sub: Submission) -> tuple[str, Optional[EpisodeResult]]:
         start = time.monotonic()
+        begin_episode(sub.episode_seed)  # this task's context: seeds its requests in order
         trajectory = await sub.workflow.arun_episode(self.engine, sub.data)
         if trajectory is None:
             return "rejected_by_workflow", None
@@ -210,8 +212,8 @@ class WorkflowExecutor:
         return sub.seq
 
     def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
-        """Block until `count` accepted, fresh groups are buffered; return them concatenated
-        (oldest first, rows of one group together) as one right-padded TensorDict."""
+        """Block until `count` accepted, fresh groups are buffered; return the oldest `count`
+        as one right-padded TensorDict, in submission order (rows of one group together)."""
         return self._wait_groups(count, timeout, refill=None, what=f"wait(count={count})")
 
     def rollout_batch(
@@ -290,6 +292,11 @@ class WorkflowExecutor:
             )
         return self._cursor
 
+    def episode_seed(self, data: dict[str, Any]) -> int:
+        """The seed of the next rollout of `data`, for episodes run outside `submit` (such as
+        evaluation); it counts as a rollout of that item (see `areal_like.api.seeding`)."""
+        return self._state.episode_seed(data)
+
     def reset_data_position(self) -> None:
         """Forget the dataloader and its position (the next prepare_batch starts at 0)."""
         self._cursor = None
@@ -320,8 +327,8 @@ class WorkflowExecutor:
                     what, count, len(self._state.ready), timeout, v),
                 on_drop=self._kick,
             )
-            if taken is not None:
-                return self._assemble(taken, version)
+            if taken is not None:  # in submission order: the layout never depends on timing
+                return self._assemble(sorted(taken, key=lambda r: r.seq), version)
             if refill is not None and need > 0:
                 refill(need)
                 self._kick()
@@ -381,17 +388,21 @@ class WorkflowExecutor:
                  "min_version": r.min_version, "trajectory": trajectory_to_state(r.trajectory)}
                 for r in snapshot["ready"]
             ],
-            "pending_data": snapshot["pending_data"],
+            "pending_data": [data for data, _ in snapshot["pending"]],
+            "pending_seeds": [seed for _, seed in snapshot["pending"]],
             "data_position": position,
             "paused": snapshot["paused"],
             "next_seq": snapshot["next_seq"],
+            "seed": snapshot["seed"],
+            "rollouts_of": snapshot["rollouts_of"],
         }
 
     def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
         """Restore `state_dict()` into this executor, which must hold no work yet. With
         `restore_version` the engine's version is set to the saved one."""
         for key in ("format", "version", "counters", "buffered", "pending_data",
-                    "data_position", "paused", "next_seq"):
+                    "pending_seeds", "data_position", "paused", "next_seq", "seed",
+                    "rollouts_of"):
             if key not in state:
                 raise KeyError(f"executor state is missing '{key}'; got keys {sorted(state)}")
         if state["format"] != STATE_FORMAT:
@@ -401,8 +412,10 @@ class WorkflowExecutor:
                           True, float(b["latency"]), b["min_version"])
             for b in state["buffered"]
         ]
-        self._state.restore(state["counters"], ready, list(state["pending_data"]),
-                            bool(state["paused"]), int(state["next_seq"]))
+        pending = list(zip(state["pending_data"], map(int, state["pending_seeds"]), strict=True))
+        self._state.restore(state["counters"], ready, pending, bool(state["paused"]),
+                            int(state["next_seq"]), int(state["seed"]),
+                            {str(k): int(v) for k, v in state["rollouts_of"].items()})
         self._cursor = None
         self._restored_position = dict(state["data_position"]) if state["data_position"] else None
         if restore_version:

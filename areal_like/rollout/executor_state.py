@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from tensordict import TensorDict
 
 from areal_like.api.config import RolloutConfig
+from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_seed
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.errors import (
     ExecutorClosedError,
@@ -31,7 +32,6 @@ from areal_like.rollout.staleness import (
 )
 
 ShouldAccept = Callable[[TensorDict], bool]
-DATA_ID_KEYS = ("id", "query_id", "qid", "uid")
 
 
 def data_id_of(data: dict[str, Any], seq: int) -> str:
@@ -58,6 +58,7 @@ class Submission:
     workflow: RolloutWorkflow
     should_accept: Optional[ShouldAccept]
     bounded: bool  # counts against the staleness bound (False: rollout_batch items)
+    episode_seed: int
     ticket: Optional[Ticket] = None
 
 
@@ -98,12 +99,18 @@ class ExecutorState:
     ready_waits: list = field(default_factory=list)  # counts blocked waiters need
     errors: deque = field(default_factory=deque)  # RolloutWorkflowError, oldest first
     counters: RolloutCounters = field(default_factory=RolloutCounters)
-    restored_pending: list = field(default_factory=list)  # data items to run again
+    restored_pending: list = field(default_factory=list)  # (data item, episode seed) to rerun
+    seed: int = field(default_factory=random_seed)
+    rollouts_of: dict = field(default_factory=dict)  # data_key -> times rolled out so far
     last_batch: dict = field(default_factory=dict)
     paused: bool = False
     closed: bool = False
     fatal: Optional[BaseException] = None
     next_seq: int = 0
+
+    def __post_init__(self) -> None:
+        if self.config.seed is not None:
+            self.seed = self.config.seed
 
     # ---- errors and lifecycle -----------------------------------------------------------
     def set_fatal(self, exc: BaseException) -> None:
@@ -142,10 +149,19 @@ class ExecutorState:
             self.cond.notify_all()
 
     # ---- submission and admission -------------------------------------------------------
+    def episode_seed(self, data: dict[str, Any]) -> int:
+        """The seed of the next rollout of `data`: (run seed, item, how many times before)."""
+        key = data_key(data)
+        with self.cond:
+            repeat = self.rollouts_of.get(key, 0)
+            self.rollouts_of[key] = repeat + 1
+        return derive_seed(self.seed, key, repeat)
+
     def enqueue(
         self, data: dict[str, Any], workflow: RolloutWorkflow,
         should_accept: Optional[ShouldAccept], bounded: bool,
         respect_limit: bool = False, ticket: Optional[Ticket] = None,
+        episode_seed: Optional[int] = None,
     ) -> Submission:
         if not isinstance(data, dict):
             raise TypeError(f"a data item must be a dict, got {type(data).__name__}")
@@ -162,8 +178,10 @@ class ExecutorState:
                 )
             seq = self.next_seq
             self.next_seq += 1
+            if episode_seed is None:
+                episode_seed = self.episode_seed(data)
             sub = Submission(seq, data, data_id_of(data, seq), workflow, should_accept,
-                             bounded, ticket)
+                             bounded, episode_seed, ticket)
             self.counters.submitted += 1
             if ticket is not None:
                 ticket.seqs.append(seq)
@@ -176,8 +194,8 @@ class ExecutorState:
                           should_accept: Optional[ShouldAccept]) -> int:
         with self.cond:
             pending, self.restored_pending = self.restored_pending, []
-        for data in pending:
-            self.enqueue(data, workflow, should_accept, bounded=True)
+        for data, seed in pending:  # the seeds they had: they draw the same samples again
+            self.enqueue(data, workflow, should_accept, bounded=True, episode_seed=seed)
         return len(pending)
 
     def capacity(self, version: int) -> int:
@@ -380,13 +398,17 @@ class ExecutorState:
                 "counters": self.counters.to_dict(),
                 "ready": list(self.ready),
                 # restored items come first: they were drawn earliest
-                "pending_data": list(self.restored_pending) + [s.data for s in unfinished],
+                "pending": list(self.restored_pending)
+                + [(s.data, s.episode_seed) for s in unfinished],
                 "paused": self.paused,
                 "next_seq": self.next_seq,
+                "seed": self.seed,
+                "rollouts_of": dict(self.rollouts_of),
             }
 
     def restore(self, counters: dict[str, int], ready: list[EpisodeResult],
-                pending_data: list[dict[str, Any]], paused: bool, next_seq: int) -> None:
+                pending: list[tuple[dict[str, Any], int]], paused: bool, next_seq: int,
+                seed: int, rollouts_of: dict[str, int]) -> None:
         with self.cond:
             busy = len(self.running) + len(self.queued) + len(self.queued_sync) + len(self.ready)
             if busy or self.counters.submitted:
@@ -396,10 +418,12 @@ class ExecutorState:
                 )
             restored = RolloutCounters.from_dict(counters)
             # unfinished items will be submitted again: they are not counted twice
-            restored.submitted -= len(pending_data)
+            restored.submitted -= len(pending)
             self.counters = restored
             self.ready = deque(ready)
             self._recompute_oldest_locked()
-            self.restored_pending = list(pending_data)
+            self.restored_pending = list(pending)
             self.paused = paused
             self.next_seq = next_seq
+            self.seed = seed
+            self.rollouts_of = dict(rollouts_of)

@@ -14,6 +14,7 @@ A recipe keeps only the algorithm in view:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
@@ -55,7 +56,8 @@ class RLSetup:
         self.actor_engine = start_engine(config.actor)
         self.rollout: Optional[RemoteSGLangEngine] = None
         if self.run.is_main:
-            self.rollout = RemoteSGLangEngine(config.rollout)
+            seed = config.seed if config.rollout.seed is None else config.rollout.seed
+            self.rollout = RemoteSGLangEngine(dataclasses.replace(config.rollout, seed=seed))
             self.rollout.initialize()
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
@@ -92,7 +94,8 @@ class RLSetup:
         workflow = self.eval_workflow() if self.eval_workflow else None
         ev = self.config.evaluation
         return evaluate(self.rollout, self.eval_items, self.valid.reward_fn, self.tokenizer,
-                        self.config.gconfig, ev.pass_k, ev.temperature, workflow=workflow)
+                        self.config.gconfig, ev.pass_k, ev.temperature, workflow=workflow,
+                        pass_n=ev.pass_n)
 
     def end_step(self, step: int, stats: dict[str, Any],
                  extra_engines: tuple[Any, ...] = ()) -> None:

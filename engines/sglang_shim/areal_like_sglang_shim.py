@@ -1,24 +1,29 @@
-"""Import-time fix for PyPI's CUDA torchvision on CPU torch (venv-local, see README.md).
+"""Import-time fixes for SGLang's CPU engine (venv-local, see README.md).
 
 Loaded at interpreter start by `areal_like_sglang_shim.pth` in the SGLang venv. It only
-installs a `sys.meta_path` finder (cheap: torch is not imported here). When
-`torchvision.extension` is imported and torchvision's C++ ops failed to load (the CUDA build
-cannot load against CPU torch), it defines the schemas of `torchvision::nms` and
-`torchvision::qnms` with CPU kernels that raise. torchvision's `_meta_registrations` registers
-fake kernels for exactly these two ops without checking that its C++ ops loaded, which raises
-"operator torchvision::nms does not exist" and makes `import torchvision` (and so sglang) fail.
-Every other torchvision op is already guarded by torchvision itself (`_assert_has_ops`).
+installs a `sys.meta_path` finder (cheap: torch is not imported here) that runs a hook right
+after one of these modules is imported:
+
+- `torchvision.extension`: when torchvision's C++ ops failed to load (the CUDA build cannot
+  load against CPU torch), define the schemas of `torchvision::nms` and `torchvision::qnms`
+  with CPU kernels that raise. torchvision's `_meta_registrations` registers fake kernels for
+  exactly these two ops without checking that its C++ ops loaded, which raises "operator
+  torchvision::nms does not exist" and makes `import torchvision` (and so sglang) fail.
+- `sglang.srt.arg_groups.choices`, `sglang.srt.batch_invariant_ops` and
+  `sglang.kernels.ops.sampling.murmur_hash` (CPU engine only):
+  make `--enable-deterministic-inference` work with the `torch_native` backend, see
+  `areal_like_sglang_deterministic.py`.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-_TARGET = "torchvision.extension"
 _SCHEMAS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -51,27 +56,56 @@ def define_missing_torchvision_ops(extension: ModuleType) -> None:
     _LIBRARIES.append(lib)
 
 
+def _allow_deterministic_torch_native(choices: ModuleType) -> None:
+    import areal_like_sglang_deterministic
+
+    areal_like_sglang_deterministic.allow_torch_native(choices)
+
+
+def _cpu_batch_invariant_mode(batch_invariant_ops: ModuleType) -> None:
+    import areal_like_sglang_deterministic
+
+    areal_like_sglang_deterministic.install_cpu_batch_invariant_mode(batch_invariant_ops)
+
+
+def _cpu_murmur_hash(murmur_hash: ModuleType) -> None:
+    import areal_like_sglang_deterministic
+
+    areal_like_sglang_deterministic.install_cpu_murmur_hash(murmur_hash)
+
+
+_HOOKS: dict[str, Callable[[ModuleType], None]] = {
+    "torchvision.extension": define_missing_torchvision_ops,
+}
+if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
+    _HOOKS["sglang.srt.arg_groups.choices"] = _allow_deterministic_torch_native
+    _HOOKS["sglang.srt.batch_invariant_ops"] = _cpu_batch_invariant_mode
+    _HOOKS["sglang.kernels.ops.sampling.murmur_hash"] = _cpu_murmur_hash
+
+
 class _Loader(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader) -> None:
+    def __init__(self, wrapped: importlib.abc.Loader, hook: Callable[[ModuleType], None]) -> None:
         self._wrapped = wrapped
+        self._hook = hook
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
         return self._wrapped.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._wrapped.exec_module(module)
-        define_missing_torchvision_ops(module)
+        self._hook(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != _TARGET:
+        hook = _HOOKS.get(fullname)
+        if hook is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, hook)
         return spec
 
 

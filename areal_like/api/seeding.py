@@ -35,7 +35,8 @@ def random_seed() -> int:
 
 
 def data_key(data: dict[str, Any]) -> str:
-    """What identifies a data item for seeding: its id field, else a hash of its content."""
+    """What identifies a data item for seeding: its id field, else a hash of its content
+    (JSON, with `repr` for other values: give items with tensors in them an `id`)."""
     for key in DATA_ID_KEYS:
         if key in data:
             return f"{key}={data[key]!r}"

@@ -33,7 +33,9 @@ def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int) -> dic
            f"rollout.max_head_offpolicyness={eta}", f"total_train_steps={steps}",
            f"evaluation.freq_steps={steps}", "evaluation.n_prompts=200",
            "checkpoint.freq_steps=0", f"logging.log_dir={log_dir}", f"logging.trial_name={trial}",
-           "logging.tensorboard=false", "logging.plot=false", f"seed={seed}"]
+           "logging.tensorboard=false", "logging.plot=false", f"seed={seed}",
+           # the optimizer these results were measured with (the main job now decays its lr)
+           "actor.optimizer.lr=5e-5", "actor.optimizer.lr_scheduler_type=constant"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
                           capture_output=True, text=True)

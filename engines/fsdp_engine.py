@@ -52,6 +52,7 @@ from areal_like.data.packing import (
     unpack_to_padded,
 )
 from areal_like.utils.functional import next_token_logprobs
+from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp import checkpoint as ckpt
 from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
@@ -83,8 +84,10 @@ class FSDPEngine(TrainEngine):
         cfg = self.config
         if not cfg.model.path:
             raise ValueError("TrainEngineConfig.model.path is empty: set it to an HF model folder")
+        silence_library_progress_bars()  # no "Writing model shards" bar on every export
         self.device, backend = resolve_device_and_backend(cfg.backend)
-        self._owns_group = ensure_process_group(backend, self.device)
+        self._owns_group = ensure_process_group(backend, self.device,
+                                                self.config.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(self.device.type, (self.world_size,))
 

@@ -24,6 +24,7 @@ from the tokens it already has once generation resumes, so callers never see tha
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -63,7 +64,27 @@ class _RetryableHTTPError(Exception):
         super().__init__(f"HTTP {status}: {body[:300]}")
 
 
-_RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError, _RetryableHTTPError)
+class MalformedReplyError(Exception):
+    """A 200 reply whose body is not JSON (garbage or cut off): retried like a dropped
+    connection, then reported naming the server, the endpoint and the body's first bytes."""
+
+    def __init__(self, addr: str, path: str, text: str, error: Exception) -> None:
+        super().__init__(f"SGLang server {addr}: {path} answered HTTP 200 with a body that is "
+                         f"not valid JSON ({error}; {len(text)} bytes, starting "
+                         f"{text[:200]!r})")
+
+
+def parse_json_reply(text: str, addr: str, path: str) -> Any:
+    if not text.strip():
+        return None  # an empty body (some control endpoints), as aiohttp's resp.json()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise MalformedReplyError(addr, path, text, e) from None
+
+
+_RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError,
+              _RetryableHTTPError, MalformedReplyError)
 
 
 class RemoteSGLangEngine(InferenceEngine):
@@ -282,7 +303,7 @@ class RemoteSGLangEngine(InferenceEngine):
                             f"SGLang server {addr} rejected /generate rid={payload['rid']}: "
                             f"HTTP {resp.status}: {(await resp.text())[:500]}"
                         )
-                    return addr, await resp.json()
+                    return addr, parse_json_reply(await resp.text(), addr, "/generate")
             except _RETRYABLE as e:
                 last_error = e
                 self.servers.mark_failed(addr)
@@ -333,11 +354,12 @@ class RemoteSGLangEngine(InferenceEngine):
                     if resp.status != 200:
                         raise RemoteSGLangError(f"SGLang server {addr}: {path} returned HTTP "
                                                 f"{resp.status}: {text[:500]}")
-                    return await resp.json(content_type=None)
+                    return parse_json_reply(text, addr, path)
             except asyncio.TimeoutError:
                 raise RemoteSGLangError(
                     f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
-            except aiohttp.ClientConnectionError as e:
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                    MalformedReplyError) as e:
                 if attempt == CONTROL_RETRIES:
                     raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
                                             f"{attempt + 1} tries: {type(e).__name__}: {e}") from e

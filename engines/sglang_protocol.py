@@ -7,6 +7,7 @@ tokenizer never matters (servers run with --skip-tokenizer-init).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -114,6 +115,31 @@ def versions_from_spans(meta_info: dict[str, Any], n_tokens: int, server: str) -
     return versions
 
 
+# A log-probability is <= 0; a float32 softmax may round a certain token up by ~1e-6.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def _token_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
+
+def _logprob_entry(entry: Any, i: int, where: str) -> float:
+    """The log-probability of entry [logprob, token_id, ...]: a finite number <= 0."""
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] = {entry!r}; expected "
+                                  "[logprob, token_id, ...]")
+    value = entry[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] has log-probability "
+                                  f"{value!r}; expected a number")
+    if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
+        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] has log-probability "
+                                  f"{value!r}; a log-probability is finite and <= 0")
+    return float(value)
+
+
 @dataclass
 class GenerateReply:
     """One `/generate` reply, checked."""
@@ -133,7 +159,14 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
             f"{where}: /generate reply lacks 'output_ids'/'meta_info' (got {keys})"
         )
     meta = data["meta_info"]
-    output_ids = [int(t) for t in data["output_ids"]]
+    if not isinstance(meta, dict) or not isinstance(data["output_ids"], list):
+        raise SGLangProtocolError(f"{where}: /generate reply has meta_info of type "
+                                  f"{type(meta).__name__} and output_ids of type "
+                                  f"{type(data['output_ids']).__name__}; expected dict and list")
+    try:
+        output_ids = [_token_id(t) for t in data["output_ids"]]
+    except (TypeError, ValueError) as e:
+        raise SGLangProtocolError(f"{where}: output_ids are not token ids: {e}") from None
     entries = meta.get("output_token_logprobs")
     if entries is None or len(entries) != len(output_ids):
         got = None if entries is None else len(entries)
@@ -143,12 +176,13 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
         )
     logprobs: list[float] = []
     for i, (entry, token) in enumerate(zip(entries, output_ids, strict=True)):
+        logprob = _logprob_entry(entry, i, where)
         if int(entry[1]) != token:
             raise SGLangProtocolError(
                 f"{where}: output_token_logprobs[{i}] is for token {entry[1]} but "
                 f"output_ids[{i}] = {token}"
             )
-        logprobs.append(float(entry[0]))
+        logprobs.append(logprob)
     finish = meta.get("finish_reason")
     kind = finish.get("type") if isinstance(finish, dict) else finish
     if kind not in STOP_REASON_MAP:

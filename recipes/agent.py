@@ -9,6 +9,7 @@ from __future__ import annotations
 from areal_like.algorithms import PPOActor
 from areal_like.algorithms.rewards import place_at_last_token
 from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.evaluation import record_episode_metrics
 from areal_like.runtime.rl_setup import RLSetup
 from recipes.configs import AgentConfig
 from workflows import MemoryAgentWorkflow
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     for step in rl.steps():
         with rl.timing("rollout"):
             batch = rl.next_batch(train_workflow)
+        record_episode_metrics(batch, train_workflow.metric_keys)  # QA accuracy, tool success...
         with rl.timing("train"):
             # per-action rewards on action tokens + the episode outcome on the last token
             loss_mask = batch["loss_mask"].bool()

@@ -43,10 +43,8 @@ class AgentConfig(GRPOConfig):
 
 @dataclass
 class SFTConfig(BaseExperimentConfig):
-    """Supervised fine-tuning on (prompt, answer) pairs of a task."""
-
-    batch_size: int = 64
-    eval_every: int = 50
+    """Supervised fine-tuning on (prompt, answer) pairs of a task (`train_dataset.batch_size`
+    pairs per step)."""
 
 
 SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for step in rl.steps():
         with rl.timing("rollout"):  # greedy and sampled completions, concurrently
-            batch = rl.next_batch(workflow)  # rewards = r(sample) - r(greedy)
+            batch = rl.next_batch(workflow)  # rewards r(sample), baseline_rewards r(greedy)
         with rl.timing("train"):
             batch = actor.compute_advantages(batch)
             stats = actor.update(batch)

@@ -3,7 +3,9 @@
     python -m recipes.sft [--config FILE] [key=value ...]     (or under torchrun)
 
 Writes the final weights (+ tokenizer) as an HF folder to `<run dir>/final`, loadable by
-transformers and SGLang: the main job uses it as the warm start of RL.
+transformers and SGLang: the main job uses it as the warm start of RL. Evaluates every
+`evaluation.freq_steps`, checkpoints every `checkpoint.freq_steps` and, with
+`checkpoint.recover=auto`, resumes after the last checkpoint.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import sys
 
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from areal_like.algorithms import SFTActor
 from areal_like.api import SaveLoadMeta
-from areal_like.data.loader import ItemLoader
+from areal_like.data.loader import ItemLoader, head_items
 from areal_like.data.packing import shard_batch
+from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.sft import argmax_hits, build_sft_batch, greedy_exact_match
 from areal_like.data.tasks import build_task
+from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.context import RunContext
 from engines import FSDPEngine
@@ -28,28 +31,41 @@ from recipes.configs import SFTConfig
 def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(SFTConfig, "sft_addition.yaml", argv)
     run = RunContext(config, console_keys=["sft/train/nll/avg", "eval/accuracy"])
-    tokenizer = AutoTokenizer.from_pretrained(config.model.path)
-    task, valid = build_task(config.train_dataset), build_task(config.valid_dataset)
+    tokenizer = load_tokenizer(config.model)
+    train, valid = config.train_dataset, config.valid_dataset
+    train_items, n_long = limit_prompt_length(build_task(train).dataset, tokenizer, train,
+                                              "train_dataset")
+    valid_items, _ = limit_prompt_length(build_task(valid).dataset, tokenizer, valid,
+                                         "valid_dataset")
     engine = FSDPEngine(config.actor)
     engine.initialize()
     actor = SFTActor(engine)
-    loader = ItemLoader(task.dataset, config.batch_size, config.seed)
-    batches = loader.forever()
-    eval_batch = build_sft_batch(valid.dataset.to_list()[: config.evaluation.n_prompts], tokenizer)
+    ckpt = Checkpointer(config.checkpoint, run.dir, run.rank)
+    latest = ckpt.latest() if config.checkpoint.recover == "auto" else None
+    start = ckpt.load(latest, engine)["step"] + 1 if latest is not None else 0
+    loader = ItemLoader(train_items, train.batch_size, config.seed, shuffle=train.shuffle)
+    batches = loader.forever(skip=start)  # resume: the batches not yet trained on
+    eval_batch = build_sft_batch(head_items(valid_items, config.evaluation.n_prompts,
+                                            valid.shuffle, valid.seed), tokenizer)
 
     def accuracy() -> dict[str, float]:
         local = shard_batch(eval_batch, run.rank, run.world_size)
         correct = greedy_exact_match(engine.forward(local, post_hook=argmax_hits), local)
         return {"eval/accuracy": run.global_mean(correct.float())}
 
-    run.log_step(0, accuracy())
-    for step in tqdm(range(config.total_train_steps), desc="sft steps", disable=not run.is_main,
-                     mininterval=5.0, file=sys.stderr):
+    if start == 0:
+        run.log_step(0, {"data/train_long_prompts_dropped": n_long, **accuracy()})
+    total, freq = config.total_train_steps, config.evaluation.freq_steps
+    for step in tqdm(range(start, total), initial=start, total=total, desc="sft steps",
+                     disable=not run.is_main, mininterval=5.0, file=sys.stderr):
         batch = build_sft_batch(next(batches), tokenizer)
         stats = actor.update(shard_batch(batch, run.rank, run.world_size))
         engine.step_lr_scheduler()
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.total_train_steps:
+        last = step + 1 == total
+        if freq and ((step + 1) % freq == 0 or last):
             stats |= accuracy()
+        if ckpt.should_save(step, last):
+            ckpt.save(step, engine, {})
         run.log_step(step + 1, stats)
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
     run.close()

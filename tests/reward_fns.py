@@ -19,3 +19,35 @@ def sleeps(prompt, completion, **_):
 def starts_with_any(prompt, completion, allowed="", **_):
     """1 when the completion's first character is one of `allowed` (pass@k tests)."""
     return 1.0 if completion[:1] and completion[0] in allowed else 0.0
+
+
+def sleeps_briefly(prompt, completion, seconds="1.0", **_):
+    """Takes `seconds` of wall time, then is right: longer than nothing, well inside a timeout."""
+    time.sleep(float(seconds))
+    return 1.0
+
+
+def returns(prompt, completion, value=None, **_):
+    """Returns the data item's `value` unchanged (to feed invalid rewards through a worker)."""
+    return value
+
+
+def hangs_on(prompt, completion, hang=False, answer="42", **_):
+    """Hangs (until killed) when the item says so; otherwise exact match against `answer`."""
+    if hang:
+        time.sleep(3600)
+    return 1.0 if completion.strip() == answer else 0.0
+
+
+def raises_on_third(prompt, completion, **_):
+    """Raises for completions whose length is divisible by 3 (deterministic in the text)."""
+    if len(completion) % 3 == 0:
+        raise ValueError(f"cannot score {completion!r}")
+    return float(len(completion) % 2)
+
+
+def exits(prompt, completion, **_):
+    """Kills its own worker process."""
+    import os
+
+    os._exit(3)

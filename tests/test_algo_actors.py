@@ -38,9 +38,24 @@ def _entropy(logp_row):
     return -(logp_row.exp() * logp_row).sum()
 
 
-def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None):
+def _entropy_keep(model, batch, ratio):
+    """{(row, token)} of the top ceil(ratio * n) trained tokens of the whole batch by the
+    entropy of `model`'s next-token distribution (float64 loops)."""
+    flat = []
+    for i in range(batch.shape[0]):
+        n = int(batch["attention_mask"][i].sum())
+        with torch.no_grad():
+            logp_all = torch.log_softmax(model(input_ids=batch["input_ids"][i][None, :n])
+                                         .logits[0].double(), -1)
+        flat += [(i, t, float(_entropy(logp_all[t - 1]))) for t in range(1, n)
+                 if batch["loss_mask"][i, t]]
+    k = math.ceil(ratio * len(flat))
+    return {(i, t) for i, t, _ in sorted(flat, key=lambda x: -x[2])[:k]}
+
+
+def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None, keep=None):
     """Float64 loss from the padded batch with per-token loops (the formulas of losses.py).
-    With top_entropy_ratio < 1 the whole batch must be one micro-batch."""
+    `keep`: the tokens the entropy filter selected (default: selected with `model`)."""
     eps_h = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
     rows = []
     for i in range(batch.shape[0]):
@@ -52,11 +67,7 @@ def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None):
         # token t is predicted at position t - 1
         rows.append([(i, t, logp_all, ref_all) for t in range(1, n) if batch["loss_mask"][i, t]])
     if cfg.top_entropy_ratio < 1:
-        flat = [x for r in rows for x in r]
-        ent = [float(_entropy(la[t - 1]).detach()) for _, t, la, _ in flat]
-        k = math.ceil(cfg.top_entropy_ratio * len(flat))
-        keep = {(flat[j][0], flat[j][1]) for j in sorted(range(len(flat)), key=lambda j: -ent[j])
-                [:k]}
+        keep = _entropy_keep(model, batch, cfg.top_entropy_ratio) if keep is None else keep
         rows = [[x for x in r if (x[0], x[1]) in keep] for r in rows]
     per_seq = []
     for i, row in enumerate(rows):
@@ -110,8 +121,10 @@ CASES = [
     dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", eps_clip=0.05),
     dict(policy_loss="cispo", loss_agg_mode="token-mean", use_decoupled_loss=False),
     dict(policy_loss="reinforce", loss_agg_mode="token-mean", use_decoupled_loss=False),
+    # the entropy filter selects over the whole batch, not per micro-batch
     dict(policy_loss="ppo", loss_agg_mode="token-mean", kl_ctl=0.1, kl_estimator="k3",
-         top_entropy_ratio=0.5, one_micro_batch=True),
+         top_entropy_ratio=0.5),
+    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-mean", top_entropy_ratio=0.3),
 ]
 
 
@@ -210,7 +223,8 @@ def test_presets_run_an_update(tiny_model_dir):
     for name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "remax", "cispo",
                  "cpgd"):
         model = _model(tiny_model_dir, torch.float32)
-        cfg = algorithm_preset(name, group_size=4, max_response_tokens=6, overlong_tokens=2)
+        cfg = algorithm_preset(name, group_size=4, max_response_tokens=6, overlong_tokens=2,
+                               loss_agg_constant=6.0)
         tracker = StatsTracker()
         actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
                          ref=ref if cfg.kl_ctl else None, tracker=tracker)
@@ -224,6 +238,30 @@ def test_presets_run_an_update(tiny_model_dir):
             assert out["actor/n_groups_kept"] + out["actor/n_groups_dropped"] == 2
     with pytest.raises(ValueError, match="reference model"):
         PPOActor(RefEngine(model), algorithm_preset("reinforce_pp"))
+
+
+def test_entropy_filter_uses_the_entropy_recorded_when_the_batch_was_prepared(tiny_model_dir):
+    """The selection is made once, at compute_advantages, with the policy of that moment; a
+    later change of the weights does not change which tokens are trained."""
+    model = _model(tiny_model_dir)
+    batch = _batch(model, noise=0.3)
+    cfg = AlgorithmConfig(adv_estimator="grpo", group_size=4, top_entropy_ratio=0.4,
+                          loss_agg_mode="token-mean")
+    engine = RefEngine(model, lr=0.0, max_tokens_per_mb=24)
+    actor = PPOActor(engine, cfg, tracker=StatsTracker())
+    keep = _entropy_keep(model, batch, cfg.top_entropy_ratio)
+    prepared = actor.compute_advantages(batch)
+    got = {(i, t + 1) for i, t in prepared["policy_mask"].nonzero().tolist()}
+    assert got == keep and len(keep) == math.ceil(0.4 * int(batch["loss_mask"].sum()))
+
+    with torch.no_grad():  # the policy moves before the update
+        for p in model.parameters():
+            p.mul_(1.5)
+    assert _entropy_keep(model, batch, cfg.top_entropy_ratio) != keep  # a real change
+    stats = actor.update(prepared)
+    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.adv_norm_eps)
+    want = _reference_loss(model, batch, prepared["prox_logp"], cfg, adv, keep=keep)
+    assert stats["loss"] == pytest.approx(float(want.detach()), rel=1e-5, abs=1e-6)
 
 
 def test_user_registered_estimator_is_selected_by_config(tiny_model_dir):

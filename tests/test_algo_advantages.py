@@ -115,7 +115,7 @@ def test_remax_and_cpgd():
     out = get_advantage_estimator("remax")(_inputs(REWARDS, GROUPS, baseline_rewards=base), cfg)
     torch.testing.assert_close(out.advantages[:, 0],
                                torch.tensor(REWARDS, dtype=torch.float64) - 0.5, **TOL)
-    # without a baseline key the rewards already are r - r_greedy (workflows/remax.py)
+    # without a baseline key: plain REINFORCE on the outcome, A = r
     out = get_advantage_estimator("remax")(_inputs(REWARDS, GROUPS), cfg)
     torch.testing.assert_close(out.advantages[:, 0], torch.tensor(REWARDS, dtype=torch.float64))
     with pytest.raises(ValueError, match="baseline_rewards"):
@@ -123,9 +123,9 @@ def test_remax_and_cpgd():
 
     out = get_advantage_estimator("cpgd")(_inputs(REWARDS, GROUPS), cfg)
     centred = _group_ref(REWARDS, GROUPS, "dr_grpo")
-    n_valid = sum(1 for g in GROUPS if g in (0, 3))
-    w = min(len(REWARDS) / n_valid, 3.0)
-    want = [c * (w if g in (0, 3) else 0.0) for c, g in zip(centred, GROUPS, strict=True)]
+    # 4 groups, 2 flat (groups 1 and 2): varied groups weigh 4 / 2 = 2, flat ones 1 (their
+    # centred rewards are 0 anyway)
+    want = [c * (2.0 if g in (0, 3) else 1.0) for c, g in zip(centred, GROUPS, strict=True)]
     torch.testing.assert_close(out.advantages[:, 0], torch.tensor(want, dtype=torch.float64),
                                **TOL)
 

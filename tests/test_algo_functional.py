@@ -201,14 +201,30 @@ def test_running_moments_flat_history_gives_zero():
     assert rm.normalize(torch.full((2,), 3.0)).tolist() == [0.0, 0.0]
 
 
-def test_clip_filter_weights():
-    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
-    w = clip_filter_weights(scores, groups, max_weight=3.0)
-    assert w.tolist() == [3.0, 3.0, 0, 0, 0, 0, 0, 0]  # 8 / 2 = 4, capped at 3
-    w = clip_filter_weights(scores[:4], groups[:4], max_weight=3.0)
-    assert w.tolist() == [2.0, 2.0, 0.0, 0.0]
-    assert clip_filter_weights(torch.ones(4), groups[:4]).tolist() == [1.0] * 4
+def _seed_clip_filter(rewards, max_weight=3.0, lam=1.0):
+    """LightRFT's clip_filter_like_weight_func on a [n_prompts][n_samples] list, float64."""
+    flat = [max(g) == min(g) for g in rewards]
+    if all(flat):
+        return [[1.0] * len(g) for g in rewards]
+    w = min(len(rewards) / (len(rewards) - sum(flat)), max_weight)
+    return [[lam if f else w] * len(g) for g, f in zip(rewards, flat, strict=True)]
+
+
+@pytest.mark.parametrize("rewards,lam", [
+    ([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]], 1.0),  # 4 / 1 = 4, capped at 3
+    ([[1.0, 0.0], [1.0, 1.0]], 1.0),
+    ([[1.0, 0.0], [1.0, 1.0]], 0.25),
+    ([[0.5, 0.5, 0.5], [0.2, 0.1, 0.2], [0.3, 0.3, 0.3]], 1.0),
+    ([[1.0, 1.0], [0.0, 0.0]], 1.0),  # all flat: all ones
+])
+def test_clip_filter_weights_follow_the_seed(rewards, lam):
+    n = len(rewards[0])
+    scores = torch.tensor([x for g in rewards for x in g], dtype=torch.float64)
+    groups = torch.arange(len(rewards)).repeat_interleave(n)
+    got = clip_filter_weights(scores, groups, max_weight=3.0, flat_weight=lam)
+    want = torch.tensor([x for g in _seed_clip_filter(rewards, 3.0, lam) for x in g],
+                        dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 # ---- aggregation ------------------------------------------------------------------------------
@@ -270,8 +286,11 @@ def test_aggregation_modes_differ_as_their_formulas_say():
 def test_aggregation_of_empty_mask_is_zero_and_unknown_mode_rejected():
     x = torch.tensor([1.0, 2.0], requires_grad=True)
     for mode in ("token-mean", "seq-mean-token-mean", "constant"):
-        out = aggregate_loss(x, torch.zeros(2, dtype=torch.bool), torch.tensor([0, 2]), mode)
+        out = aggregate_loss(x, torch.zeros(2, dtype=torch.bool), torch.tensor([0, 2]), mode,
+                             constant=8.0)
         assert float(out.detach()) == 0.0
+    with pytest.raises(ValueError, match="loss_agg_constant"):  # Dr.GRPO without its budget
+        aggregate_loss(x, torch.ones(2, dtype=torch.bool), torch.tensor([0, 2]), "constant")
     with pytest.raises(ValueError, match="seq-sum"):
         aggregate_loss(x, torch.ones(2, dtype=torch.bool), torch.tensor([0, 2]), "seq-sum")
 
@@ -311,7 +330,9 @@ rank, init, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=2)
 data = torch.load(out + "/data.pt")
 rows = slice(0, 3) if rank == 0 else slice(3, 8)  # uneven shards
-x, mask, scores, groups = (data[k][rows] for k in ("x", "mask", "scores", "groups"))
+x, mask = data["x"][rows], data["mask"][rows]
+whole_groups = slice(0, 4) if rank == 0 else slice(4, 8)  # a group lives on one rank
+scores, groups = data["scores"][whole_groups], data["groups"][whole_groups]
 rm = RunningMoments()
 rm.update(x, mask, all_reduce=True)
 torch.save({"adv": normalize(x, mask, None, leave_one_out=True, all_reduce=True),
@@ -346,6 +367,6 @@ def test_batch_statistics_pool_across_ranks(tmp_path):
     want = torch.tensor([float(sel.mean()), float(sel.var(unbiased=False))], dtype=torch.float64)
     for r in res:
         torch.testing.assert_close(r["moments"], want, rtol=1e-12, atol=1e-12)
-    # groups 0 and 2 vary (4 of 8 samples): weight 8 / 4 = 2 on ranks that hold them
-    assert torch.cat([res[0]["weights"], res[1]["weights"]]).tolist() == [2.0, 2.0, 0, 0, 2.0,
-                                                                          2.0, 0, 0]
+    # groups 0 and 2 vary, 1 and 3 are flat (pooled: G = 4, G_flat = 2): 4 / 2 = 2, flat 1
+    assert torch.cat([res[0]["weights"], res[1]["weights"]]).tolist() == [2.0, 2.0, 1.0, 1.0,
+                                                                          2.0, 2.0, 1.0, 1.0]

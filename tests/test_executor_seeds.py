@@ -3,7 +3,9 @@ function of the request's seed, as on a server running deterministic inference).
 
 from __future__ import annotations
 
+import asyncio
 import io
+from typing import Optional
 
 import torch
 from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
@@ -22,6 +24,19 @@ class SeededEngine(InstantEngine):
         out = [(seed >> (5 * t)) % 50 + 1 for t in range(n)]
         return ModelResponse(input_tokens=list(req.input_ids), output_tokens=out,
                              output_logprobs=[-0.5] * n, output_versions=[self.version] * n)
+
+
+class HeldFrom(GroupWorkflow):
+    """Episodes of items with id >= `first_held` never finish (until shutdown cancels them)."""
+
+    def __init__(self, first_held: int) -> None:
+        super().__init__()
+        self.first_held = first_held
+
+    async def arun_episode(self, engine, data):
+        if data["id"] >= self.first_held:
+            await asyncio.Event().wait()
+        return await super().arun_episode(engine, data)
 
 
 def started(**config) -> SeededEngine:
@@ -84,10 +99,11 @@ def test_items_in_flight_at_a_checkpoint_draw_their_samples_again_after_restore(
                   max_concurrent_rollouts=1)
     data = [items(2 * b, 2 * b + 2) for b in range(4)]  # 8 items: the run wraps an epoch
 
-    def steps(engine: SeededEngine, first: int, count: int) -> list[list[list[int]]]:
+    def steps(engine: SeededEngine, first: int, count: int,
+              workflow: Optional[GroupWorkflow] = None) -> list[list[list[int]]]:
         out = []
         for step in range(first, first + count):
-            out.append(rows_of(engine.executor.prepare_batch(data, GroupWorkflow())))
+            out.append(rows_of(engine.executor.prepare_batch(data, workflow or GroupWorkflow())))
             engine.set_version(step + 1)
         return out
 
@@ -101,12 +117,15 @@ def test_items_in_flight_at_a_checkpoint_draw_their_samples_again_after_restore(
 
     first = started(**config)
     try:
-        got = steps(first, 0, 2)
-        eventually(lambda: first.executor.stats()["running"] == 0, what="episodes finished")
+        # items 4.. (prefetched beyond the 2 consumed batches) are held in flight: the
+        # checkpoint is taken while they are unfinished, whatever the machine's speed
+        got = steps(first, 0, 2, HeldFrom(4))
+        eventually(lambda: first.executor.stats()["submitted"] == 8, what="prefetch")
         state = first.executor.state_dict()
     finally:
         first.destroy()
-    assert state["pending_data"] and len(state["pending_seeds"]) == len(state["pending_data"])
+    assert [d["id"] for d in state["pending_data"]] == [4, 5, 6, 7]
+    assert len(state["pending_seeds"]) == len(state["pending_data"])
     blob = io.BytesIO()
     torch.save(state, blob)
     blob.seek(0)

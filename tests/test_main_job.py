@@ -27,10 +27,10 @@ def _launch(*args: str) -> str:
 def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     logs = tmp_path / "runs"
     _launch("sft", f"model.path={tiny_model_dir}", f"logging.log_dir={logs}",
-            "logging.tensorboard=false", "eval_every=100")
+            "logging.tensorboard=false", "evaluation.freq_steps=100")
     warm = logs / "sft_addition" / "trial0" / "final"
     out = _launch("grpo", f"model.path={warm}", f"logging.log_dir={logs}",
-                  "total_train_steps=20", "evaluation.freq_steps=20", "evaluation.n_prompts=100",
+                  "total_train_steps=60", "evaluation.freq_steps=60", "evaluation.n_prompts=100",
                   "checkpoint.freq_steps=0", "logging.tensorboard=false")
     assert "eval/accuracy:" in out and "curves:" in out
     records = [json.loads(line)

@@ -144,3 +144,17 @@ def test_shard_batch_returns_this_ranks_rows() -> None:
     assert sum(p.shape[0] for p in parts) == 5
     firsts = sorted(int(p["input_ids"][i, 0]) for p in parts for i in range(p.shape[0]))
     assert firsts == [100, 200, 300, 400, 500]
+
+
+def test_groups_of_any_size_stay_on_one_rank_by_group_id() -> None:
+    """A group without its failed samples (3 of 4 rows) or an agent's variable-length groups:
+    the rows sharing a group_id go to one rank, whatever their count and order."""
+    batch = _batch([3, 5, 1, 4, 2, 6, 2])
+    batch["group_id"] = torch.tensor([7, 7, 9, 7, 9, 11, 11])
+    parts = [shard_batch(batch, r, 2, group_size=4) for r in range(2)]  # group_size ignored
+    assert sum(p.shape[0] for p in parts) == 7
+    for p in parts:
+        for gid in p["group_id"].unique().tolist():
+            assert int((p["group_id"] == gid).sum()) == int((batch["group_id"] == gid).sum())
+    with pytest.raises(ValueError, match="2 group ids for 3 rows"):
+        dp_shard_indices([1, 2, 3], 2, group_ids=[1, 2])

@@ -1,59 +1,250 @@
-"""Reward execution in a real process pool: results, errors and timeouts are bounded."""
+"""Reward execution in real worker processes: a failed call is a failure, never a reward; a
+timeout measures execution and stops only the call that overran; too many failures stop the
+run; a reward function that cannot work is reported before the first step."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import reward_fns
 
-from areal_like.rewards.executor import RewardError, RewardExecutor
+from areal_like.api.config import RewardConfig
+from areal_like.rewards.budget import FailureBudget
+from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure, RewardFunctionError
+from areal_like.rewards.executor import RewardExecutor
+
+REPO = Path(__file__).resolve().parents[1]
 
 
-async def test_sync_rewards_run_in_processes_and_async_rewards_directly():
-    executor = RewardExecutor(max_workers=1, timeout=60)
+@pytest.fixture
+def executor_factory():
+    made: list[RewardExecutor] = []
+
+    def make(**config) -> RewardExecutor:
+        made.append(RewardExecutor(RewardConfig(**config)))
+        return made[-1]
+
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+async def _gather(executor: RewardExecutor, calls: list[tuple]) -> list:
+    return await asyncio.gather(*[executor(fn, "q", c, **kw) for fn, c, kw in calls],
+                                return_exceptions=True)
+
+
+async def test_sync_rewards_run_in_processes_and_async_rewards_directly(executor_factory):
+    executor = executor_factory(max_workers=1, timeout=60)
 
     async def async_reward(prompt, completion, **_):
         await asyncio.sleep(0)
         return len(completion)
 
-    try:
-        values = await asyncio.gather(
-            executor(reward_fns.right_if_42, "q", " 42 "),
-            executor(reward_fns.right_if_42, "q", "41"),
-            executor(reward_fns.right_if_42, "q", "7", answer="7", extra="ignored"),
-            executor(async_reward, "q", "abc"),
-        )
-    finally:
-        executor.shutdown()
+    values = await asyncio.gather(
+        executor(reward_fns.right_if_42, "q", " 42 "),
+        executor(reward_fns.right_if_42, "q", "41"),
+        executor(reward_fns.right_if_42, "q", "7", answer="7", extra="ignored"),
+        executor(async_reward, "q", "abc"),
+    )
     assert values == [1.0, 0.0, 1.0, 3.0]
-    assert (executor.n_calls, executor.n_errors, executor.n_timeouts) == (4, 0, 0)
+    assert (executor.n_calls, executor.n_failed) == (4, 0)
 
 
-async def test_raising_reward_gives_zero_and_is_counted(caplog):
-    executor = RewardExecutor(timeout=60)
-    try:
-        assert await executor(reward_fns.raises, "q", "boom") == 0.0
-    finally:
-        executor.shutdown()
-    assert executor.n_errors == 1
+@pytest.mark.parametrize("use_processes", [True, False])
+async def test_raising_reward_is_a_failure_with_its_traceback(executor_factory, use_processes,
+                                                              caplog):
+    executor = executor_factory(timeout=60, use_processes=use_processes)
+    with pytest.raises(RewardFailure) as info:
+        await executor(reward_fns.raises, "q", "boom")
+    failure = info.value
+    assert (failure.fn_name, failure.kind) == ("raises", "raised")
+    assert "ValueError: verifier exploded on boom" in str(failure)
+    assert 'raise ValueError("verifier exploded on " + completion)' in failure.traceback_text
+    assert executor.failures == {"raised": 1}
     assert "verifier exploded on boom" in caplog.text
 
 
-async def test_timeout_gives_zero_kills_the_worker_and_recovers():
-    executor = RewardExecutor(timeout=3.0)
-    try:
-        assert await executor(reward_fns.sleeps, "q", "x") == 0.0
-        assert executor.n_timeouts == 1
-        # the pool was rebuilt: the next call works
-        assert await executor(reward_fns.right_if_42, "q", "42") == 1.0
-    finally:
-        executor.shutdown()
+# values a reward function might return by mistake: none of them is a reward
+INVALID = [True, False, np.bool_(True), "1.0", None, math.inf, -math.inf, math.nan, [1.0],
+           {"reward": 1.0}]
 
 
-async def test_on_error_raise_names_the_reward():
-    executor = RewardExecutor(on_error="raise", use_processes=False)
-    with pytest.raises(RewardError, match="raises raised ValueError"):
-        await executor(reward_fns.raises, "q", "x")
-    with pytest.raises(ValueError, match="on_error"):
-        RewardExecutor(on_error="ignore")
+@pytest.mark.parametrize("mode", ["process", "thread", "async"])
+async def test_invalid_return_values_are_failures(executor_factory, mode):
+    executor = executor_factory(timeout=60, use_processes=mode == "process",
+                                max_failure_rate=1.0)
+
+    async def async_returns(prompt, completion, value=None, **_):
+        return value
+
+    fn = async_returns if mode == "async" else reward_fns.returns
+    results = await _gather(executor, [(fn, "x", {"value": v}) for v in INVALID]
+                            + [(fn, "x", {"value": v}) for v in (1, 0.5, np.float32(0.25))])
+    for value, result in zip(INVALID, results, strict=False):
+        assert isinstance(result, RewardFailure) and result.kind == "invalid", (value, result)
+        assert "finite" in str(result) or "not a real number" in str(result) \
+            or "bool" in str(result)
+    assert results[len(INVALID):] == [1.0, 0.5, 0.25]
+
+
+async def test_timeout_counts_execution_not_queueing(executor_factory):
+    """Eight 1-second calls on one worker take ~8 s in all, more than the 5 s timeout: none
+    may time out, because each one's clock starts when the worker starts it."""
+    executor = executor_factory(max_workers=1, timeout=5.0)
+    executor.check(reward_fns.sleeps_briefly)  # worker up before the clock matters
+    start = time.monotonic()
+    values = await asyncio.gather(*[
+        executor(reward_fns.sleeps_briefly, "q", "x", seconds="1.0") for _ in range(8)])
+    assert values == [1.0] * 8
+    assert time.monotonic() - start > 5.0  # the queue was longer than the timeout
+    assert executor.n_failed == 0
+
+
+async def test_a_crashed_worker_fails_only_its_own_call(executor_factory):
+    executor = executor_factory(max_workers=2, timeout=60)
+    results = await _gather(executor, [(reward_fns.exits, "x", {})]
+                            + [(reward_fns.right_if_42, "42", {})] * 6)
+    assert isinstance(results[0], RewardFailure) and results[0].kind == "crashed"
+    assert results[1:] == [1.0] * 6
+
+
+@pytest.fixture
+def busy_machine():
+    """Two CPU-bound processes beside the test (the machine has two cores)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait(timeout=30)
+
+
+async def test_200_calls_under_load_with_one_hanging(executor_factory, busy_machine):
+    """200 reward calls while two CPU-bound processes load the machine, one of them hanging:
+    exactly one failure (its timeout), 199 right answers; the hang stops only itself."""
+    executor = executor_factory(max_workers=2, timeout=10.0)
+    items = [{"answer": str(i), "hang": i == 57} for i in range(200)]
+    completions = [str(i) if i % 4 else f"{i}0" for i in range(200)]  # every 4th is wrong
+    results = await _gather(executor, [(reward_fns.hangs_on, c, kw)
+                                       for c, kw in zip(completions, items, strict=True)])
+    failures = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+    assert [(i, r.kind) for i, r in failures] == [(57, "timeout")]
+    expected = [1.0 if i % 4 else 0.0 for i in range(200)]
+    assert [r for i, r in enumerate(results) if i != 57] == expected[:57] + expected[58:]
+    assert executor.failures == {"timeout": 1} and executor.n_calls == 200
+
+
+def test_budget_trips_past_the_allowed_rate_and_stays_tripped():
+    budget = FailureBudget(max_rate=0.1, window=20)  # 2 failures allowed in any 20 calls
+    boom = RewardFailure("f", "raised", "ValueError: boom", "Traceback ...\nValueError: boom")
+    for _ in range(30):
+        budget.record("f", None)
+    budget.record("f", boom)
+    budget.record("f", boom)
+    for _ in range(18):  # the window slides: the two failures leave it
+        budget.record("f", None)
+    budget.record("f", boom)
+    budget.record("f", boom)
+    budget.record("g", boom)  # another function has its own budget
+    with pytest.raises(RewardBudgetExceeded) as info:
+        budget.record("f", boom)
+    message = str(info.value)
+    assert "reward function f failed 3 of its last 20 calls" in message
+    assert "reward.max_failure_rate=0.1" in message and "raised 5" in message
+    assert "First failure: reward function f raised: ValueError: boom" in message
+    assert "Traceback ...\nValueError: boom" in message
+    with pytest.raises(RewardBudgetExceeded):
+        budget.record("f", None)
+
+
+async def test_budget_stops_a_reward_that_always_fails(executor_factory):
+    executor = executor_factory(timeout=60, max_failure_rate=0.05, failure_window=100)
+    calls = [executor(reward_fns.raises, "q", f"c{i}") for i in range(5)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, RewardFailure) for r in results)  # 5 allowed in 100
+    with pytest.raises(RewardBudgetExceeded, match="reward function raises failed 6 of its "
+                                                   "last 6 calls"):
+        await executor(reward_fns.raises, "q", "one more")
+
+
+async def test_constant_on_failure_is_an_explicit_opt_in(executor_factory):
+    executor = executor_factory(timeout=60, on_failure="constant", failure_reward=-1.0,
+                                max_failure_rate=1.0)
+    assert await executor(reward_fns.raises, "q", "x") == -1.0
+    assert await executor(reward_fns.returns, "q", "x", value=math.inf) == -1.0
+    assert executor.failures == {"raised": 1, "invalid": 1}
+
+
+def _closure_reward():
+    offset = 1.0
+
+    def reward(prompt, completion, **_):
+        return offset
+
+    return reward
+
+
+def _needs_answer(prompt, completion, answer):
+    return 1.0
+
+
+def _one_argument(completion):
+    return 1.0
+
+
+@pytest.mark.parametrize("fn, data, expected", [
+    (lambda p, c, **_: 1.0, None, ["<lambda>", "cannot be sent to reward worker processes",
+                                   "reward.use_processes=false"]),
+    (_closure_reward(), None, ["_closure_reward.reward", "cannot be pickled"]),
+    (_one_argument, None, ["_one_argument(completion)", "first two parameters"]),
+    (_needs_answer, {"answer": "1", "id": "a"}, ["_needs_answer(prompt, completion, answer)",
+                                                "['answer', 'id']", "unexpected keyword",
+                                                "**kwargs"]),
+    (_needs_answer, {"id": "a"}, ["missing a required argument: 'answer'"]),
+    ("not a function", None, ["is not callable"]),
+])
+def test_check_reports_unusable_reward_functions(executor_factory, fn, data, expected):
+    executor = executor_factory()
+    with pytest.raises(RewardFunctionError) as info:
+        executor.check(fn, data)
+    for text in expected:
+        assert text in str(info.value)
+    assert executor._pool is None  # failed before any worker was started
+
+
+def test_check_accepts_good_functions_and_loads_them_in_a_worker(executor_factory):
+    executor = executor_factory()
+    executor.check(reward_fns.right_if_42, {"answer": "42", "id": 3, "messages": []})
+    executor.check(_needs_answer, {"answer": "1"})
+    assert executor._pool is not None
+
+
+def test_a_script_without_main_guard_is_named_at_start(tmp_path):
+    """Worker processes import the running script again; without a `__main__` guard that
+    re-runs its training code. The check names the script and the fix instead of hanging."""
+    script = tmp_path / "train_without_guard.py"
+    script.write_text(textwrap.dedent("""
+        from areal_like.rewards.executor import RewardExecutor
+
+        def my_reward(prompt, completion, **data):
+            return 1.0
+
+        executor = RewardExecutor()
+        executor.check(my_reward, {"answer": "1"})
+        print("CHECK PASSED")
+    """))
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "CHECK PASSED" not in proc.stdout
+    assert "RewardFunctionError" in proc.stderr
+    assert "could not load reward function my_reward" in proc.stderr
+    assert f"importing the running script ({script})" in proc.stderr
+    assert 'if __name__ == "__main__":' in proc.stderr

@@ -83,7 +83,7 @@ def test_gsm8k_loader_errors(tmp_path):
     with pytest.raises(ValueError, match="unsupported file type"):
         load_gsm8k(tmp_path / "x.csv")
     bad = _write_gsm8k(tmp_path, [{"question": "q", "answer": "no marker"}], ".jsonl")
-    with pytest.raises(ValueError, match="row 0.*####"):
+    with pytest.raises(ValueError, match=r"data.jsonl:1: key .answer.*####"):
         load_gsm8k(bad)
     nocol = tmp_path / "nocol.jsonl"
     nocol.write_text(json.dumps({"prompt": "q", "answer": "#### 1"}) + "\n")

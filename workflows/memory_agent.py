@@ -71,8 +71,13 @@ class MemoryAgentWorkflow(ToolAgentWorkflow):
     """Data items: `chunks` (list of str), `questions` and `answers` (lists of str).
 
     Returns one row per conversation (each chunk, then each question), all sharing the
-    episode reward and group id; per-action rewards sit on action tokens.
+    episode reward and group id; per-action rewards sit on action tokens. Every row carries
+    the episode's task metrics: `accuracy` (QA accuracy: answers correct), `tool_success`
+    (tool calls that succeeded), `compression` (1 - memory / source length) and
+    `content_quality` (memory writes that store words of the chunk being read).
     """
+
+    metric_keys = ("accuracy", "tool_success", "compression", "content_quality")
 
     def __init__(self, gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str, max_steps: int = 3,
@@ -108,17 +113,17 @@ class MemoryAgentWorkflow(ToolAgentWorkflow):
         compression = max(0.0, 1.0 - len(memory.render()) / source_len) if memory.entries else 0.0
         outcome = qa + tool_ok + self.beta * compression
 
+        validity = [{id(call): content_validity(call, chunk) for call, _, _ in conv.actions}
+                    for chunk, conv in zip(data["chunks"], reads, strict=True)]
+        quality = [v for per_chunk in validity for v in per_chunk.values()]
+        metrics = dict(accuracy=qa, tool_success=tool_ok, compression=compression,
+                       content_quality=sum(quality) / len(quality) if quality else 0.0)
         rows = []
-        for chunk, conv in zip(data["chunks"], reads, strict=True):
-            validity = {id(call): content_validity(call, chunk) for call, _, _ in conv.actions}
-            rows.append(self.to_trajectory(conv, outcome, data, _validity_reward(validity),
-                                           self.gamma, group_id=group_id,
-                                           qa_accuracy=qa, tool_success=tool_ok,
-                                           compression=compression))
+        for conv, per_chunk in zip(reads, validity, strict=True):
+            rows.append(self.to_trajectory(conv, outcome, data, _validity_reward(per_chunk),
+                                           self.gamma, group_id=group_id, **metrics))
         for conv in answers:
-            rows.append(self.to_trajectory(conv, outcome, data, group_id=group_id,
-                                           qa_accuracy=qa, tool_success=tool_ok,
-                                           compression=compression))
+            rows.append(self.to_trajectory(conv, outcome, data, group_id=group_id, **metrics))
         return validate_trajectory(concat_padded(rows))
 
 

@@ -14,7 +14,7 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.executor import RewardExecutor, default_reward_executor
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -52,7 +52,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.gconfig = with_eos_stop(gconfig.new(n_samples=1), self.tokenizer)
         self.max_turns = max_turns
         self.turn_discount = turn_discount
-        self.reward_executor = reward_executor or RewardExecutor()
+        self.reward_executor = reward_executor or default_reward_executor()
+        self.reward_executor.check_early(reward_fn)
         self.feedback_ids = self._feedback_ids(feedback)
 
     def _feedback_ids(self, feedback: str) -> list[int]:

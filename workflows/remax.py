@@ -8,6 +8,7 @@ from typing import Any
 from tensordict import TensorDict
 
 from areal_like.api import InferenceEngine, ModelRequest
+from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
 from workflows.common import stable_id
 from workflows.rlvr import RLVRWorkflow
 
@@ -15,9 +16,10 @@ from workflows.rlvr import RLVRWorkflow
 class ReMaxWorkflow(RLVRWorkflow):
     """Per prompt: one greedy and `n_samples` sampled completions, generated concurrently.
 
-    Each sampled trajectory's `rewards` is `r(sample) - r(greedy)` (every generated token gets
-    this same advantage under a REINFORCE loss); `raw_rewards` and `greedy_rewards` keep both.
-    The greedy completion is only a baseline and is not trained on.
+    Each sampled trajectory's `rewards` is r(sample) and its `baseline_rewards` r(greedy); the
+    `remax` estimator shapes both alike and trains on the difference. The greedy completion
+    is only a baseline and is not trained on. If the greedy reward fails the whole group is
+    excluded (no baseline); a failed sample alone excludes only itself.
     """
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
@@ -31,8 +33,10 @@ class ReMaxWorkflow(RLVRWorkflow):
               for _ in range(self.gconfig.n_samples)],
         )
         greedy_reward, *sample_rewards = await self.score(prompt, [greedy, *samples], data)
+        if isinstance(greedy_reward, RewardFailure):
+            failures = [r for r in sample_rewards if isinstance(r, RewardFailure)]
+            raise GroupRewardFailure([greedy_reward, *failures], survivors=None)
         return self.group_trajectory(
-            input_ids, samples, [r - greedy_reward for r in sample_rewards],
-            stable_id(data.get("id", prompt)), raw_rewards=sample_rewards,
-            greedy_rewards=[greedy_reward] * len(samples),
+            input_ids, samples, sample_rewards, stable_id(data.get("id", prompt)),
+            baseline_rewards=[greedy_reward] * len(samples),
         )

@@ -16,7 +16,8 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
+from areal_like.rewards.executor import RewardExecutor, default_reward_executor
 from areal_like.rollout.batching import concat_padded
 from workflows.common import (
     TrajectoryBuilder,
@@ -32,6 +33,9 @@ class RLVRWorkflow(RolloutWorkflow):
 
     `data` needs `messages` (chat) and whatever the reward function reads (e.g. `answer`);
     `data["id"]` becomes the group's `group_id`. Rows of the group stay together, in order.
+    A sample whose reward fails is never given a reward: the episode raises
+    `GroupRewardFailure` carrying the rows that did succeed, and the executor decides whether
+    they may be trained on without their group.
     """
 
     def __init__(
@@ -44,7 +48,8 @@ class RLVRWorkflow(RolloutWorkflow):
         self.reward_fn = reward_fn
         self.tokenizer = load_tokenizer(tokenizer)
         self.gconfig = with_eos_stop(gconfig, self.tokenizer)
-        self.reward_executor = reward_executor or RewardExecutor()
+        self.reward_executor = reward_executor or default_reward_executor()
+        self.reward_executor.check_early(reward_fn)
 
     def prompt_ids(self, data: dict[str, Any]) -> list[int]:
         if "messages" not in data:
@@ -64,19 +69,34 @@ class RLVRWorkflow(RolloutWorkflow):
                                      stable_id(data.get("id", prompt)))
 
     async def score(self, prompt: str, responses: list[ModelResponse],
-                    data: dict[str, Any]) -> list[float]:
-        """Rewards of the decoded completions, evaluated concurrently."""
+                    data: dict[str, Any]) -> list[float | RewardFailure]:
+        """Rewards of the decoded completions, evaluated concurrently; a failed call is
+        returned as its `RewardFailure` (anything else, e.g. a spent error budget, raises)."""
         texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
                  for r in responses]
-        return list(await asyncio.gather(*[
+        results = await asyncio.gather(*[
             self.reward_executor(self.reward_fn, prompt, t, **data) for t in texts
-        ]))
+        ], return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, RewardFailure):
+                raise r
+        return list(results)
 
-    @staticmethod
-    def group_trajectory(input_ids: list[int], responses: list[ModelResponse],
-                         rewards: list[float], group_id: int,
-                         **per_sequence: list[float]) -> TensorDict:
-        """One validated group: a row per response (prompt + completion), in order."""
+    @classmethod
+    def group_trajectory(cls, input_ids: list[int], responses: list[ModelResponse],
+                         rewards: list[float | RewardFailure], group_id: int,
+                         **per_sequence: list[Any]) -> TensorDict:
+        """One validated group: a row per response (prompt + completion), in order. If any
+        reward failed, raise `GroupRewardFailure` with the group of the other rows."""
+        failures = [r for r in rewards if isinstance(r, RewardFailure)]
+        if failures:
+            keep = [i for i, r in enumerate(rewards) if not isinstance(r, RewardFailure)]
+            survivors = None
+            if keep:
+                survivors = cls.group_trajectory(
+                    input_ids, [responses[i] for i in keep], [rewards[i] for i in keep],
+                    group_id, **{k: [v[i] for i in keep] for k, v in per_sequence.items()})
+            raise GroupRewardFailure(failures, survivors)
         rows = []
         for i, (resp, reward) in enumerate(zip(responses, rewards, strict=True)):
             builder = TrajectoryBuilder(input_ids)

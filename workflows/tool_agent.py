@@ -17,7 +17,7 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.executor import RewardExecutor, default_reward_executor
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -71,7 +71,8 @@ class ToolAgentWorkflow(RolloutWorkflow):
         self.max_steps = max_steps
         self.action_reward_fn = action_reward_fn
         self.action_reward_weight = action_reward_weight
-        self.reward_executor = reward_executor or RewardExecutor()
+        self.reward_executor = reward_executor or default_reward_executor()
+        self.reward_executor.check_early(reward_fn)
         self.n_tool_errors = 0
 
     def _tool_message_ids(self, results: list[ToolResult]) -> list[int]:

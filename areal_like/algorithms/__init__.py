@@ -22,10 +22,13 @@ from areal_like.algorithms.presets import PRESETS, algorithm_preset
 from areal_like.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
+    EstimatorTraits,
+    estimator_traits,
     get_advantage_estimator,
     get_policy_loss,
     register_advantage_estimator,
     register_policy_loss,
+    uses_group_statistics,
 )
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageOutputs",
     "CriticActor",
+    "EstimatorTraits",
     "POLICY_LOSSES",
     "PPOActor",
     "PRESETS",
@@ -45,9 +49,11 @@ __all__ = [
     "discounted_returns",
     "drop_zero_variance_groups",
     "dynamic_sampling_filter",
+    "estimator_traits",
     "get_advantage_estimator",
     "get_policy_loss",
     "loss_weight",
     "register_advantage_estimator",
     "register_policy_loss",
+    "uses_group_statistics",
 ]

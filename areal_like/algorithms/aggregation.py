@@ -11,10 +11,13 @@ sequences with at least one trained token (sequences without one are ignored):
     seq-mean-token-sum    (1/N) sum_i sum_{t in T_i} l_{i,t}                 w = N_mb
     constant (Dr.GRPO)    sum_i sum_{t in T_i} l_{i,t} / (N * C)             w = N_mb
 
-with C = `loss_agg_constant` (Dr.GRPO uses the maximum response length).
+with C = `loss_agg_constant`: Dr.GRPO uses the generation budget (max new tokens), which
+recipe configs fill in when it is left unset.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -29,11 +32,14 @@ def _check_mode(mode: str) -> None:
 
 
 def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, cu_seqlens: torch.Tensor,
-                   mode: str, constant: float = 1.0) -> torch.Tensor:
+                   mode: str, constant: Optional[float] = None) -> torch.Tensor:
     """Reduce packed [T] token losses of one micro-batch (see module docstring).
 
     A micro-batch with no trained token gives 0 (still connected to the graph)."""
     _check_mode(mode)
+    if mode == "constant" and (constant is None or not constant > 0):
+        raise ValueError(f"loss_agg_mode='constant' needs loss_agg_constant > 0 (the generation "
+                         f"budget, max_new_tokens), got {constant!r}")
     m = mask.bool()
     masked = torch.where(m, token_loss, torch.zeros_like(token_loss))
     if mode == "token-mean":

@@ -14,10 +14,17 @@ advantage.
     grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps)
     dr_grpo       A_i = r_i - mean_g r
     rloo          A_i = r_i - mean_{j in g, j != i} r_j
-    remax         A_i = r_i - b_i, b_i = batch key `baseline_rewards` [B] (the reward of the
-                  greedy completion of the same prompt); without that key A_i = r_i, for
-                  workflows that already store r - r_greedy in `rewards` (workflows/remax.py)
-    cpgd          A_i = (r_i - mean_g r) * w_i, w = CPGD clip-filter weight (`normalize.py`)
+    remax         A_i = r_i - b_i, b_i = shape(batch key `baseline_rewards`) [B], the raw
+                  reward of the greedy completion of the same prompt shaped exactly like r_i
+                  (same scale, bias, clip; the actor shapes it); without the key A_i = r_i
+    cpgd          A_i = (r_i - mean_g r) * w_i, w = clip-filter weight (`normalize.py`)
+
+KL in the reward (kl_in_reward, kl_ctl > 0), in the order OpenRLHF and LightRFT use: the
+outcome estimators (grpo, dr_grpo, rloo, remax, cpgd; `kl_placement="outcome"`) see the shaped
+outcome rewards only; the actor normalises their advantages and applies clip-filter weights,
+then adds the penalty's return-to-go  -kl_ctl * sum_{t' >= t} discount^(t'-t) KL_t'.
+The token estimators (gae, reinforce, reinforce_pp) take the penalty inside r_t, which is
+their definition (REINFORCE++).
 
 A group whose rewards are all equal (including a single-sample group) gets A = 0 from every
 group estimator. Per-action rewards of multi-step agents enter as dense token rewards; the
@@ -52,7 +59,7 @@ class AdvantageInputs:
     loss_mask: torch.Tensor  # [B, L] bool, trained actions
     group_index: torch.Tensor  # [B] long in 0..G-1 (samples of the same prompt share one)
     values: Optional[torch.Tensor] = None  # [B, L] critic V(s_t)
-    baseline_rewards: Optional[torch.Tensor] = None  # [B] e.g. greedy-completion reward
+    baseline_rewards: Optional[torch.Tensor] = None  # [B] shaped like seq_rewards (remax)
     all_reduce: bool = False  # batch-wide statistics pool over distributed ranks
 
 
@@ -68,7 +75,7 @@ def _require(value: Optional[torch.Tensor], name: str, estimator: str, hint: str
     return value
 
 
-@register_advantage_estimator("gae")
+@register_advantage_estimator("gae", group_based=False, kl_placement="token")
 def gae(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     values = _require(inputs.values, "values", "gae", "critic values from CriticActor."
                       "compute_values")
@@ -77,13 +84,13 @@ def gae(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return AdvantageOutputs(adv, ret)
 
 
-@register_advantage_estimator("reinforce")
+@register_advantage_estimator("reinforce", group_based=False, kl_placement="token")
 def reinforce(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
     return AdvantageOutputs(ret, ret)
 
 
-@register_advantage_estimator("reinforce_pp")
+@register_advantage_estimator("reinforce_pp", group_based=False, kl_placement="token")
 def reinforce_pp(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
     adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
@@ -98,25 +105,25 @@ def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: boo
     return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", group_based=True, kl_placement="outcome")
 def grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return _group_outcome(inputs, config, std=True, leave_one_out=False)
 
 
-@register_advantage_estimator("dr_grpo")
+@register_advantage_estimator("dr_grpo", group_based=True, kl_placement="outcome")
 def dr_grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return _group_outcome(inputs, config, std=False, leave_one_out=False)
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", group_based=True, kl_placement="outcome")
 def rloo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return _group_outcome(inputs, config, std=False, leave_one_out=True)
 
 
-@register_advantage_estimator("remax")
+@register_advantage_estimator("remax", group_based=False, kl_placement="outcome")
 def remax(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     baseline = inputs.baseline_rewards
-    if baseline is None:  # the workflow already subtracted the greedy reward
+    if baseline is None:  # no greedy baseline: plain REINFORCE on the outcome
         return AdvantageOutputs(broadcast_to_tokens(inputs.seq_rewards, inputs.loss_mask))
     if baseline.shape != inputs.seq_rewards.shape:
         raise ValueError(f"'baseline_rewards' has shape {tuple(baseline.shape)}; expected "
@@ -125,10 +132,11 @@ def remax(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
 
 
-@register_advantage_estimator("cpgd")
+@register_advantage_estimator("cpgd", group_based=True, kl_placement="outcome")
 def cpgd(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     centred = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=False,
                         eps=config.adv_norm_eps)
     weights = clip_filter_weights(inputs.seq_rewards, inputs.group_index,
-                                  config.clip_filter_max_weight, all_reduce=inputs.all_reduce)
+                                  config.clip_filter_max_weight, config.clip_filter_flat_weight,
+                                  all_reduce=inputs.all_reduce)
     return AdvantageOutputs(broadcast_to_tokens(centred * weights, inputs.loss_mask))

@@ -1,16 +1,20 @@
 """Dynamic sampling (DAPO): drop groups whose rewards are all equal; they carry no signal for
 group-relative estimators.
 
-Two entry points: `drop_zero_variance_groups(trajectory) -> bool` is a should-accept
-predicate for the rollout executor (applied to the trajectory of one prompt, i.e. one group),
-and `filter_zero_variance_groups(batch, group_index)` filters an assembled batch.
+`top_entropy_mask` selects the highest-entropy tokens of a whole batch (the "80/20" filter).
+
+Two entry points for dynamic sampling: `drop_zero_variance_groups(trajectory) -> bool` is a
+should-accept predicate for the rollout executor (applied to the trajectory of one prompt, i.e.
+one group), and `filter_zero_variance_groups(batch, group_index)` filters an assembled batch.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 
 if TYPE_CHECKING:
@@ -57,3 +61,36 @@ def filter_zero_variance_groups(batch: TensorDict, group_index: torch.Tensor,
     if not keep.any():
         return batch, gi, counts
     return batch[keep], torch.unique(gi[keep], return_inverse=True)[1], counts
+
+
+def _gather_variable(local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """All ranks' 1-D tensors concatenated in rank order, and this rank's offset in it."""
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([local.numel()], dtype=torch.long))
+    counts = [int(c) for c in sizes]
+    padded = torch.zeros(max(counts), dtype=local.dtype)
+    padded[: local.numel()] = local.cpu()
+    parts = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather(parts, padded)
+    whole = torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
+    return whole, sum(counts[: dist.get_rank()])
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, ratio: float,
+                     all_ranks: bool = False) -> torch.Tensor:
+    """Bool mask [B, L] of the top ceil(ratio * n) of the n masked-in tokens by `entropy`.
+
+    With `all_ranks` the n tokens are those of every rank's batch (gathered), so the
+    selection is the same as on one rank holding the whole batch. Ties break by position."""
+    m = mask.bool()
+    if ratio >= 1.0:
+        return m
+    local = entropy.detach().to(torch.float64)[m]
+    whole, offset = _gather_variable(local) if all_ranks else (local, 0)
+    k = math.ceil(round(ratio * whole.numel(), 9))
+    chosen = torch.zeros(whole.numel(), dtype=torch.bool)
+    if k > 0:
+        chosen[torch.topk(whole.cpu(), k).indices] = True
+    out = torch.zeros_like(m)
+    out[m] = chosen[offset: offset + local.numel()].to(m.device)
+    return out

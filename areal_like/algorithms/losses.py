@@ -16,9 +16,10 @@ r = exp(lp - lp_old), eps_l = eps_clip, eps_h = eps_clip_high (default eps_l).
                    + cpgd_drift_coef * (r - 1 - log r)      [policy drift KL(pi_old || pi)]
     value      l = 0.5 * max((v - R)^2, (v_old + clip(v - v_old, -eps_v, eps_v) - R)^2)
 
-Log-ratios are clamped to [-20, 20] before exponentiation so extreme ratios stay finite and
-masked-out tokens never leak NaN/inf into gradients. Every function returns 0 on masked-out
-tokens; aggregation over tokens is `aggregation.py`'s job.
+Every per-token input is zeroed at masked-out positions before any arithmetic
+(`masked_inputs`), so NaN/inf there never reach a loss or a gradient; log-ratios are clamped
+to [-20, 20] before exponentiation so extreme ratios stay finite. Every function returns 0 on
+masked-out tokens; aggregation over tokens is `aggregation.py`'s job.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class PolicyLossInputs:
     cu_seqlens: torch.Tensor  # [n_seqs + 1] sequence boundaries of the packed tokens
 
 
+def masked_inputs(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor with 0 at masked-out positions, selected *before* any arithmetic: a `where`
+    after exp/log/mul would still send NaN into the gradient (0 * inf = NaN)."""
+    m = mask.bool()
+    return tuple(torch.where(m, t, torch.zeros((), dtype=t.dtype, device=t.device))
+                 for t in tensors)
+
+
 def _masked_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     diff = torch.where(mask, logp - old.detach(), torch.zeros_like(logp))
     return diff.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
@@ -77,6 +86,7 @@ def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
              c_clip: Optional[float] = None) -> tuple[torch.Tensor, LossStats]:
     """Clipped PPO per-token loss (clip-higher via eps_high, dual clip via c_clip)."""
     m = mask.bool()
+    logprobs, old_logprobs, advantages = masked_inputs(m, logprobs, old_logprobs, advantages)
     ratio = torch.exp(_masked_log_ratio(logprobs, old_logprobs, m))
     loss, stats = clipped_surrogate(ratio, advantages, m, eps_low,
                                     eps_low if eps_high is None else eps_high, c_clip)
@@ -89,6 +99,7 @@ def behaviour_importance_weights(prox_logprobs: torch.Tensor, behav_logprobs: to
                                  cap: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(w = pi_prox / pi_behav with capped tokens set to 0, kept-token mask), both [T]."""
     m = mask.bool()
+    prox_logprobs, behav_logprobs = masked_inputs(m, prox_logprobs, behav_logprobs)
     w = torch.exp(_masked_log_ratio(prox_logprobs.detach(), behav_logprobs, m))
     kept = m if cap is None else m & (w <= cap)
     return torch.where(kept, w, torch.zeros_like(w)), kept
@@ -115,6 +126,7 @@ def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
               eps_high: Optional[float] = None) -> tuple[torch.Tensor, LossStats]:
     """GSPO: the clipped surrogate with the per-sequence length-normalised ratio."""
     m = mask.bool()
+    logprobs, old_logprobs, advantages = masked_inputs(m, logprobs, old_logprobs, advantages)
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, m)
     seq_log_ratio, _ = segment_mean(log_ratio, m, cu_seqlens)
     ids = segment_ids(cu_seqlens, logprobs.shape[0])
@@ -131,6 +143,7 @@ def cispo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
                eps_high: Optional[float] = None) -> tuple[torch.Tensor, LossStats]:
     """CISPO: REINFORCE weighted by the clipped, stop-gradient importance ratio."""
     m = mask.bool()
+    logprobs, old_logprobs, advantages = masked_inputs(m, logprobs, old_logprobs, advantages)
     eps_high = eps_low if eps_high is None else eps_high
     ratio = torch.exp(_masked_log_ratio(logprobs, old_logprobs, m)).detach()
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
@@ -143,6 +156,7 @@ def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor,
                    mask: torch.Tensor) -> tuple[torch.Tensor, LossStats]:
     """REINFORCE: -A * log pi (no ratio; on-policy)."""
     m = mask.bool()
+    logprobs, advantages = masked_inputs(m, logprobs, advantages)
     loss = -advantages.detach().to(logprobs.dtype) * logprobs
     return torch.where(m, loss, torch.zeros_like(loss)), {}
 
@@ -154,6 +168,7 @@ def cpgd_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     if not 0.0 < eps_low < 1.0:
         raise ValueError(f"cpgd_loss needs eps_clip in (0, 1) for log(1 - eps), got {eps_low}")
     m = mask.bool()
+    logprobs, old_logprobs, advantages = masked_inputs(m, logprobs, old_logprobs, advantages)
     eps_high = eps_low if eps_high is None else eps_high
     adv = advantages.detach().to(logprobs.dtype)
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, m)
@@ -173,6 +188,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
                ) -> tuple[torch.Tensor, LossStats]:
     """Clipped value loss per token (eps_clip None: plain 0.5 * (v - R)^2)."""
     m = mask.bool()
+    values, old_values, returns = masked_inputs(m, values, old_values, returns)
     ret = returns.detach().to(values.dtype)
     err = (values - ret).square()
     if eps_clip is None:

@@ -1,5 +1,5 @@
 """Advantage normalisation: per group or per batch, mean and/or std, optional leave-one-out,
-and across batches with running statistics; plus CPGD's clip-filter sample weights.
+and across batches with running statistics; plus the clip-filter sample weights.
 
 For the masked-in entries x of a group g (all tokens of all its sequences; for sequence-level
 scores one entry per sequence), with n_g entries, mean mu_g and population std sigma_g:
@@ -160,14 +160,17 @@ def clip_filter_weights(
     scores: torch.Tensor,
     group_index: torch.Tensor,
     max_weight: float = 3.0,
+    flat_weight: float = 1.0,
     all_reduce: bool = False,
     reduce_group: Optional[object] = None,
 ) -> torch.Tensor:
-    """CPGD clip-filter sample weights [B] from per-sequence scores [B].
+    """Clip-filter sample weights [B] from per-sequence scores [B] (LightRFT's
+    `clip_filter_like_weight_func`).
 
-    Samples of groups whose scores are all equal carry no learning signal and get weight 0;
-    the others get w = min(B / B_valid, max_weight), so the batch keeps its total weight as if
-    the zero-variance groups had been filtered out and resampled (B_valid = 0: all weights 1).
+    With G groups in the batch (pooled over ranks when `all_reduce`) of which G_flat have all
+    scores equal: every sample of a flat group gets `flat_weight` (lambda, default 1), every
+    other sample min(G / (G - G_flat), max_weight), so the groups that carry signal keep the
+    batch's total weight as if the flat ones had been resampled. All groups flat: all ones.
     """
     s = scores.to(torch.float64)
     gi = group_index.long().to(s.device)
@@ -176,13 +179,13 @@ def clip_filter_weights(
     g_min = torch.full((n_groups,), float("inf"), dtype=torch.float64, device=s.device)
     g_max = g_max.scatter_reduce(0, gi, s, "amax")
     g_min = g_min.scatter_reduce(0, gi, s, "amin")
-    valid = (g_max > g_min)[gi]
-    counts = torch.stack([torch.tensor(float(s.numel()), dtype=torch.float64),
-                          valid.sum().to(torch.float64).cpu()])
+    present = torch.bincount(gi, minlength=n_groups) > 0
+    flat = g_max <= g_min
+    counts = torch.stack([present.sum(), (present & flat).sum()]).to(torch.float64).cpu()
     if all_reduce:
         _all_reduce(counts, dist.ReduceOp.SUM, reduce_group)
-    total, n_valid = float(counts[0]), float(counts[1])
-    if n_valid == 0:
+    total, n_flat = float(counts[0]), float(counts[1])
+    if n_flat == total:
         return torch.ones_like(s)
-    w = min(total / n_valid, max_weight)
-    return torch.where(valid, torch.full_like(s, w), torch.zeros_like(s))
+    w = min(total / (total - n_flat), max_weight)
+    return torch.where(flat[gi], torch.full_like(s, float(flat_weight)), torch.full_like(s, w))

@@ -4,19 +4,22 @@
 
     preset        estimator     policy loss  aggregation          notes
     grpo          grpo          ppo          seq-mean-token-mean
-    dr_grpo       dr_grpo       ppo          constant             loss_agg_constant = max len
+    dr_grpo       dr_grpo       ppo          constant             loss_agg_constant = the
+                                                                  generation budget
     dapo          grpo          ppo          token-mean           clip-higher 0.2/0.28, overlong
                                                                   penalty, dynamic sampling
     rloo          rloo          ppo          token-mean
     reinforce_pp  reinforce_pp  ppo          token-mean           token KL in reward (needs ref)
     gspo          grpo          gspo         seq-mean-token-mean  eps 3e-4 / 4e-4
-    remax         remax         reinforce    token-mean           baseline_rewards or r - r_greedy
+    remax         remax         reinforce    token-mean           A = shape(r) - shape(r_greedy)
     ppo           gae           ppo          token-mean           with CriticActor values
     cispo         grpo          cispo        token-mean           upper clip only (eps_h 0.28)
     cpgd          cpgd          cpgd         token-mean           policy-drift coef 0.1
 
 `reinforce_pp` sets kl_ctl=0.01 with kl_in_reward: give PPOActor a reference engine, or
-override kl_ctl=0. `dapo` needs max_response_tokens and overlong_tokens (the soft interval).
+override kl_ctl=0. `dr_grpo` needs loss_agg_constant and `dapo` max_response_tokens (both the
+generation budget, gconfig.max_new_tokens; recipe configs fill them in when unset) and
+overlong_tokens (the soft interval).
 """
 
 from __future__ import annotations

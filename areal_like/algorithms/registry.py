@@ -14,11 +14,21 @@ Users add their own with a decorator and select them by name in `AlgorithmConfig
 Signatures: an advantage estimator is `fn(AdvantageInputs, AlgorithmConfig) ->
 AdvantageOutputs` (see `estimators.py`); a policy loss is `fn(PolicyLossInputs,
 AlgorithmConfig) -> (token_loss [T], stats)` (see `losses.py`).
+
+An estimator declares two properties when registered (the defaults suit an unknown estimator):
+`group_based` (True: it uses statistics of a prompt's samples, so a group with a failed sample
+is dropped whole) and `kl_placement` ("token": a KL-in-reward penalty goes into the token
+rewards before the estimator runs; "outcome": the estimator sees outcome rewards only and the
+penalty's return-to-go is added to its advantages afterwards).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from areal_like.api.config import AlgorithmConfig
 
 F = TypeVar("F", bound=Callable)
 
@@ -64,11 +74,38 @@ class Registry(Generic[F]):
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
+KLPlacement = Literal["token", "outcome"]
 
 
-def register_advantage_estimator(name: str, *, override: bool = False) -> Callable[[F], F]:
-    """Decorator registering `fn(AdvantageInputs, AlgorithmConfig) -> AdvantageOutputs`."""
-    return ADVANTAGE_ESTIMATORS.register(name, override=override)
+@dataclass(frozen=True)
+class EstimatorTraits:
+    group_based: bool = True  # safe default: a partial group is never trained on
+    kl_placement: KLPlacement = "token"
+
+
+_ESTIMATOR_TRAITS: dict[str, EstimatorTraits] = {}
+
+
+def register_advantage_estimator(name: str, *, override: bool = False, group_based: bool = True,
+                                 kl_placement: KLPlacement = "token") -> Callable[[F], F]:
+    """Decorator registering `fn(AdvantageInputs, AlgorithmConfig) -> AdvantageOutputs`
+    (see the module docstring for `group_based` and `kl_placement`)."""
+    if kl_placement not in ("token", "outcome"):
+        raise ValueError(f"kl_placement={kl_placement!r}; choose 'token' or 'outcome'")
+    register = ADVANTAGE_ESTIMATORS.register(name, override=override)
+
+    def deco(fn: F) -> F:
+        register(fn)
+        _ESTIMATOR_TRAITS[name] = EstimatorTraits(group_based, kl_placement)
+        return fn
+
+    return deco
+
+
+def estimator_traits(name: str) -> EstimatorTraits:
+    """The declared properties of a registered estimator (KeyError naming the choices)."""
+    ADVANTAGE_ESTIMATORS.get(name)
+    return _ESTIMATOR_TRAITS.get(name, EstimatorTraits())
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:
@@ -82,3 +119,12 @@ def get_advantage_estimator(name: str) -> Callable:
 
 def get_policy_loss(name: str) -> Callable:
     return POLICY_LOSSES.get(name)
+
+
+def uses_group_statistics(config: AlgorithmConfig) -> bool:
+    """True when an advantage of `config` depends on the other samples of the same prompt:
+    a group-based estimator, group-level normalisation, clip-filter weights or dynamic
+    sampling. Such an algorithm must never train on a group with a missing (failed) member."""
+    return (estimator_traits(config.adv_estimator).group_based
+            or config.adv_norm_level == "group" or bool(config.clip_filter_weight)
+            or bool(config.dynamic_sampling))

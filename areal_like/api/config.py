@@ -6,6 +6,7 @@ OmegaConf when configs are composed; value checks live in `__post_init__` and na
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -57,6 +58,14 @@ class OptimizerConfig:
                "in [0, 1]")
         _check("OptimizerConfig", "min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0,
                self.min_lr_ratio, "in [0, 1]")
+        _check("OptimizerConfig", "weight_decay", self.weight_decay >= 0, self.weight_decay,
+               ">= 0")
+        for key in ("beta1", "beta2"):
+            _check("OptimizerConfig", key, 0.0 <= getattr(self, key) < 1.0, getattr(self, key),
+                   "in [0, 1)")
+        _check("OptimizerConfig", "eps", self.eps > 0, self.eps, "> 0")
+        _check("OptimizerConfig", "gradient_clipping", self.gradient_clipping >= 0,
+               self.gradient_clipping, ">= 0 (0: off)")
 
 
 @dataclass
@@ -84,12 +93,18 @@ class TrainEngineConfig:
     gradient_checkpointing: bool = False
     cpu_offload: bool = False
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # bound on every collective of the trainer's process group (a dead peer becomes an error)
+    collective_timeout: float = 600.0
     total_train_steps: int = 0  # for LR schedules; 0: set by the recipe
 
     def __post_init__(self) -> None:
         for key in ("param_dtype", "reduce_dtype"):
             _one_of("TrainEngineConfig", key, getattr(self, key), ("float32", "bfloat16"))
         _one_of("TrainEngineConfig", "backend", self.backend, ("auto", "gloo", "nccl"))
+        _check("TrainEngineConfig", "collective_timeout", self.collective_timeout > 0,
+               self.collective_timeout, "> 0 seconds")
+        _check("TrainEngineConfig", "total_train_steps", self.total_train_steps >= 0,
+               self.total_train_steps, ">= 0 (0: set by the recipe)")
 
 
 @dataclass
@@ -105,7 +120,9 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     policy_loss: str = "ppo"  # ppo | gspo | cispo | reinforce | cpgd
     loss_agg_mode: str = "token-mean"
-    loss_agg_constant: float = 1.0  # normaliser for loss_agg_mode="constant" (Dr.GRPO)
+    # normaliser for loss_agg_mode="constant" (Dr.GRPO); None: the generation budget
+    # (gconfig.max_new_tokens), filled in by the recipe config
+    loss_agg_constant: Optional[float] = None
     group_size: int = 1  # samples per prompt when the batch has no `group_id`/`uid` key
     ppo_n_minibatches: int = 1  # optimizer steps per batch
     temperature: float = 1.0  # sampling temperature: log-probs are taken of logits / temperature
@@ -124,7 +141,8 @@ class AlgorithmConfig:
     overlong_reward_penalty: bool = False  # DAPO soft overlong punishment
     overlong_tokens: int = 0  # length of the soft-penalty interval before max_response_tokens
     overlong_penalty_factor: float = 1.0
-    max_response_tokens: int = 0  # for the overlong penalty (the rollout's max_new_tokens)
+    # for the overlong penalty; 0: the rollout's gconfig.max_new_tokens (filled in by recipes)
+    max_response_tokens: int = 0
     # extra normalisation after the estimator: none | batch | group | running (cross-batch)
     adv_norm_level: str = "none"
     adv_norm_mean: bool = True
@@ -140,6 +158,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)
     clip_filter_weight: bool = False  # up-weight samples of groups with reward variance (CPGD)
     clip_filter_max_weight: float = 3.0
+    clip_filter_flat_weight: float = 1.0  # weight (lambda) of groups whose rewards are all equal
     cpgd_drift_coef: float = 0.0  # CPGD loss: policy-drift KL(pi_old || pi) coefficient
 
     def __post_init__(self) -> None:
@@ -167,12 +186,13 @@ class AlgorithmConfig:
                "loss needs the recomputed proximal log-probs)")
         _check(name, "discount", 0.0 <= self.discount <= 1.0, self.discount, "in [0, 1]")
         _check(name, "gae_lambda", 0.0 <= self.gae_lambda <= 1.0, self.gae_lambda, "in [0, 1]")
-        _check(name, "loss_agg_constant", self.loss_agg_constant > 0, self.loss_agg_constant,
-               "> 0")
+        if self.loss_agg_constant is not None:
+            _check(name, "loss_agg_constant", self.loss_agg_constant > 0,
+                   self.loss_agg_constant, "> 0 (or None: gconfig.max_new_tokens)")
         _check(name, "reward_clip", self.reward_clip > 0, self.reward_clip, "> 0")
-        if self.overlong_reward_penalty:
-            _check(name, "max_response_tokens", self.max_response_tokens > 0,
-                   self.max_response_tokens, "> 0 when overlong_reward_penalty is on")
+        _check(name, "max_response_tokens", self.max_response_tokens >= 0,
+               self.max_response_tokens, ">= 0 (0: gconfig.max_new_tokens)")
+        if self.overlong_reward_penalty and self.max_response_tokens > 0:
             _check(name, "overlong_tokens",
                    0 < self.overlong_tokens <= self.max_response_tokens, self.overlong_tokens,
                    "in (0, max_response_tokens] when overlong_reward_penalty is on")
@@ -184,6 +204,8 @@ class AlgorithmConfig:
                self.top_entropy_ratio, "in (0, 1]")
         _check(name, "clip_filter_max_weight", self.clip_filter_max_weight >= 1.0,
                self.clip_filter_max_weight, ">= 1")
+        _check(name, "clip_filter_flat_weight", self.clip_filter_flat_weight >= 0.0,
+               self.clip_filter_flat_weight, ">= 0")
         _check(name, "cpgd_drift_coef", self.cpgd_drift_coef >= 0, self.cpgd_drift_coef, ">= 0")
 
 
@@ -206,7 +228,20 @@ class SGLangServerConfig:
 
     def __post_init__(self) -> None:
         _one_of("SGLangServerConfig", "device", self.device, ("cpu", "cuda"))
-        _check("SGLangServerConfig", "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
+        name = "SGLangServerConfig"
+        _check(name, "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
+        _one_of(name, "dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
+        _check(name, "context_length", self.context_length >= 1, self.context_length,
+               ">= 1 tokens")
+        _check(name, "max_total_tokens", self.max_total_tokens >= self.context_length,
+               self.max_total_tokens, f">= context_length={self.context_length}")
+        _check(name, "mem_fraction_static", 0.0 < self.mem_fraction_static <= 1.0,
+               self.mem_fraction_static, "in (0, 1]")
+        _check(name, "threads_per_server", self.threads_per_server >= 1,
+               self.threads_per_server, ">= 1")
+        _check(name, "gpus_per_server", self.gpus_per_server >= 1, self.gpus_per_server, ">= 1")
+        _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
+               "> 0 seconds")
 
 
 @dataclass
@@ -242,6 +277,15 @@ class RolloutConfig:
         _one_of("RolloutConfig", "schedule_policy", self.schedule_policy,
                 ("least_inflight", "round_robin"))
         _one_of("RolloutConfig", "pause_mode", self.pause_mode, ("retract", "abort", "in_place"))
+        _check("RolloutConfig", "queue_size", self.queue_size >= 0, self.queue_size,
+               ">= 0 (0: unbounded)")
+        _check("RolloutConfig", "retry_backoff", self.retry_backoff >= 0, self.retry_backoff,
+               ">= 0 seconds")
+        for key in ("setup_timeout", "weight_update_timeout"):
+            _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
+                   "> 0 seconds")
+        _check("RolloutConfig", "seed", self.seed is None or self.seed >= 0, self.seed,
+               "None or >= 0")
         for addr in self.server_addrs:
             host, _, port = str(addr).rpartition(":")
             _check("RolloutConfig", "server_addrs", bool(host) and port.isdigit(), addr,
@@ -261,7 +305,8 @@ class DatasetConfig:
     seed: int = 1
     batch_size: int = 8  # prompts per rollout batch
     shuffle: bool = True
-    max_prompt_len: int = 512
+    max_prompt_len: int = 512  # tokens of an item's `messages`, chat template included
+    on_long_prompt: str = "drop"  # drop (counted and logged) | error
 
     def __post_init__(self) -> None:
         ok = (self.type in ("addition", "gsm8k", "memory_agent")
@@ -271,6 +316,48 @@ class DatasetConfig:
         _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),
                self.size, ">= 1 (0 = every row, for type=gsm8k only)")
         _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
+        _check("DatasetConfig", "max_prompt_len", self.max_prompt_len >= 1, self.max_prompt_len,
+               ">= 1")
+        _one_of("DatasetConfig", "on_long_prompt", self.on_long_prompt, ("drop", "error"))
+        _check("DatasetConfig", "num_digits", self.num_digits >= 1, self.num_digits, ">= 1")
+        if self.type == "gsm8k":
+            _check("DatasetConfig", "path", bool(self.path), self.path,
+                   "a .jsonl or .parquet file for type=gsm8k")
+
+
+@dataclass
+class RewardConfig:
+    """How reward functions run, and what happens when one fails.
+
+    A call that raises, times out or returns something other than a finite real number is a
+    *failed* sample: never a reward. By default its group is excluded from training (when the
+    estimator uses group statistics; otherwise the sample alone), counted, and once more than
+    `max_failure_rate` of the last `failure_window` calls of a reward function failed, the run
+    stops naming the function and its first failure. `on_failure=constant` instead trains on
+    `failure_reward` for failed samples (an explicit opt-in; still counted and budgeted).
+    """
+
+    timeout: float = 15.0  # seconds of execution per call (queueing time does not count)
+    max_workers: int = 2  # worker processes for sync reward functions
+    use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
+    startup_timeout: float = 120.0  # for starting workers and sending them the function
+    on_failure: str = "exclude"  # exclude | constant
+    failure_reward: float = 0.0  # the reward of a failed sample when on_failure=constant
+    max_failure_rate: float = 0.05
+    failure_window: int = 200  # calls per reward function the failure rate is measured over
+
+    def __post_init__(self) -> None:
+        name = "RewardConfig"
+        _check(name, "timeout", self.timeout > 0, self.timeout, "> 0 seconds")
+        _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")
+        _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
+               "> 0 seconds")
+        _one_of(name, "on_failure", self.on_failure, ("exclude", "constant"))
+        _check(name, "failure_reward", math.isfinite(self.failure_reward),
+               self.failure_reward, "a finite number")
+        _check(name, "max_failure_rate", 0.0 <= self.max_failure_rate <= 1.0,
+               self.max_failure_rate, "in [0, 1]")
+        _check(name, "failure_window", self.failure_window >= 1, self.failure_window, ">= 1")
 
 
 @dataclass
@@ -282,6 +369,9 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         _one_of("CheckpointConfig", "recover", self.recover, ("disabled", "auto"))
+        _check("CheckpointConfig", "freq_steps", self.freq_steps >= 0, self.freq_steps,
+               ">= 0 (0: off)")
+        _check("CheckpointConfig", "keep_last", self.keep_last >= 1, self.keep_last, ">= 1")
 
 
 @dataclass
@@ -293,6 +383,10 @@ class EvaluationConfig:
     temperature: float = 1.0  # for pass@k samples (accuracy is always greedy)
 
     def __post_init__(self) -> None:
+        _check("EvaluationConfig", "freq_steps", self.freq_steps >= 0, self.freq_steps,
+               ">= 0 (0: off)")
+        _check("EvaluationConfig", "n_prompts", self.n_prompts >= 1, self.n_prompts, ">= 1")
+        _check("EvaluationConfig", "temperature", self.temperature > 0, self.temperature, "> 0")
         _check("EvaluationConfig", "pass_k", self.pass_k >= 1, self.pass_k, ">= 1")
         _check("EvaluationConfig", "pass_n", self.pass_n == 0 or self.pass_n >= self.pass_k,
                self.pass_n, "0 or >= pass_k")
@@ -320,6 +414,8 @@ class LauncherConfig:
     def __post_init__(self) -> None:
         _check("LauncherConfig", "n_trainer_procs", self.n_trainer_procs >= 1,
                self.n_trainer_procs, ">= 1")
+        _check("LauncherConfig", "threads_per_trainer", self.threads_per_trainer >= 1,
+               self.threads_per_trainer, ">= 1")
 
 
 @dataclass
@@ -338,7 +434,53 @@ class BaseExperimentConfig:
     valid_dataset: DatasetConfig = field(
         default_factory=lambda: DatasetConfig(split="test", size=200, shuffle=False)
     )
+    reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def __post_init__(self) -> None:
+        _check("BaseExperimentConfig", "total_train_steps", self.total_train_steps >= 0,
+               self.total_train_steps, ">= 0")
+        resolve_algorithm(self.algorithm, self.gconfig, self.rollout)
+        if not self.rollout.server_addrs:  # the launcher starts the servers with this context
+            need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
+            _check("SGLangServerConfig", "context_length", self.server.context_length >= need,
+                   self.server.context_length,
+                   f">= train_dataset.max_prompt_len + gconfig.max_new_tokens = {need}")
+
+
+def resolve_algorithm(algo: AlgorithmConfig, gconfig: GenerationHyperparameters,
+                      rollout: RolloutConfig) -> None:
+    """Fill the algorithm's settings that follow from generation (in place) and check the
+    settings that must agree across sections; errors name every key involved."""
+    if algo.loss_agg_constant is None:
+        algo.loss_agg_constant = float(gconfig.max_new_tokens)  # Dr.GRPO: the token budget
+    if algo.max_response_tokens == 0:
+        algo.max_response_tokens = gconfig.max_new_tokens
+    if algo.overlong_reward_penalty:
+        _check("AlgorithmConfig", "overlong_tokens",
+               0 < algo.overlong_tokens <= algo.max_response_tokens, algo.overlong_tokens,
+               f"in (0, max_response_tokens={algo.max_response_tokens}] when "
+               f"overlong_reward_penalty is on")
+    if not gconfig.greedy and algo.temperature != gconfig.temperature:
+        raise ValueError(
+            f"algorithm.temperature={algo.temperature} differs from gconfig.temperature="
+            f"{gconfig.temperature}: log-probabilities must be computed at the temperature "
+            f"the rollouts were sampled with; set both to the same value"
+        )
+    if algo.group_size not in (1, gconfig.n_samples):
+        raise ValueError(
+            f"algorithm.group_size={algo.group_size} disagrees with gconfig.n_samples="
+            f"{gconfig.n_samples} (samples per prompt): set group_size to n_samples (or 1 when "
+            f"batches carry a group_id)"
+        )
+    if rollout.max_head_offpolicyness > 0 and not algo.use_decoupled_loss:
+        raise ValueError(
+            f"rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} lets rollouts be "
+            f"generated by policies up to that many versions old, but "
+            f"algorithm.use_decoupled_loss=false would train on them without the off-policy "
+            f"correction; set algorithm.use_decoupled_loss=true (with recompute_logprob=true) "
+            f"or rollout.max_head_offpolicyness=0"
+        )

@@ -21,9 +21,10 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
     """Check `td` against the trajectory contract and return it unchanged.
 
     Contract: batch size [B]; `input_ids`, `attention_mask`, `loss_mask`, `logprobs`,
-    `versions` all [B, L]; ids and versions integer; logprobs floating and finite; `rewards`
-    floating [B] (sequence reward) or [B, L] (dense per-token reward), never NaN; loss only
-    on attended tokens; every trained token carries a version >= 0.
+    `versions` all [B, L] with B, L >= 1 and at least one token per row; ids and versions
+    integer; logprobs floating and finite; `rewards` floating [B] (sequence reward) or [B, L]
+    (dense per-token reward), finite; loss only on attended tokens; every trained token
+    carries a version >= 0.
     """
     if not isinstance(td, TensorDict):
         raise TrajectoryError(f"trajectory must be a TensorDict, got {type(td).__name__}")
@@ -36,6 +37,9 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
     ids = td["input_ids"]
     if ids.dim() != 2:
         raise TrajectoryError(f"'input_ids' has {_describe(ids)}; expected 2-D [B, L]")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise TrajectoryError(f"trajectory is empty ('input_ids' has {_describe(ids)}); a "
+                              "workflow with nothing to train on returns None instead")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise TrajectoryError(f"'input_ids' has {_describe(ids)}; expected an integer dtype")
     if len(td.batch_size) < 1 or td.batch_size[0] != ids.shape[0]:
@@ -64,12 +68,17 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
             f"'rewards' has {_describe(rewards)}; expected shape ({ids.shape[0]},) or "
             f"{tuple(ids.shape)}"
         )
-    if torch.isnan(rewards).any():
-        raise TrajectoryError(f"'rewards' ({_describe(rewards)}) contains NaN")
+    if not torch.isfinite(rewards).all():
+        raise TrajectoryError(f"'rewards' ({_describe(rewards)}) contains NaN or inf; a reward "
+                              "that is not a finite number is a failed reward, not a value")
     attn = td["attention_mask"].bool()
     loss = td["loss_mask"].bool()
     if (loss & ~attn).any():
         raise TrajectoryError("'loss_mask' is set on tokens where 'attention_mask' is 0")
+    if not attn.any(dim=1).all():
+        row = int((~attn.any(dim=1)).nonzero()[0])
+        raise TrajectoryError(f"row {row} of the trajectory has no token ('attention_mask' is "
+                              "all 0)")
     if (td["versions"][loss] < 0).any():
         raise TrajectoryError(
             "'versions' is negative on tokens where 'loss_mask' is set; every trained token "

@@ -19,7 +19,13 @@ class RolloutWorkflow(abc.ABC):
     holding at least `input_ids`, `attention_mask`, `loss_mask`, `logprobs`, `versions`
     ([B, L], `versions == -1` on tokens the policy did not generate) and `rewards` ([B]); see
     `areal_like.api.validate_trajectory`. Return None to reject the item.
+
+    `metric_keys` names per-sequence keys of the trajectory that measure the task (e.g. an
+    agent's tool-call success); recipes log their episode means in training and evaluation.
+    A per-sequence `accuracy` key, when present, is what `eval/accuracy` reports.
     """
+
+    metric_keys: tuple[str, ...] = ()
 
     @abc.abstractmethod
     async def arun_episode(

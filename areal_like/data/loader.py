@@ -49,10 +49,24 @@ class ItemLoader:
         for b in range(len(self)):
             yield [self.dataset[i] for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
 
-    def forever(self, start_epoch: int = 0) -> Iterator[list[dict[str, Any]]]:
-        """Batches epoch after epoch (for loops that count steps, not epochs)."""
-        epoch = start_epoch
+    def forever(self, start_epoch: int = 0, skip: int = 0) -> Iterator[list[dict[str, Any]]]:
+        """Batches epoch after epoch (for loops that count steps, not epochs), after skipping
+        the first `skip` batches (resume: the batches already trained on)."""
+        epoch, skip = start_epoch + skip // len(self), skip % len(self)
         while True:
             self.set_epoch(epoch)
-            yield from self
+            for batch in self:
+                if skip:
+                    skip -= 1
+                    continue
+                yield batch
             epoch += 1
+
+
+def head_items(dataset: Sequence[dict[str, Any]], n: int, shuffle: bool,
+               seed: int) -> list[dict[str, Any]]:
+    """The first `n` items (e.g. held-out prompts): in file order, or of a permutation fixed
+    by `seed` when `shuffle`."""
+    order = (torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+             if shuffle else range(len(dataset)))
+    return [dataset[i] for i in list(order)[:n]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Optional
 
 import torch
 from tensordict import TensorDict
@@ -193,23 +194,35 @@ def partition_into_micro_batches(lengths: Sequence[int], capacity: int,
     return [sorted(g) for g in bins]
 
 
-def dp_shard_indices(lengths: Sequence[int], world_size: int,
-                     group_size: int = 1) -> list[list[int]]:
-    """Split rows among `world_size` ranks with balanced token counts, keeping consecutive
-    groups of `group_size` rows (e.g. the samples of one prompt) on the same rank."""
-    if len(lengths) % group_size:
-        raise ValueError(f"batch of {len(lengths)} rows is not a multiple of "
-                         f"group_size={group_size}")
-    group_lens = [sum(lengths[g * group_size:(g + 1) * group_size])
+def dp_shard_indices(lengths: Sequence[int], world_size: int, group_size: int = 1,
+                     group_ids: Optional[Sequence[int]] = None) -> list[list[int]]:
+    """Split rows among `world_size` ranks with balanced token counts, keeping each group on
+    one rank: the rows that share a `group_ids` value when given (groups of any size, e.g. an
+    agent's turns or a group without its failed samples), else consecutive runs of
+    `group_size` rows (e.g. the samples of one prompt)."""
+    if group_ids is not None:
+        if len(group_ids) != len(lengths):
+            raise ValueError(f"{len(group_ids)} group ids for {len(lengths)} rows")
+        members: dict[int, list[int]] = {}
+        for row, gid in enumerate(group_ids):
+            members.setdefault(int(gid), []).append(row)
+        groups = list(members.values())
+    else:
+        if len(lengths) % group_size:
+            raise ValueError(f"batch of {len(lengths)} rows is not a multiple of "
+                             f"group_size={group_size}")
+        groups = [list(range(g * group_size, (g + 1) * group_size))
                   for g in range(len(lengths) // group_size)]
-    groups = _lpt(group_lens, range(len(group_lens)), world_size)
-    return [sorted(i for g in gs for i in range(g * group_size, (g + 1) * group_size))
-            for gs in groups]
+    group_lens = [sum(lengths[i] for i in rows) for rows in groups]
+    assigned = _lpt(group_lens, range(len(groups)), world_size)
+    return [sorted(i for g in gs for i in groups[g]) for gs in assigned]
 
 
 def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:
-    """This rank's rows of a full batch (see `dp_shard_indices`), for callers that hold the
-    whole batch on every rank; `FSDPEngine` expects the local shard."""
+    """This rank's rows of a full batch (see `dp_shard_indices`; a `group_id` key, when the
+    batch has one, defines the groups), for callers that hold the whole batch on every rank;
+    `FSDPEngine` expects the local shard."""
     lengths = sequence_lengths(batch["attention_mask"]).tolist()
-    rows = dp_shard_indices(lengths, world_size, group_size)[rank]
+    group_ids = batch["group_id"].tolist() if "group_id" in batch.keys() else None
+    rows = dp_shard_indices(lengths, world_size, group_size, group_ids)[rank]
     return batch[torch.as_tensor(rows, dtype=torch.long)]

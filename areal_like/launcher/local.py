@@ -160,6 +160,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C cleans up too, even when started from a script's background job (which would
+    # inherit SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return launch(argv[0], argv[1:])
     except ConfigError as e:

@@ -1,123 +1,278 @@
 """Run reward functions without blocking the rollout event loop, each call bounded in time.
 
-Sync reward functions run in a process pool (verifiers like math-verify or sympy can hang or
-hold the GIL for seconds); async reward functions are awaited directly. A reward that raises
-or times out yields 0.0 and is logged and counted, or raises when `on_error="raise"`.
-A timed-out worker cannot be interrupted, so the pool is torn down (its processes killed) and
-rebuilt on the next call.
+Sync reward functions run in a `pebble` process pool (verifiers like math-verify or sympy can
+hang or hold the GIL for seconds): a call's timeout clock starts when a worker starts it, not
+while it queues, and a call that overruns is stopped by terminating its worker alone — the
+calls running beside it are not affected and the pool replaces the worker. Async reward
+functions are awaited directly; with `use_processes=False` sync functions run in threads
+(the timeout then marks the sample failed, but a hung thread cannot be stopped).
+
+A call that raises, times out, crashes its worker or returns something other than a finite
+real number raises `RewardFailure` — never a 0.0 — and is counted (`reward/failed`,
+`reward/timeouts`, and per function `reward/<name>/...`). The error budget
+(`RewardConfig.max_failure_rate` over `failure_window`) turns too many failures of one
+function into `RewardBudgetExceeded`, which stops the run. `on_failure="constant"` is the
+explicit opt-in to train on `failure_reward` instead (still counted and budgeted).
+
+Recipes share one executor per process: `configure_rewards(config.reward)` then
+`default_reward_executor()`; workflows use it unless given their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import logging
 import multiprocessing
 import threading
-from typing import Any, Callable, Literal, Optional
+import traceback
+from collections import Counter
+from typing import Any, Callable, Optional
 
+from pebble import ProcessExpired, ProcessPool
+
+from areal_like.api.config import RewardConfig
 from areal_like.rewards import pool_worker
+from areal_like.rewards.budget import FailureBudget
+from areal_like.rewards.checks import (
+    check_picklable,
+    check_signature,
+    reward_name,
+    where_defined,
+    worker_load_hint,
+)
+from areal_like.rewards.errors import RewardFailure, RewardFunctionError
 from areal_like.utils import stats_tracker
 
 logger = logging.getLogger(__name__)
 
-
-class RewardError(RuntimeError):
-    """A reward function failed or timed out (raised only with `on_error="raise"`)."""
+_TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
 
 
 class RewardExecutor:
     """Evaluate `reward_fn(prompt, completion, **data)` safely from async code."""
 
-    def __init__(
-        self,
-        max_workers: int = 1,
-        timeout: float = 15.0,
-        on_error: Literal["zero", "raise"] = "zero",
-        use_processes: bool = True,
-        startup_timeout: float = 120.0,
-    ) -> None:
-        if on_error not in ("zero", "raise"):
-            raise ValueError(f"RewardExecutor.on_error={on_error!r}; expected 'zero' or 'raise'")
-        self.max_workers = max_workers
-        self.timeout = timeout
-        self.on_error = on_error
-        self.use_processes = use_processes
-        self.startup_timeout = startup_timeout
+    def __init__(self, config: Optional[RewardConfig] = None) -> None:
+        self.config = config or RewardConfig()
+        self.budget = FailureBudget(self.config.max_failure_rate, self.config.failure_window)
         self.n_calls = 0
-        self.n_errors = 0
-        self.n_timeouts = 0
-        self._pool: Optional[concurrent.futures.Executor] = None
+        self.failures: Counter[str] = Counter()  # by kind
+        self._pool: Optional[ProcessPool] = None
+        self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
+        self._logged_first: set[str] = set()
 
-    async def _get_pool(self) -> concurrent.futures.Executor:
-        """The pool, started and warmed up first: worker start-up does not count against a
-        reward's timeout (it can take seconds on a loaded machine)."""
+    @property
+    def n_failed(self) -> int:
+        return sum(self.failures.values())
+
+    # ---- pools --------------------------------------------------------------------------
+    def _process_pool(self) -> ProcessPool:
         with self._lock:
-            pool, fresh = self._pool, self._pool is None
-            if pool is None:
-                if self.use_processes:
-                    # spawn: forking a process that runs threads and an event loop is unsafe
-                    ctx = multiprocessing.get_context("spawn")
-                    pool = concurrent.futures.ProcessPoolExecutor(self.max_workers, mp_context=ctx)
-                else:
-                    pool = concurrent.futures.ThreadPoolExecutor(self.max_workers)
-                self._pool = pool
-        if fresh:
-            loop = asyncio.get_running_loop()
-            warmups = [loop.run_in_executor(pool, pool_worker.ready)
-                       for _ in range(self.max_workers)]
-            await asyncio.wait_for(asyncio.gather(*warmups), timeout=self.startup_timeout)
-        return pool
+            if self._pool is None:
+                # spawn: forking a process that runs threads and an event loop is unsafe
+                self._pool = ProcessPool(max_workers=self.config.max_workers,
+                                         context=multiprocessing.get_context("spawn"))
+            return self._pool
 
-    def _kill_pool(self) -> None:
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if isinstance(pool, concurrent.futures.ProcessPoolExecutor):
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-
-    async def __call__(
-        self, reward_fn: Callable[..., Any], prompt: str, completion: str, **data: Any
-    ) -> float:
-        self.n_calls += 1
-        name = getattr(reward_fn, "__qualname__", repr(reward_fn))
-        try:
-            if inspect.iscoroutinefunction(reward_fn):
-                value = await asyncio.wait_for(
-                    reward_fn(prompt, completion, **data), timeout=self.timeout
-                )
-            else:
-                loop = asyncio.get_running_loop()
-                pool = await self._get_pool()
-                future = loop.run_in_executor(
-                    pool, pool_worker.call_reward, reward_fn, prompt, completion, data
-                )
-                value = await asyncio.wait_for(future, timeout=self.timeout)
-            return float(value)
-        except asyncio.TimeoutError as e:
-            self.n_timeouts += 1
-            stats_tracker.add(**{"reward/timeouts": 1})
-            if not inspect.iscoroutinefunction(reward_fn):
-                self._kill_pool()
-            return self._fail(f"reward {name} timed out after {self.timeout}s", e)
-        except Exception as e:
-            self.n_errors += 1
-            stats_tracker.add(**{"reward/errors": 1})
-            return self._fail(f"reward {name} raised {type(e).__name__}: {e}", e)
-
-    def _fail(self, message: str, cause: BaseException) -> float:
-        if self.on_error == "raise":
-            raise RewardError(message) from cause
-        logger.warning("%s; using reward 0.0", message)
-        return 0.0
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    self.config.max_workers, thread_name_prefix="reward")
+            return self._threads
 
     def shutdown(self) -> None:
+        """Stop the workers (running calls are terminated). Safe to call twice."""
         with self._lock:
             pool, self._pool = self._pool, None
+            threads, self._threads = self._threads, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.stop()
+            pool.join(timeout=30)
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
+
+    # ---- fail fast ----------------------------------------------------------------------
+    def check_early(self, fn: Callable[..., Any]) -> None:
+        """The checks that need no data and no worker (cheap; workflows run them when they
+        are built): `fn` takes (prompt, completion, ...) and can be sent to workers."""
+        check_signature(fn, None)
+        if self.config.use_processes and not inspect.iscoroutinefunction(fn):
+            check_picklable(fn)
+
+    def check(self, fn: Callable[..., Any], data: Optional[dict[str, Any]] = None,
+              load_in_worker: bool = True) -> None:
+        """Raise `RewardFunctionError` unless `fn` can be called with the documented
+        signature on `data` (a dataset item) and, when it will run in worker processes, be
+        sent to one and (with `load_in_worker`) loaded there, bounded by `startup_timeout`.
+        Blocks; call it before training starts, not from the event loop."""
+        check_signature(fn, data)
+        if inspect.iscoroutinefunction(fn) or not self.config.use_processes:
+            return
+        check_picklable(fn)
+        if not load_in_worker:
+            return
+        future = self._process_pool().schedule(pool_worker.ready, args=(fn,))
+        try:
+            future.result(timeout=self.config.startup_timeout)
+        except _TIMEOUTS:
+            future.cancel()
+            raise RewardFunctionError(
+                f"reward worker processes did not load reward function {reward_name(fn)} "
+                f"(from {where_defined(fn)}) within reward.startup_timeout="
+                f"{self.config.startup_timeout} s; {worker_load_hint(fn)}") from None
+        except Exception as e:
+            raise RewardFunctionError(
+                f"reward worker processes could not load reward function {reward_name(fn)} "
+                f"(from {where_defined(fn)}): {type(e).__name__}: {e}; {worker_load_hint(fn)}"
+            ) from e
+
+    # ---- calls --------------------------------------------------------------------------
+    async def __call__(self, reward_fn: Callable[..., Any], prompt: str, completion: str,
+                       **data: Any) -> float:
+        """The reward, or `RewardFailure` (see module doc)."""
+        name = reward_name(reward_fn)
+        try:
+            if inspect.iscoroutinefunction(reward_fn):
+                value = await self._call_async(reward_fn, prompt, completion, data)
+            elif self.config.use_processes:
+                value = await self._call_in_process(reward_fn, prompt, completion, data)
+            else:
+                value = await self._call_in_thread(reward_fn, prompt, completion, data)
+        except RewardFailure as failure:
+            return self._failed(name, failure)
+        self.n_calls += 1
+        stats_tracker.add(**{"reward/calls": 1})
+        self.budget.record(name, None)
+        return value
+
+    def _failure(self, fn: Callable[..., Any], outcome: tuple) -> RewardFailure:
+        kind, detail = outcome[0], outcome[1]
+        return RewardFailure(reward_name(fn), kind, detail, outcome[2] if len(outcome) > 2 else "")
+
+    async def _call_async(self, fn: Callable[..., Any], prompt: str, completion: str,
+                          data: dict[str, Any]) -> float:
+        try:
+            value = await asyncio.wait_for(fn(prompt, completion, **data), self.config.timeout)
+        except _TIMEOUTS:
+            raise self._timeout(fn) from None
+        except Exception as e:
+            raise RewardFailure(reward_name(fn), "raised", f"{type(e).__name__}: {e}",
+                                traceback.format_exc()) from e
+        return self._coerce(fn, value)
+
+    async def _call_in_process(self, fn: Callable[..., Any], prompt: str, completion: str,
+                               data: dict[str, Any]) -> float:
+        future = self._process_pool().schedule(
+            pool_worker.call_reward, args=(fn, prompt, completion, data),
+            timeout=self.config.timeout)
+        try:
+            outcome = await asyncio.wrap_future(future)
+        except _TIMEOUTS:
+            raise self._timeout(fn) from None
+        except ProcessExpired as e:
+            raise RewardFailure(reward_name(fn), "crashed",
+                                f"worker exit code {e.exitcode}") from None
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            future.cancel()
+            raise
+        except Exception as e:  # e.g. the data could not be pickled to the worker
+            raise RewardFailure(reward_name(fn), "raised",
+                                f"could not run in a worker: {type(e).__name__}: {e}") from e
+        if outcome[0] != "ok":
+            raise self._failure(fn, outcome)
+        return float(outcome[1])
+
+    async def _call_in_thread(self, fn: Callable[..., Any], prompt: str, completion: str,
+                              data: dict[str, Any]) -> float:
+        loop = asyncio.get_running_loop()
+        started: asyncio.Future[None] = loop.create_future()
+
+        def run() -> tuple:
+            loop.call_soon_threadsafe(_set_once, started)
+            return pool_worker.call_reward(fn, prompt, completion, data)
+
+        result = loop.run_in_executor(self._thread_pool(), run)
+        await started  # queueing for a thread is not execution: the clock starts now
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(result), self.config.timeout)
+        except _TIMEOUTS:
+            logger.error("reward %s still runs in a thread after its timeout; threads cannot be "
+                         "stopped (reward.use_processes=true can)", reward_name(fn))
+            raise self._timeout(fn) from None
+        if outcome[0] != "ok":
+            raise self._failure(fn, outcome)
+        return float(outcome[1])
+
+    def _timeout(self, fn: Callable[..., Any]) -> RewardFailure:
+        return RewardFailure(reward_name(fn), "timeout",
+                             f"no result {self.config.timeout} s after it started "
+                             f"(reward.timeout)")
+
+    def _coerce(self, fn: Callable[..., Any], value: Any) -> float:
+        try:
+            return pool_worker.coerce_reward(value)
+        except pool_worker.InvalidReward as e:
+            raise RewardFailure(reward_name(fn), "invalid", str(e)) from None
+
+    def _failed(self, name: str, failure: RewardFailure) -> float:
+        self.n_calls += 1
+        self.failures[failure.kind] += 1
+        counts = {"reward/calls": 1, "reward/failed": 1, f"reward/{name}/failed": 1}
+        if failure.kind == "timeout":
+            counts |= {"reward/timeouts": 1, f"reward/{name}/timeouts": 1}
+        stats_tracker.add(**counts)
+        if name not in self._logged_first:
+            self._logged_first.add(name)
+            logger.error("%s (first failure of this function; failed samples are excluded "
+                         "from training)%s", failure,
+                         f"\n{failure.traceback_text}" if failure.traceback_text else "")
+        else:
+            logger.warning("%s", failure)
+        self.budget.record(name, failure)  # raises RewardBudgetExceeded past the budget
+        if self.config.on_failure == "constant":
+            return self.config.failure_reward
+        raise failure
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---- the process-wide executor recipes share --------------------------------------------
+_default: Optional[RewardExecutor] = None
+_default_lock = threading.Lock()
+
+
+def default_reward_executor() -> RewardExecutor:
+    """The shared executor (created with default settings unless `configure_rewards` ran)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = RewardExecutor()
+        return _default
+
+
+def configure_rewards(config: RewardConfig) -> RewardExecutor:
+    """Replace the shared executor with one built from `config` (the old one is shut down)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, RewardExecutor(config)
+    if old is not None:
+        old.shutdown()
+    return _default
+
+
+def _shutdown_default() -> None:
+    if _default is not None:
+        _default.shutdown()
+
+
+atexit.register(_shutdown_default)
+
+__all__ = ["RewardExecutor", "RewardFailure", "RewardFunctionError", "configure_rewards",
+           "default_reward_executor"]

@@ -24,7 +24,9 @@ original (its traceback points into the workflow).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
@@ -35,6 +37,7 @@ from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.seeding import begin_episode
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rewards.errors import RewardBudgetExceeded, failures_of
 from areal_like.rollout.batching import (
     min_generated_version,
     trajectory_from_state,
@@ -57,7 +60,12 @@ from areal_like.rollout.executor_state import (
 from areal_like.rollout.loop_thread import EventLoopThread
 from areal_like.rollout.stats import assemble_batch
 
+logger = logging.getLogger(__name__)
+
 POLL_INTERVAL_S = 0.05  # the loop re-checks admission this often (version bumps, resume)
+_OUTCOME_TEXT = {"rejected_by_workflow": "rejected by the workflow (returned None)",
+                 "rejected_by_filter": "rejected by should_accept",
+                 "failed_reward": "excluded for a failed reward"}
 STATE_FORMAT = 2
 
 
@@ -88,6 +96,9 @@ class WorkflowExecutor:
         self._initialized = False
         self._closed = False
         self._admit_scheduled = False
+        # Keep the rows of a group whose other rewards failed? Only safe when the advantage
+        # estimator uses no group statistics (recipes set it from the algorithm).
+        self.keep_partial_groups = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(self, timeout: float = 10.0) -> None:
@@ -167,25 +178,51 @@ class WorkflowExecutor:
         try:
             kind, payload = await self._episode_outcome(sub)
         except asyncio.CancelledError:
-            self._state.finish(sub, "cancelled", None)
-            raise
+            if self._closed:  # shutdown: the only cancellation that is not a failure
+                self._state.finish(sub, "cancelled", None)
+                raise
+            kind, payload = "failed", workflow_error(sub, RuntimeError(
+                "the episode was cancelled while the executor was running (an awaited task or "
+                "future was cancelled by something other than shutdown)"))
+        except RewardBudgetExceeded as exc:  # stops the run, as it is (it names the function)
+            kind, payload = "fatal", exc
         except Exception as exc:  # handed to the caller of wait(), chained to `exc`
-            kind, payload = "failed", workflow_error(sub, exc)
+            failures = failures_of(exc)
+            if failures is None:
+                kind, payload = "failed", workflow_error(sub, exc)
+            else:
+                kind, payload = self._reward_failed(sub, exc)
         # outside the try: a failure here is the executor's bug and becomes fatal
         self._state.finish(sub, kind, payload)
         self._kick_from_loop()
 
+    def _reward_failed(self, sub: Submission, exc: Exception) -> tuple[str, Any]:
+        """A reward call of the episode failed: exclude the episode, or — when the estimator
+        uses no group statistics — keep the samples whose rewards succeeded."""
+        survivors = getattr(exc, "survivors", None)
+        if survivors is None or not self.keep_partial_groups:
+            return "failed_reward", None
+        try:
+            outcome = self._judge(sub, survivors)
+        except Exception as judge_exc:
+            return "failed", workflow_error(sub, judge_exc)
+        return ("partial_" + outcome[0], outcome[1]) if outcome[0] == "accepted" else outcome
+
     async def _episode_outcome(self, sub: Submission) -> tuple[str, Optional[EpisodeResult]]:
-        start = time.monotonic()
+        sub.start = time.monotonic()
         begin_episode(sub.episode_seed)  # this task's context: seeds its requests in order
         trajectory = await sub.workflow.arun_episode(self.engine, sub.data)
         if trajectory is None:
             return "rejected_by_workflow", None
+        return self._judge(sub, trajectory)
+
+    @staticmethod
+    def _judge(sub: Submission, trajectory: Any) -> tuple[str, Optional[EpisodeResult]]:
         validate_trajectory(trajectory)
         if sub.should_accept is not None and not sub.should_accept(trajectory):
             return "rejected_by_filter", None
         return "accepted", EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
-                                         time.monotonic() - start,
+                                         time.monotonic() - sub.start,
                                          min_generated_version(trajectory))
 
     def _kick_from_loop(self) -> None:
@@ -246,13 +283,16 @@ class WorkflowExecutor:
                                                version))
         version = self.engine.get_version()
         results = self._state.drop_stale_results(outcomes, version)
-        if not results:
-            c = self._state.counters
-            raise NoTrajectoriesError(
-                f"rollout_batch: none of the {len(data)} items gave a trajectory to train on "
-                f"(totals so far: rejected by the workflow {c.rejected_by_workflow}, by "
-                f"should_accept {c.rejected_by_filter}, dropped as stale {c.dropped_stale})"
-            )
+        if len(results) < len(data):  # never fewer rows without saying why
+            kinds = Counter(_OUTCOME_TEXT.get(kind, kind) for kind, _ in outcomes)
+            kinds["dropped as stale"] = kinds["accepted"] - len(results)
+            why = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())
+                            if n and k != "accepted")
+            message = (f"rollout_batch: {len(results)} of {len(data)} items gave a trajectory "
+                       f"to train on ({why})")
+            if not results:
+                raise NoTrajectoriesError(message)
+            logger.warning("%s", message)
         return self._assemble(results, version)
 
     def prepare_batch(

@@ -60,6 +60,7 @@ class Submission:
     bounded: bool  # counts against the staleness bound (False: rollout_batch items)
     episode_seed: int
     ticket: Optional[Ticket] = None
+    start: float = 0.0  # monotonic time the episode was admitted
 
 
 @dataclass
@@ -226,7 +227,9 @@ class ExecutorState:
         return started
 
     def finish(self, sub: Submission, kind: str, payload: Any) -> None:
-        """Record an episode's outcome: accepted / rejected_by_* / failed / cancelled."""
+        """Record an episode's outcome: accepted / partial_accepted (a group without its
+        failed-reward samples) / rejected_by_* / failed (a workflow error, raised to the
+        caller) / fatal (raised as it is) / failed_reward (excluded, counted) / cancelled."""
         with self.cond:
             self.running.pop(sub.seq, None)
             if sub.bounded:
@@ -236,14 +239,19 @@ class ExecutorState:
                 c.cancelled += 1
             else:
                 c.completed += 1
-                setattr(c, kind, getattr(c, kind) + 1)
+                if kind == "partial_accepted":
+                    c.partial_groups += 1
+                    kind = "accepted"
+                counter = "failed" if kind == "fatal" else kind
+                setattr(c, counter, getattr(c, counter) + 1)
+            raises = kind in ("failed", "fatal")
             # wake waiters only when it can matter: one wake per episode costs a thread switch
             if sub.ticket is not None:
                 ticket = sub.ticket
                 ticket.outcomes[sub.seq] = (kind, payload)
-                if kind == "failed" and ticket.failure is None:
+                if raises and ticket.failure is None:
                     ticket.failure = payload
-                wake = kind == "failed" or len(ticket.outcomes) >= len(ticket.seqs)
+                wake = raises or len(ticket.outcomes) >= len(ticket.seqs)
             elif kind == "accepted":
                 self.ready.append(payload)
                 if payload.min_version is not None:
@@ -252,7 +260,7 @@ class ExecutorState:
                     c.staleness_accepted += 1
                 wake = any(len(self.ready) >= n for n in self.ready_waits)
             else:  # an error to raise, or a rejection that changes how much to prefetch
-                if kind == "failed":
+                if raises:
                     self.errors.append(payload)
                 wake = True
             if wake:
@@ -367,7 +375,8 @@ class ExecutorState:
             text = (
                 f"produced {c.completed} episodes (accepted {c.accepted}, rejected {c.rejected}: "
                 f"{c.rejected_by_workflow} by the workflow returning None, "
-                f"{c.rejected_by_filter} by should_accept; failed {c.failed}); dropped as "
+                f"{c.rejected_by_filter} by should_accept; failed {c.failed}; excluded for a "
+                f"failed reward {c.failed_reward}); dropped as "
                 f"stale {c.dropped_stale}; consumed {c.consumed}; still running "
                 f"{len(self.running)}, queued {queued}; version {version}, eta {eta}."
             )

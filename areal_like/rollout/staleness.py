@@ -47,7 +47,9 @@ class RolloutCounters:
     accepted: int = 0
     rejected_by_workflow: int = 0  # arun_episode returned None
     rejected_by_filter: int = 0  # should_accept returned False
-    failed: int = 0
+    failed: int = 0  # the workflow raised (the error reaches the caller of wait)
+    failed_reward: int = 0  # excluded: a reward call of the episode failed (counted, not raised)
+    partial_groups: int = 0  # accepted without their failed samples (no group statistics)
     dropped_stale: int = 0
     consumed: int = 0
     cancelled: int = 0

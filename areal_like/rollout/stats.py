@@ -5,7 +5,7 @@ Exported keys (under the caller's stats_tracker scope, then `rollout/`):
   `buffered`, `capacity`, `version`, `staleness_avg`, `staleness_max`,
   `episode_latency_avg_s`, `episode_latency_max_s`;
 - cumulative totals (scalar): `accepted_total`, `rejected_total`, `dropped_stale_total`,
-  `failed_total`;
+  `failed_total`, `failed_reward_total` (excluded for a failed reward), `partial_groups_total`;
 - counts (summed between exports): `consumed_groups`, `consumed_sequences`,
   `staleness_hist/<k>` = number of consumed groups whose oldest trained token is k versions
   behind the version at consumption.
@@ -52,6 +52,8 @@ def assemble_batch(
             capacity=gauges["capacity"], version=version,
             accepted_total=gauges["accepted"], rejected_total=gauges["rejected"],
             dropped_stale_total=gauges["dropped_stale"], failed_total=gauges["failed"],
+            failed_reward_total=gauges["failed_reward"],
+            partial_groups_total=gauges["partial_groups"],
             staleness_avg=last["staleness_avg"], staleness_max=last["staleness_max"],
             episode_latency_avg_s=last["episode_latency_avg_s"],
             episode_latency_max_s=last["episode_latency_max_s"],

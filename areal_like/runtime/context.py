@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -21,11 +21,14 @@ from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import to_yaml
 from areal_like.data.packing import shard_batch
 from areal_like.runtime.checkpoint import Checkpointer
+from areal_like.runtime.main_rank import run_on_main
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
 from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir
+from areal_like.utils.quiet import silence_library_progress_bars
 
 logger = logging.getLogger("areal_like")
+T = TypeVar("T")
 
 
 def seed_everything(seed: int) -> None:
@@ -39,10 +42,11 @@ class RunContext:
 
     def __init__(self, config: BaseExperimentConfig, console_keys: Optional[list[str]] = None):
         self.config = config
+        silence_library_progress_bars()  # the run's own bar and metric lines only
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         # the actor engine's backend: the engine then joins this group instead of making one
         device, backend = resolve_device_and_backend(config.actor.backend)
-        ensure_process_group(backend, device)
+        ensure_process_group(backend, device, config.actor.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         seed_everything(config.seed + self.rank)
         self.dir = run_dir(config.logging)
@@ -66,6 +70,11 @@ class RunContext:
     def timing(self, name: str) -> Iterator[None]:
         with stats_tracker.record_timing(name):
             yield
+
+    def on_main(self, fn: Callable[[], T], what: str) -> Optional[T]:
+        """Run `fn` on rank 0 while the other ranks wait without hitting the collective
+        timeout; a failure there raises the same `MainRankError` on every rank."""
+        return run_on_main(fn, what, self.config.actor.collective_timeout)
 
     def broadcast_batch(self, batch: Optional[TensorDict], group_size: int) -> TensorDict:
         """Rank 0's batch, split so each rank gets its own rows (groups kept whole)."""

@@ -10,7 +10,9 @@ from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, RolloutWorkflow
 from areal_like.api.seeding import begin_episode
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.errors import failures_of
+from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.utils import stats_tracker
 from workflows.rlvr import RLVRWorkflow
 
 
@@ -25,17 +27,61 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
+def episode_accuracy(trajectory: Any) -> float:
+    """How right one evaluated episode is: its `accuracy` key when the workflow records one
+    (e.g. the memory agent's QA accuracy), else whether its best reward exceeds 0.5."""
+    if "accuracy" in trajectory.keys():
+        return float(trajectory["accuracy"].reshape(-1)[0])
+    return float(float(trajectory["rewards"].max()) > 0.5)
+
+
+def episode_metrics(trajectories: list[Any], keys: tuple[str, ...]) -> dict[str, float]:
+    """Mean over episodes of per-sequence `keys` (first row of each episode: every row of an
+    episode carries the episode's value)."""
+    out = {}
+    for key in keys:
+        values = [float(td[key].reshape(-1)[0]) for td in trajectories if key in td.keys()]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def record_episode_metrics(batch: Any, keys: tuple[str, ...], scope: str = "episode") -> None:
+    """Log the mean over the batch's episodes (one per `group_id`) of per-sequence `keys`."""
+    present = [k for k in keys if k in batch.keys()]
+    if not present:
+        return
+    group_ids = batch["group_id"].tolist() if "group_id" in batch.keys() else range(len(batch))
+    first = sorted({g: i for i, g in reversed(list(enumerate(group_ids)))}.values())
+    with stats_tracker.scope(scope):
+        stats_tracker.scalar(**episode_metrics([batch[i:i + 1] for i in first], tuple(present)))
+
+
+async def _episode(rollout: InferenceEngine, wf: RolloutWorkflow, item: dict[str, Any],
+                   seed: int) -> Any:
+    """One evaluation episode; a failed reward is returned (counted, excluded), not raised."""
+    begin_episode(seed)  # gather runs each episode in its own task (its own context)
+    try:
+        return await wf.arun_episode(rollout, item)
+    except Exception as e:
+        if failures_of(e) is None:
+            raise
+        return e
+
+
 def evaluate(rollout: InferenceEngine, items: list[dict[str, Any]],
              reward_fn: Callable[..., Any], tokenizer: PreTrainedTokenizerBase,
              gconfig: GenerationHyperparameters, pass_k: int = 1, temperature: float = 1.0,
              timeout: float = 600.0, reward_executor: RewardExecutor | None = None,
              workflow: RolloutWorkflow | None = None, pass_n: int = 0) -> dict[str, float]:
-    """`eval/accuracy`: fraction of items whose greedy answer earns reward > 0.5, and
-    `eval/reward`: their mean reward. With `pass_k > 1`, `pass_n` (default `pass_k`) answers
-    per item are sampled at `temperature`: `eval/pass@k` is the mean unbiased estimate of the
-    chance that one of k samples is right, `eval/pass@1` the fraction of right samples.
-    `workflow` replaces the greedy RLVR workflow (e.g. a multi-turn or agent workflow built
-    with a greedy gconfig). Samples are seeded by the executor, so a run repeats exactly.
+    """`eval/accuracy`: mean greedy-episode accuracy (`episode_accuracy`), and `eval/reward`:
+    mean reward. With `pass_k > 1`, `pass_n` (default `pass_k`) answers per item are sampled
+    at `temperature`: `eval/pass@k` is the mean unbiased estimate of the chance that one of k
+    samples is right, `eval/pass@1` the fraction of right samples. `workflow` replaces the
+    greedy RLVR workflow (e.g. a multi-turn or agent workflow built with a greedy gconfig);
+    its `metric_keys` are reported as `eval/<key>`. Samples are seeded by the executor, so a
+    run repeats exactly. Items whose reward failed are excluded and counted
+    (`eval/reward_failed`): a failed reward is not a wrong answer.
 
     Episodes run on the rollout engine's loop next to training rollouts, but outside the
     executor, so they neither count against the staleness budget nor enter training batches.
@@ -43,32 +89,39 @@ def evaluate(rollout: InferenceEngine, items: list[dict[str, Any]],
     executor = getattr(rollout, "executor", None)
     if executor is None:
         raise RuntimeError("evaluate() needs an initialized rollout engine with an executor")
-    reward_executor = reward_executor or RewardExecutor()
+    reward_executor = reward_executor or default_reward_executor()
     greedy = workflow or RLVRWorkflow(reward_fn, gconfig.new(greedy=True, n_samples=1),
                                       tokenizer, reward_executor)
 
-    async def episode(wf: RolloutWorkflow, item: dict[str, Any], seed: int) -> Any:
-        begin_episode(seed)  # gather runs each episode in its own task (its own context)
-        return await wf.arun_episode(rollout, item)
-
     async def episodes(wf: RolloutWorkflow, seeds: list[int]) -> list[Any]:
         pairs = zip(items, seeds, strict=True)
-        return await asyncio.gather(*[episode(wf, it, seed) for it, seed in pairs])
+        return await asyncio.gather(*[_episode(rollout, wf, it, seed) for it, seed in pairs])
 
-    def run(wf: RolloutWorkflow) -> list[Any]:
+    def run(wf: RolloutWorkflow) -> tuple[list[Any], int]:
         seeds = [executor.episode_seed(it) for it in items]  # reproducible samples
-        return executor.run_coroutine(episodes(wf, seeds), timeout=timeout)
+        results = executor.run_coroutine(episodes(wf, seeds), timeout=timeout)
+        done = [r for r in results if not isinstance(r, BaseException)]
+        return done, len(results) - len(done)
 
-    results = run(greedy)
+    results, failed = run(greedy)
+    out = {"eval/n": float(len(results)), "eval/reward_failed": float(failed)}
+    if not results:
+        return out
     rewards = [float(td["rewards"].max()) for td in results]
-    out = {"eval/accuracy": sum(r > 0.5 for r in rewards) / len(rewards),
-           "eval/reward": sum(rewards) / len(rewards), "eval/n": float(len(rewards))}
+    out["eval/accuracy"] = sum(map(episode_accuracy, results)) / len(results)
+    out["eval/reward"] = sum(rewards) / len(rewards)
+    keys = tuple(getattr(greedy, "metric_keys", ()))
+    out |= {f"eval/{k}": v for k, v in episode_metrics(results, keys).items()}
     if pass_k > 1:
         n = pass_n or pass_k
         sampled = RLVRWorkflow(reward_fn, gconfig.new(n_samples=n, greedy=False,
                                                       temperature=temperature),
                                tokenizer, reward_executor)
-        correct = [int((td["rewards"] > 0.5).sum()) for td in run(sampled)]
-        out[f"eval/pass@{pass_k}"] = sum(pass_at_k(n, c, pass_k) for c in correct) / len(correct)
-        out["eval/pass@1"] = sum(correct) / (n * len(correct))
+        groups, failed = run(sampled)
+        out["eval/reward_failed"] += failed
+        if groups:
+            correct = [int((td["rewards"] > 0.5).sum()) for td in groups]
+            out[f"eval/pass@{pass_k}"] = (sum(pass_at_k(n, c, pass_k) for c in correct)
+                                          / len(correct))
+            out["eval/pass@1"] = sum(correct) / (n * len(correct))
     return out

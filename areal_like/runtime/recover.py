@@ -39,6 +39,7 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
     executor = getattr(rollout, "executor", None)
     if executor is not None and state.get("executor") is not None:
         executor.load_state_dict(state["executor"], restore_version=False)
-    push_weights(engine, rollout, version, run.weights_dir)
+    push_weights(engine, rollout, version, run.weights_dir,
+                 collective_timeout_s=run.config.actor.collective_timeout)
     logger.info("recovered from %s: step %d, version %d", path, state["step"], version)
     return int(state["step"]) + 1

@@ -21,12 +21,15 @@ from typing import Any, Callable, Optional
 
 from tensordict import TensorDict
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
+from areal_like.algorithms import uses_group_statistics
 from areal_like.api import RolloutWorkflow
 from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
-from areal_like.data.loader import ItemLoader
+from areal_like.data.loader import ItemLoader, head_items
+from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.tasks import build_task
+from areal_like.rewards.errors import RewardFunctionError
+from areal_like.rewards.executor import configure_rewards
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import evaluate
@@ -51,25 +54,52 @@ class RLSetup:
                  eval_workflow: Optional[Callable[[], RolloutWorkflow]] = None) -> None:
         self.config = config
         self.run = RunContext(config, console_keys=CONSOLE)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        self.tokenizer = load_tokenizer(config.model)
         self.task, self.valid = build_task(config.train_dataset), build_task(config.valid_dataset)
+        self.data_stats: dict[str, float] = {}
+        for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
+            task.dataset, dropped = limit_prompt_length(task.dataset, self.tokenizer,
+                                                        getattr(config, name), name)
+            self.data_stats[f"data/{name.split('_')[0]}_long_prompts_dropped"] = dropped
+        self.rewards = configure_rewards(config.reward)
+        self.check_rewards()  # before anything slow starts: a broken reward fails the run now
         self.actor_engine = start_engine(config.actor)
         self.rollout: Optional[RemoteSGLangEngine] = None
         if self.run.is_main:
             seed = config.seed if config.rollout.seed is None else config.rollout.seed
             self.rollout = RemoteSGLangEngine(dataclasses.replace(config.rollout, seed=seed))
             self.rollout.initialize()
-        self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed)
+            assert self.rollout.executor is not None
+            # a group missing a failed sample gives a wrong baseline to group statistics
+            self.rollout.executor.keep_partial_groups = not uses_group_statistics(
+                config.algorithm)
+        self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
+                                 shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
-        self.eval_items = self.valid.dataset.to_list()[: config.evaluation.n_prompts]
+        valid = config.valid_dataset
+        self.eval_items = head_items(self.valid.dataset, config.evaluation.n_prompts,
+                                     valid.shuffle, valid.seed)
         self.eval_workflow = eval_workflow
+
+    def check_rewards(self) -> None:
+        """Fail fast on a reward function that cannot work: wrong signature for the data,
+        cannot be sent to or loaded by reward workers (see `RewardExecutor.check`). Every
+        rank checks the same things, so every rank fails alike; only rank 0, which runs the
+        rewards, starts workers."""
+        for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
+            example = task.dataset[0] if len(task.dataset) else None
+            try:
+                self.rewards.check(task.reward_fn, example, load_in_worker=self.run.is_main)
+            except RewardFunctionError as e:
+                kind = getattr(self.config, name).type
+                raise RewardFunctionError(f"{name} (type={kind}): {e}") from None
 
     # ---- the loop ---------------------------------------------------------------------------
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)
         if start == 0:
-            self.run.log_step(0, self.held_out())
+            self.run.log_step(0, {**self.data_stats, **self.held_out()})
         total = self.config.total_train_steps
         yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
                         disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
@@ -80,22 +110,34 @@ class RLSetup:
     def next_batch(self, workflow: RolloutWorkflow,
                    should_accept: Optional[Callable[[TensorDict], bool]] = None) -> TensorDict:
         """The next consumer batch (waits only when rollout fell behind), this rank's share."""
-        batch = (self.rollout.prepare_batch(self.loader, workflow, should_accept)
-                 if self.rollout is not None else None)
-        return self.run.broadcast_batch(batch, self.config.algorithm.group_size)
+        def wait_for_batch() -> Optional[TensorDict]:
+            if self.rollout is None:
+                return None
+            return self.rollout.prepare_batch(self.loader, workflow, should_accept)
+
+        batch = self.run.on_main(wait_for_batch, "waiting for a rollout batch")
+        # estimators without group statistics may get groups short of their failed samples
+        group_size = (self.config.algorithm.group_size
+                      if uses_group_statistics(self.config.algorithm) else 1)
+        return self.run.broadcast_batch(batch, group_size)
 
     def push_weights(self, step: int) -> dict[str, float]:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""
-        return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir)
+        return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
+                            collective_timeout_s=self.config.actor.collective_timeout)
 
     def held_out(self) -> dict[str, float]:
-        if self.rollout is None or not self.eval_items:
-            return {}
-        workflow = self.eval_workflow() if self.eval_workflow else None
-        ev = self.config.evaluation
-        return evaluate(self.rollout, self.eval_items, self.valid.reward_fn, self.tokenizer,
-                        self.config.gconfig, ev.pass_k, ev.temperature, workflow=workflow,
-                        pass_n=ev.pass_n)
+        """Held-out metrics (rank 0 evaluates; the other ranks wait for it and get {})."""
+        def run_eval() -> dict[str, float]:
+            if self.rollout is None or not self.eval_items:
+                return {}
+            workflow = self.eval_workflow() if self.eval_workflow else None
+            ev = self.config.evaluation
+            return evaluate(self.rollout, self.eval_items, self.valid.reward_fn, self.tokenizer,
+                            self.config.gconfig, ev.pass_k, ev.temperature, workflow=workflow,
+                            pass_n=ev.pass_n)
+
+        return self.run.on_main(run_eval, "evaluating on held-out data") or {}
 
     def end_step(self, step: int, stats: dict[str, Any],
                  extra_engines: tuple[Any, ...] = ()) -> None:
@@ -121,4 +163,5 @@ class RLSetup:
             print(f"curves: {png}", flush=True)
         if self.rollout is not None:
             self.rollout.destroy()
+        self.rewards.shutdown()
         self.run.close()

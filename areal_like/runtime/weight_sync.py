@@ -7,32 +7,38 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import torch.distributed as dist
-
 from areal_like.api import InferenceEngine, TrainEngine, WeightUpdateMeta
+from areal_like.runtime.main_rank import run_on_main
 
 
 def push_weights(engine: TrainEngine, rollout: Optional[InferenceEngine], version: int,
-                 root: Path, keep: int = 2) -> dict[str, float]:
+                 root: Path, keep: int = 2,
+                 collective_timeout_s: float = 600.0) -> dict[str, float]:
     """Export `engine`'s weights as version `version` and load them on every server.
 
     Every trainer rank calls this; only rank 0 passes `rollout`. Rollouts keep running while
     the trainer writes the folder; the fleet is then paused (in-flight requests retracted,
     not lost), loads the folder labelled `version`, and continues — so tokens generated
     across the switch report both versions. Old folders beyond the last `keep` are removed.
+    The other ranks wait for the fleet with heartbeats (`run_on_main`), so a slow load does
+    not outlast their `collective_timeout_s`, and a failed one fails every rank alike.
     """
     # absolute: servers started elsewhere resolve relative paths against their own cwd
     meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
     start = time.perf_counter()
     engine.update_weights(meta)
     exported = time.perf_counter()
-    if rollout is not None:
+
+    def load_on_fleet() -> None:
+        if rollout is None:
+            return
         rollout.update_weights(meta)  # pause (retract) -> load -> version label -> continue
         for old in sorted(root.glob("v*")):
             if old.name[1:].isdigit() and int(old.name[1:]) <= version - keep:
                 shutil.rmtree(old, ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
+
+    run_on_main(load_on_fleet, f"loading weights version {version} on the fleet",
+                collective_timeout_s)
     engine.set_version(version)
     return {"weight_sync/export_s": exported - start,
             "weight_sync/load_s": time.perf_counter() - exported}

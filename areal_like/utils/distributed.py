@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from areal_like.utils.network import find_free_port
 
-# Bound on every collective: a peer that died or hangs surfaces as an error, not a hang.
+# Bound on every collective (`TrainEngineConfig.collective_timeout`): a peer that died or
+# hangs surfaces as an error, not a hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
 
 
@@ -28,8 +29,10 @@ def resolve_device_and_backend(backend: str) -> tuple[torch.device, str]:
     return torch.device("cpu"), backend
 
 
-def ensure_process_group(backend: str, device: torch.device) -> bool:
-    """Join the torchrun job (RANK/WORLD_SIZE in the environment) or start a one-process group.
+def ensure_process_group(backend: str, device: torch.device,
+                         timeout_s: float = COLLECTIVE_TIMEOUT.total_seconds()) -> bool:
+    """Join the torchrun job (RANK/WORLD_SIZE in the environment) or start a one-process group
+    whose collectives time out after `timeout_s`.
 
     Returns True when this call created the group (the engine then destroys it)."""
     if dist.is_initialized():
@@ -37,7 +40,7 @@ def ensure_process_group(backend: str, device: torch.device) -> bool:
             raise RuntimeError(f"the existing process group uses {dist.get_backend()!r}, but the "
                                f"engine needs {backend!r} (TrainEngineConfig.backend)")
         return False
-    kwargs = {"backend": backend, "timeout": COLLECTIVE_TIMEOUT}
+    kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:

@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
-from areal_like.utils.functional import next_token_logprobs
+from areal_like.utils.functional import next_token_logprobs, next_token_logprobs_entropy
 
 TRAJECTORY_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
 
@@ -62,6 +62,23 @@ def compute_logprobs(engine: TrainEngine, batch: TensorDict,
             f"expected a [B, L] tensor like input_ids {tuple(batch['input_ids'].shape)}"
         )
     return out.float()
+
+
+@torch.no_grad()
+def compute_logprobs_entropy(engine: TrainEngine, batch: TensorDict,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, L] next-token log-probs, [B, L] entropies of the next-token distribution)."""
+    engine.eval()
+
+    def hook(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+        return torch.stack(next_token_logprobs_entropy(logits, mb, temperature), dim=-1)
+
+    out = engine.forward(batch, post_hook=hook)
+    expected = (*batch["input_ids"].shape, 2)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        raise RuntimeError(f"{type(engine).__name__}.forward returned "
+                           f"{tuple(getattr(out, 'shape', ()))}; expected {expected}")
+    return out[..., 0].float(), out[..., 1].float()
 
 
 def split_minibatches(batch: TensorDict, n: int) -> list[TensorDict]:

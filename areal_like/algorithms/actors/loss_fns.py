@@ -11,9 +11,10 @@ Policy objective per token (then aggregated by `loss_agg_mode`):
     l_t = w_t * l_policy(t) - entropy_coef * H_t + kl_ctl * KL_t(pi || pi_ref)
 
 with w_t the decoupled behaviour importance weight (1 when the decoupled loss is off), the KL
-term only when kl_in_reward is False. With top_entropy_ratio < 1 only the highest-entropy
-fraction of the micro-batch's trained tokens is kept (and the aggregation's denominators
-count only those).
+term only when kl_in_reward is False. With top_entropy_ratio < 1 the prepared batch's
+`policy_mask` (the whole batch's highest-entropy tokens, chosen by PPOActor when the batch was
+prepared) replaces loss_mask in the loss and in the aggregation's denominators. Every input is
+zeroed at masked-out positions before use, so NaN/inf there reach neither loss nor gradient.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import torch
 from tensordict import TensorDict
 
 from areal_like.algorithms.aggregation import aggregate_loss
-from areal_like.algorithms.functional import top_fraction_mask
 from areal_like.algorithms.kl import kl_estimate
 from areal_like.algorithms.losses import (
     PolicyLossInputs,
     behaviour_importance_weights,
+    masked_inputs,
     value_loss,
 )
 from areal_like.algorithms.registry import get_policy_loss
@@ -53,23 +54,26 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
     def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
         logp, entropy = next_token_logprobs_entropy(logits, mb, config.temperature)
         trained = mb["loss_mask"].bool()
-        mask = trained
-        if config.top_entropy_ratio < 1.0:
-            mask = top_fraction_mask(entropy.detach(), trained, config.top_entropy_ratio)
-        old = mb["old_logp"].float()
+        # the high-entropy selection was made once for the whole batch (PPOActor)
+        mask = mb["policy_mask"].bool() if "policy_mask" in mb.keys() else trained
+        logp, entropy = masked_inputs(trained, logp, entropy)
+        (old,) = masked_inputs(mask, mb["old_logp"].float())
         inputs = PolicyLossInputs(logp, old, mb["advantages"].float(), mask, mb["cu_seqlens"])
         token_loss, st = policy_loss(inputs, config)
         kept = mask
         if config.use_decoupled_loss:
-            w, kept = behaviour_importance_weights(mb["prox_logp"], mb["logprobs"], mask,
+            w, kept = behaviour_importance_weights(mb["prox_logp"].float(),
+                                                   mb["logprobs"].float(), mask,
                                                    config.behav_imp_weight_cap)
             token_loss = token_loss * w
         if config.entropy_coef:
             token_loss = token_loss - config.entropy_coef * entropy
         kl = None
         if config.kl_ctl and not config.kl_in_reward:
-            kl = kl_estimate(logp, mb["ref_logp"].float(), config.kl_estimator)
+            (ref,) = masked_inputs(mask, mb["ref_logp"].float())
+            kl = kl_estimate(logp, ref, config.kl_estimator)
             token_loss = token_loss + config.kl_ctl * kl
+        token_loss = torch.where(mask, token_loss, torch.zeros_like(token_loss))
         loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss_agg_mode,
                               config.loss_agg_constant)
 
@@ -89,7 +93,8 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
         tracker.stat(denominator="n_valid_tokens", **values)
         tracker.stat(denominator="n_trained_tokens", entropy=entropy.detach())
         if config.use_decoupled_loss:
-            behav_log_w = torch.where(mask, mb["prox_logp"] - mb["logprobs"], 0.0)
+            prox, behav = masked_inputs(mask, mb["prox_logp"].float(), mb["logprobs"].float())
+            behav_log_w = prox - behav
             tracker.denominator(n_behav_kept_tokens=kept)
             tracker.stat(denominator="n_valid_tokens", behav_approx_kl=behav_log_w,
                          behav_capped_ratio=(mask & ~kept).float())

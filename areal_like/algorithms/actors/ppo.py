@@ -11,7 +11,12 @@ which one runs: it only receives `loss_fn` and `loss_weight_fn`.
 Batch keys (token alignment, see `actors/base.py`): input_ids, attention_mask, loss_mask,
 logprobs, rewards [B] or dense [B, L]; optional versions, group_id or uid [B] (else
 consecutive groups of `group_size`), values [B, L] (critic, for gae), baseline_rewards [B]
-(remax), prox_logp / ref_logp [B, L] (computed here when needed and missing).
+(remax, raw: shaped here like the rewards), prox_logp / ref_logp / entropy [B, L] (computed
+here when needed and missing).
+
+With top_entropy_ratio = rho < 1 the prepared batch carries `policy_mask`: the top ceil(rho*n)
+of the n trained tokens of the whole batch (all ranks) by the entropy recorded when the batch
+was prepared; the policy loss and its aggregation weights use exactly those tokens.
 """
 
 from __future__ import annotations
@@ -26,18 +31,28 @@ from tensordict import TensorDict
 from areal_like.algorithms.actors.base import (
     TRAJECTORY_KEYS,
     compute_logprobs,
+    compute_logprobs_entropy,
     default_tracker,
     require_keys,
     train_minibatches,
 )
 from areal_like.algorithms.actors.loss_fns import make_policy_loss_fn
+from areal_like.algorithms.advantages import discounted_returns
 from areal_like.algorithms.aggregation import loss_weight
 from areal_like.algorithms.estimators import AdvantageInputs
-from areal_like.algorithms.filters import filter_zero_variance_groups, sequence_rewards
+from areal_like.algorithms.filters import (
+    filter_zero_variance_groups,
+    sequence_rewards,
+    top_entropy_mask,
+)
 from areal_like.algorithms.functional import group_index_from_ids, shift_to_next_token
 from areal_like.algorithms.kl import kl_estimate
 from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights, normalize
-from areal_like.algorithms.registry import get_advantage_estimator, get_policy_loss
+from areal_like.algorithms.registry import (
+    estimator_traits,
+    get_advantage_estimator,
+    get_policy_loss,
+)
 from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
@@ -62,6 +77,15 @@ class PPOActor:
         if config.kl_ctl > 0 and ref is None:
             raise ValueError(f"AlgorithmConfig.kl_ctl={config.kl_ctl} needs a reference model: "
                              "pass ref=<TrainEngine> to PPOActor (or set kl_ctl=0)")
+        self.traits = estimator_traits(config.adv_estimator)
+        if config.loss_agg_mode == "constant" and config.loss_agg_constant is None:
+            raise ValueError("AlgorithmConfig.loss_agg_mode='constant' needs "
+                             "AlgorithmConfig.loss_agg_constant: set it to the generation budget "
+                             "(gconfig.max_new_tokens; recipe configs fill it in)")
+        if config.overlong_reward_penalty and config.max_response_tokens <= 0:
+            raise ValueError("AlgorithmConfig.overlong_reward_penalty=True needs "
+                             "AlgorithmConfig.max_response_tokens > 0: set it to the generation "
+                             "budget (gconfig.max_new_tokens; recipe configs fill it in)")
         if config.clip_filter_weight and config.adv_estimator == "cpgd":
             raise ValueError("adv_estimator='cpgd' already applies clip-filter weights; "
                              "set clip_filter_weight=False")
@@ -73,6 +97,11 @@ class PPOActor:
     def compute_logp(self, batch: TensorDict) -> torch.Tensor:
         """[B, L] next-token log-probs under the current weights (the proximal policy)."""
         return compute_logprobs(self.engine, batch, self.config.temperature)
+
+    @torch.no_grad()
+    def compute_logp_entropy(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, L] next-token log-probs and entropies under the current weights."""
+        return compute_logprobs_entropy(self.engine, batch, self.config.temperature)
 
     @torch.no_grad()
     def compute_ref_logp(self, batch: TensorDict) -> torch.Tensor:
@@ -103,7 +132,15 @@ class PPOActor:
                 tracker.scalar(**counts)
             needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss
             extra: dict[str, torch.Tensor] = {}
-            if needs_prox:
+            if cfg.top_entropy_ratio < 1.0 and "entropy" not in batch.keys():
+                # the filter uses the entropy of the policy that made the batch's step: one
+                # forward gives it together with the proximal log-probs
+                logp, extra["entropy"] = self.compute_logp_entropy(batch)
+                if needs_prox and "prox_logp" not in batch.keys():
+                    extra["prox_logp"] = logp
+            elif "entropy" in batch.keys():
+                extra["entropy"] = batch["entropy"]
+            if needs_prox and "prox_logp" not in extra:
                 extra["prox_logp"] = (batch["prox_logp"] if "prox_logp" in batch.keys()
                                       else self.compute_logp(batch))
             if cfg.kl_ctl > 0:
@@ -133,20 +170,26 @@ class PPOActor:
         old = prox if cfg.recompute_logprob else behav
 
         token_kl = None
+        kl_in_reward = cfg.kl_ctl > 0 and cfg.kl_in_reward
         if cfg.kl_ctl > 0:
             ref = torch.where(mask, extra["ref_logp"].float(), zero)
             token_kl = torch.where(mask, kl_estimate(old, ref, cfg.kl_estimator), zero)
-            if cfg.kl_in_reward:
-                token_r = token_r - cfg.kl_ctl * token_kl.double()
-                seq_r = seq_r - cfg.kl_ctl * token_kl.double().sum(-1)
+        if kl_in_reward and self.traits.kl_placement == "token":
+            token_r = token_r - cfg.kl_ctl * token_kl.double()
 
         values = batch.get("values", None)
         if values is not None:
             values = torch.where(mask, values.float(), zero)
+        baseline = batch.get("baseline_rewards", None)
+        if baseline is not None:  # shaped exactly like the rewards it is subtracted from
+            if tuple(baseline.shape) != (batch.batch_size[0],):
+                raise ValueError(f"'baseline_rewards' has shape {tuple(baseline.shape)}; "
+                                 f"expected ({batch.batch_size[0]},)")
+            _, baseline = shape_rewards(baseline, token_mask, scale=cfg.reward_scaling,
+                                        bias=cfg.reward_bias, clip=cfg.reward_clip)
         inputs = AdvantageInputs(
             token_rewards=token_r, seq_rewards=seq_r, loss_mask=mask, group_index=group_index,
-            values=values, baseline_rewards=batch.get("baseline_rewards", None),
-            all_reduce=_distributed(),
+            values=values, baseline_rewards=baseline, all_reduce=_distributed(),
         )
         out = self.estimator(inputs, cfg)
         if tuple(out.advantages.shape) != tuple(mask.shape):
@@ -155,8 +198,11 @@ class PPOActor:
         adv = self._normalize(out.advantages, mask, group_index)
         if cfg.clip_filter_weight:
             weights = clip_filter_weights(seq_r, group_index, cfg.clip_filter_max_weight,
-                                          all_reduce=_distributed())
+                                          cfg.clip_filter_flat_weight, all_reduce=_distributed())
             adv = adv * weights[:, None]
+        if kl_in_reward and self.traits.kl_placement == "outcome":
+            # the penalty's return-to-go, after normalisation (OpenRLHF / LightRFT order)
+            adv = adv - cfg.kl_ctl * discounted_returns(token_kl.double(), mask, cfg.discount)
 
         prepared = {
             "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
@@ -171,6 +217,10 @@ class PPOActor:
             prepared["values"] = values
         if out.returns is not None:
             prepared["returns"] = torch.where(mask, out.returns.float(), zero)
+        if cfg.top_entropy_ratio < 1.0:
+            prepared["policy_mask"] = top_entropy_mask(extra["entropy"], mask,
+                                                       cfg.top_entropy_ratio,
+                                                       all_ranks=_distributed())
         self._record_batch_stats(batch, mask, seq_r, prepared["advantages"], token_kl)
         return TensorDict(prepared, batch_size=batch.batch_size, device=batch.device)
 
@@ -218,6 +268,8 @@ class PPOActor:
         averaged over mini-batches; diagnostics go to the stats tracker under `scope`."""
         prepared = batch if "advantages" in batch.keys() else self.compute_advantages(batch)
         loss_fn = self.make_loss_fn()
-        weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode)
+        mask_key = "policy_mask" if "policy_mask" in prepared.keys() else "loss_mask"
+        weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode,
+                                      mask_key=mask_key)
         return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
                                  weight_fn, self.tracker, self.scope)

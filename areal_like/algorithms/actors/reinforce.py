@@ -18,7 +18,9 @@
 
 The algorithm (REINFORCE with an optional per-sequence baseline, e.g. ReMax's greedy reward):
 
-    A_i = r_i - b_i          (b_i = batch["baseline_rewards"][i], or 0)
+    A_i = shape(r_i) - shape(b_i)   (b_i = batch["baseline_rewards"][i], e.g. the greedy
+                                     completion's raw reward; without it A_i = shape(r_i))
+    shape(x) = clip((x + reward_bias) * reward_scaling, -reward_clip, reward_clip)
     loss = -(1 / #trained tokens) * sum_{i, t trained} A_i * log pi(y_{i,t+1} | y_{i,<=t})
 """
 
@@ -59,10 +61,14 @@ class ReinforceActor:
         require_keys(batch, ("input_ids", "attention_mask", "loss_mask", "rewards"),
                      "ReinforceActor")
         token_mask = batch["loss_mask"].bool()
-        _, reward = shape_rewards(batch["rewards"], token_mask, scale=self.config.reward_scaling,
-                                  bias=self.config.reward_bias, clip=self.config.reward_clip)
-        baseline = batch.get("baseline_rewards", torch.zeros_like(reward))
-        advantages = (reward - baseline.to(reward.dtype)).float()
+        cfg = self.config
+        shape = dict(scale=cfg.reward_scaling, bias=cfg.reward_bias, clip=cfg.reward_clip)
+        _, reward = shape_rewards(batch["rewards"], token_mask, **shape)
+        advantages = reward
+        if "baseline_rewards" in batch.keys():  # shaped exactly like the reward
+            _, baseline = shape_rewards(batch["baseline_rewards"], token_mask, **shape)
+            advantages = reward - baseline
+        advantages = advantages.float()
         mask = shift_to_next_token(token_mask)  # position t now trains token t+1
         with self.tracker.scope("reinforce"):
             self.tracker.denominator(n_seqs=torch.ones_like(token_mask[:, 0]))

@@ -1,0 +1,308 @@
+"""Bad input is stopped where it comes in, with an error naming the key, file or server.
+
+Configs (a recipe YAML plus one bad override), data files, server replies (parsed, and over
+real HTTP from a server that answers garbage), reward functions (run in real worker
+processes) and workflow trajectories. Each case must fail within a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import reward_fns
+import torch
+from aiohttp import web
+from tensordict import TensorDict
+
+from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config_loader import load_config
+from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from areal_like.api.trajectory import TrajectoryError, validate_trajectory
+from areal_like.data.gsm8k import load_gsm8k
+from areal_like.rewards.errors import RewardFailure, RewardFunctionError
+from areal_like.rewards.executor import RewardExecutor
+from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
+from engines.sglang_protocol import SGLangProtocolError, parse_generate_reply
+
+ROOT = Path(__file__).resolve().parents[1]
+BOUND_S = 120.0  # generous: these are checks, not work; a hang is what this catches
+
+
+def _within(fn, *args):
+    """Run fn(*args) in a thread; its exception or result, or a failure after BOUND_S."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(fn, *args)
+        try:
+            return future.result(timeout=BOUND_S)
+        except concurrent.futures.TimeoutError:
+            pytest.fail(f"no answer within {BOUND_S} s: a wait without a timeout")
+
+
+def _raises(fn, *args, match: str):
+    def run():
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            return e
+        return None
+
+    err = _within(run)
+    assert err is not None, "accepted silently"
+    assert match.lower() in str(err).lower(), f"{type(err).__name__}: {err}"
+    return err
+
+
+# ---- configs --------------------------------------------------------------------------
+
+CONFIG_CASES = [
+    ("server.context_length=-5", "context_length"),
+    ("server.context_length=100", "context_length"),
+    ("server.mem_fraction_static=0", "mem_fraction_static"),
+    ("server.n_servers=0", "n_servers"),
+    ("server.max_total_tokens=10", "max_total_tokens"),
+    ("server.threads_per_server=0", "threads_per_server"),
+    ("rollout.max_head_offpolicyness=-1", "max_head_offpolicyness"),
+    ("rollout.consumer_batch_size=0", "consumer_batch_size"),
+    ("rollout.request_timeout=0", "request_timeout"),
+    ("rollout.server_addrs=[nohost]", "server_addrs"),
+    ("rollout.queue_size=-2", "queue_size"),
+    ("algorithm.group_size=3", "group_size"),
+    ("algorithm.temperature=0.5", "temperature"),
+    ("algorithm.use_decoupled_loss=false", "use_decoupled_loss"),
+    ("algorithm.eps_clip=-0.1", "eps_clip"),
+    ("algorithm.top_entropy_ratio=0", "top_entropy_ratio"),
+    ("algorithm.epsclip=0.2", "epsclip"),
+    ("gconfig.max_new_tokens=0", "max_new_tokens"),
+    ("gconfig.n_samples=0", "n_samples"),
+    ("actor.optimizer.lr=-1", "lr"),
+    ("actor.optimizer.beta2=1.5", "beta2"),
+    ("actor.mb_spec.max_tokens_per_mb=0", "max_tokens_per_mb"),
+    ("actor.collective_timeout=0", "collective_timeout"),
+    ("train_dataset.batch_size=0", "batch_size"),
+    ("train_dataset.type=csv", "type"),
+    ("train_dataset.max_prompt_len=0", "max_prompt_len"),
+    ("reward.timeout=0", "timeout"),
+    ("reward.max_failure_rate=2", "max_failure_rate"),
+    ("reward.on_failure=zero", "on_failure"),
+    ("checkpoint.keep_last=0", "keep_last"),
+    ("evaluation.n_prompts=0", "n_prompts"),
+    ("total_train_steps=-1", "total_train_steps"),
+]
+
+
+@pytest.mark.parametrize("override,key", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_value_names_its_key(override, key):
+    from recipes.configs import GRPOConfig
+
+    _raises(load_config, GRPOConfig, ROOT / "recipes/conf/grpo_addition.yaml", [override],
+            match=key)
+
+
+# ---- data files -----------------------------------------------------------------------
+
+DATA_CASES = [
+    ("", "empty"),
+    ('{"question": "q", "answer": "#### 1"}\n{"question": "q2", "answer": \n', "data.jsonl:2"),
+    ('{"question": "q"}\n', "data.jsonl:1: key 'answer' is missing"),
+    ('{"question": null, "answer": "#### 1"}\n', "data.jsonl:1: key 'question' is null"),
+    ('{"question": "q", "answer": "no marker"}\n', "data.jsonl:1: key 'answer'"),
+    ('["q", "#### 1"]\n', "data.jsonl:1"),
+    ('{"question": "", "answer": "#### 1"}\n', "data.jsonl:1: key 'question'"),
+    ('{"question": 7, "answer": "#### 1"}\n', "data.jsonl:1: key 'question'"),
+]
+
+
+@pytest.mark.parametrize("text,message", DATA_CASES,
+                         ids=["empty", "truncated", "missing", "null", "marker", "not-object",
+                              "blank", "not-string"])
+def test_bad_data_file_names_file_line_and_key(tmp_path, text, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text(text)
+    _raises(load_gsm8k, path, match=message)
+
+
+# ---- server replies -------------------------------------------------------------------
+
+def _reply(**changes):
+    reply = {"output_ids": [5, 6],
+             "meta_info": {"output_token_logprobs": [[-0.5, 5, None], [-1.0, 6, None]],
+                           "finish_reason": {"type": "stop"}, "weight_version": "3"}}
+    for key, value in changes.items():
+        if key == "output_ids":
+            reply["output_ids"] = value
+        else:
+            reply["meta_info"][key] = value
+    return reply
+
+
+REPLY_CASES = [
+    ("positive-logprob", _reply(output_token_logprobs=[[7.0, 5, None], [-1.0, 6, None]]),
+     "log-probability 7.0"),
+    ("nan-logprob", _reply(output_token_logprobs=[[math.nan, 5, None], [-1.0, 6, None]]),
+     "log-probability nan"),
+    ("inf-logprob", _reply(output_token_logprobs=[[-1.0, 5, None], [math.inf, 6, None]]),
+     "log-probability inf"),
+    ("text-logprob", _reply(output_token_logprobs=[["abc", 5, None], [-1.0, 6, None]]),
+     "log-probability 'abc'"),
+    ("too-few-logprobs", _reply(output_token_logprobs=[[-1.0, 5, None]]),
+     "1 entries for 2 output tokens"),
+    ("wrong-token", _reply(output_token_logprobs=[[-1.0, 9, None], [-1.0, 6, None]]),
+     "for token 9"),
+    ("bad-finish", _reply(finish_reason={"type": "exploded"}), "finish_reason"),
+    ("bad-spans", _reply(weight_versions=[{"version": "1", "start": 0, "end": 1}]),
+     "weight_versions"),
+    ("bad-version", _reply(weight_version="v1"), "weight version 'v1'"),
+    ("negative-id", _reply(output_ids=[-5, 6]), "output_ids"),
+    ("no-meta", {"output_ids": [5]}, "meta_info"),
+]
+
+
+@pytest.mark.parametrize("reply,message", [c[1:] for c in REPLY_CASES],
+                         ids=[c[0] for c in REPLY_CASES])
+def test_bad_server_reply_names_the_server(reply, message):
+    err = _raises(parse_generate_reply, reply, "10.0.0.7:30000", match=message)
+    assert isinstance(err, SGLangProtocolError) and "10.0.0.7:30000" in str(err)
+
+
+class _GarbageServer:
+    """A real HTTP server on 127.0.0.1 that is healthy but answers /generate with `body`."""
+
+    def __init__(self, body: str) -> None:
+        self.body, self.requests = body, 0
+        self.loop = asyncio.new_event_loop()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(started,), daemon=True)
+        self.thread.start()
+        assert started.wait(30), "test server did not start"
+
+    def _serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+
+        async def health(_):
+            return web.Response(text="")
+
+        async def generate(_):
+            self.requests += 1
+            return web.Response(text=self.body, content_type="application/json")
+
+        app.router.add_get("/health", health)
+        app.router.add_post("/generate", generate)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        started.set()
+        self.loop.run_forever()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.mark.parametrize("body", ["<html>502 bad gateway</html>",
+                                  json.dumps(_reply())[:40]], ids=["garbage", "truncated"])
+def test_malformed_json_is_retried_then_names_server_and_endpoint(body):
+    server = _GarbageServer(body)
+    addr = f"127.0.0.1:{server.port}"
+    engine = RemoteSGLangEngine(RolloutConfig(server_addrs=[addr], request_retries=3,
+                                              retry_backoff=0.01, request_timeout=30))
+    try:
+        engine.initialize()
+        req = ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationHyperparameters())
+        err = _raises(lambda: asyncio.run(engine.agenerate(req)), match=addr)
+        assert isinstance(err, RemoteSGLangError)
+        assert "/generate" in str(err) and "not valid JSON" in str(err)
+        assert body[:20] in str(err)
+        assert server.requests == 3  # retried before giving up
+    finally:
+        engine.destroy()
+        server.stop()
+
+
+# ---- reward functions -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rewards():
+    executor = RewardExecutor(RewardConfig(max_workers=1, max_failure_rate=1.0, timeout=60))
+    yield executor
+    executor.shutdown()
+
+
+@pytest.mark.parametrize("value,detail", [(True, "bool"), ("1.0", "str"), (math.inf, "inf"),
+                                          (None, "None"), (math.nan, "nan"),
+                                          ([1.0], "list")],
+                         ids=["bool", "str", "inf", "none", "nan", "list"])
+def test_invalid_reward_value_is_a_failed_sample_naming_the_function(rewards, value, detail):
+    async def call():
+        return await rewards(reward_fns.returns, "p", "c", value=value)
+
+    err = _raises(lambda: asyncio.run(call()), match="returns")
+    assert isinstance(err, RewardFailure) and err.kind == "invalid"
+    assert detail.lower() in str(err).lower()
+
+
+def _closure_reward():
+    answer = "42"
+
+    def reward(prompt, completion, **_):
+        return float(completion == answer)
+
+    return reward
+
+
+def _one_argument(completion):
+    return 1.0
+
+
+@pytest.mark.parametrize("fn,name", [(lambda p, c, **_: 1.0, "<lambda>"),
+                                     (_closure_reward(), "reward"),
+                                     (_one_argument, "_one_argument")],
+                         ids=["lambda", "closure", "signature"])
+def test_reward_function_that_cannot_run_is_reported_at_startup(rewards, fn, name):
+    err = _raises(rewards.check, fn, {"answer": "1"}, match=name)
+    assert isinstance(err, RewardFunctionError)
+
+
+# ---- trajectories -----------------------------------------------------------------------
+
+def _trajectory(**changes):
+    td = TensorDict({"input_ids": torch.tensor([[1, 2, 3]]),
+                     "attention_mask": torch.ones(1, 3, dtype=torch.long),
+                     "loss_mask": torch.tensor([[0, 1, 1]]),
+                     "logprobs": torch.tensor([[0.0, -0.5, -0.2]]),
+                     "versions": torch.tensor([[-1, 0, 0]]),
+                     "rewards": torch.tensor([1.0])}, batch_size=[1])
+    for key, value in changes.items():
+        td[key] = value
+    return td
+
+
+TRAJECTORY_CASES = [
+    ("empty", TensorDict({k: torch.zeros(0, 3, dtype=torch.long if k != "logprobs"
+                                         else torch.float32)
+                          for k in ("input_ids", "attention_mask", "loss_mask", "logprobs",
+                                    "versions")} | {"rewards": torch.zeros(0)},
+                         batch_size=[0]), "empty"),
+    ("inf-reward", _trajectory(rewards=torch.tensor([math.inf])), "'rewards'"),
+    ("nan-logprob", _trajectory(logprobs=torch.tensor([[0.0, math.nan, -0.2]])), "'logprobs'"),
+    ("no-tokens", _trajectory(attention_mask=torch.zeros(1, 3, dtype=torch.long),
+                              loss_mask=torch.zeros(1, 3, dtype=torch.long)), "no token"),
+]
+
+
+@pytest.mark.parametrize("td,message", [c[1:] for c in TRAJECTORY_CASES],
+                         ids=[c[0] for c in TRAJECTORY_CASES])
+def test_bad_trajectory_is_rejected_naming_the_key(td, message):
+    err = _raises(validate_trajectory, td, match=message)
+    assert isinstance(err, TrajectoryError)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def items(n: int, seconds: float) -> list[dict]:
              "answer": str(i + 1), "seconds": str(seconds)} for i in range(n)]
 
 
+def start_together(out: Path, bound_s: float = 600.0) -> None:
+    """Join the process group only when both ranks are ready: the group's short timeout also
+    bounds its set-up, and on a busy machine one rank may finish importing seconds later."""
+    rank = int(os.environ["RANK"])
+    (out / f"ready{rank}").touch()
+    deadline = time.monotonic() + bound_s
+    while not all((out / f"ready{r}").exists() for r in range(int(os.environ["WORLD_SIZE"]))):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other rank did not start within {bound_s} s")
+        time.sleep(0.02)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["slow", "unguarded", "server_dies"], required=True)
@@ -50,6 +63,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     timeout = args.collective_timeout
+    start_together(Path(args.out))
     ensure_process_group("gloo", torch.device("cpu"), timeout)
     rank = dist.get_rank()
     report: dict = {"rank": rank}

@@ -37,15 +37,17 @@ def _launch(mode: str, out: Path, **args: str) -> subprocess.Popen:
                             text=True)
 
 
-def _reports(out: Path) -> list[dict]:
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def _reports(out: Path, log: str) -> list[dict]:
+    paths = [out / f"rank{r}.json" for r in range(2)]
+    assert all(p.exists() for p in paths), f"a rank wrote no report:\n{log[-6000:]}"
+    return [json.loads(p.read_text()) for p in paths]
 
 
 def test_without_heartbeats_a_long_rank0_phase_kills_the_waiting_rank(tmp_path):
     """The control: the collective timeout is real, so the heartbeats below are needed."""
     proc = _launch("unguarded", tmp_path)
     log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    waiting = _reports(tmp_path)[1]
+    waiting = _reports(tmp_path, log)[1]
     assert "error" in waiting, log[-3000:]
     assert "timed out" in waiting["error"].lower() or "timeout" in waiting["error"].lower()
 
@@ -58,7 +60,7 @@ def test_rank0_may_wait_for_rollouts_longer_than_the_collective_timeout(sglang_f
                    api_key=SGLANG_TEST_API_KEY, model=str(tiny_model_dir))
     log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, log[-6000:]
-    main, waiting = _reports(tmp_path)
+    main, waiting = _reports(tmp_path, log)
     # four rewards of one timeout each, one at a time: the wait outlasted the timeout 4x
     assert main["phase_s"] >= 4 * COLLECTIVE_TIMEOUT_S
     assert waiting["phase_s"] >= 4 * COLLECTIVE_TIMEOUT_S
@@ -87,7 +89,7 @@ def test_server_death_on_rank0_ends_every_rank_with_the_same_error(tiny_model_di
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode != 0
-    main, waiting = _reports(out)
+    main, waiting = _reports(out, log)
     assert main.get("error") and main["error"] == waiting.get("error"), log[-6000:]
     assert main["error"].startswith("MainRankError: rank 0 failed while waiting for rollouts")
     assert fleet.addresses[0] in main["error"]  # names the server that went away

@@ -24,6 +24,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_1m"), size="1m", seed=1)
 
 
+@pytest.fixture
+def executor_factory():
+    """Makes RewardExecutors from RewardConfig keyword arguments; shuts them all down after."""
+    from areal_like.api.config import RewardConfig
+    from areal_like.rewards.executor import RewardExecutor
+
+    made: list = []
+
+    def make(**config):
+        made.append(RewardExecutor(RewardConfig(**config)))
+        return made[-1]
+
+    yield make
+    for executor in made:
+        executor.shutdown()
+
+
 # ---- SGLang fleet (real servers; tests marked `sglang`) -------------------------------------
 SGLANG_TEST_API_KEY = "areal-like-test-key"
 

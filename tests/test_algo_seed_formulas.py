@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 from tensordict import TensorDict
+from test_algo_actors import _grpo_ref
 from test_algo_ref_engine import RefEngine, _batch, _model, _true_logprobs
 
 from areal_like.algorithms import (
@@ -53,16 +54,6 @@ def _trained(batch, i):
 
 def _shape(x, cfg):
     return max(-cfg.reward_clip, min(cfg.reward_clip, (x + cfg.reward_bias) * cfg.reward_scaling))
-
-
-def _grpo(rewards, groups, eps):
-    out = []
-    for i, gi in enumerate(groups):
-        m = [rewards[j] for j in range(len(rewards)) if groups[j] == gi]
-        mu = sum(m) / len(m)
-        sd = math.sqrt(sum((x - mu) ** 2 for x in m) / len(m))
-        out.append(0.0 if max(m) == min(m) else (rewards[i] - mu) / (sd + eps))
-    return out
 
 
 # ---- Dr.GRPO: the constant is the generation budget ---------------------------------------
@@ -147,7 +138,7 @@ def test_kl_penalty_is_added_after_group_normalisation(tiny_model_dir, discount)
     prepared = actor.compute_advantages(batch)
 
     r, g = batch["rewards"].tolist(), batch["group_id"].tolist()
-    outcome = _grpo(r, g, cfg.adv_norm_eps)
+    outcome = _grpo_ref(r, g, cfg.adv_norm_eps)
     flat = {gi: len({r[j] for j in range(8) if g[j] == gi}) == 1 for gi in set(g)}
     w = min(len(flat) / (len(flat) - sum(flat.values())), cfg.clip_filter_max_weight)
     for i in range(8):

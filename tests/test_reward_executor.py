@@ -16,25 +16,11 @@ import numpy as np
 import pytest
 import reward_fns
 
-from areal_like.api.config import RewardConfig
 from areal_like.rewards.budget import FailureBudget
 from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure, RewardFunctionError
 from areal_like.rewards.executor import RewardExecutor
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def executor_factory():
-    made: list[RewardExecutor] = []
-
-    def make(**config) -> RewardExecutor:
-        made.append(RewardExecutor(RewardConfig(**config)))
-        return made[-1]
-
-    yield make
-    for ex in made:
-        ex.shutdown()
 
 
 async def _gather(executor: RewardExecutor, calls: list[tuple]) -> list:

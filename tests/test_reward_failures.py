@@ -17,9 +17,7 @@ from sglang_helpers import make_engine
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters
-from areal_like.api.config import RewardConfig
 from areal_like.rewards.errors import RewardBudgetExceeded, RewardFunctionError
-from areal_like.rewards.executor import RewardExecutor
 from areal_like.runtime.evaluation import evaluate
 from engines.remote_sglang import RemoteSGLangEngine
 from workflows import RLVRWorkflow
@@ -46,30 +44,18 @@ def engine(sglang_fleet) -> Iterator[RemoteSGLangEngine]:
     engine.destroy()
 
 
-@pytest.fixture
-def rewards() -> Iterator[callable]:
-    made: list[RewardExecutor] = []
-
-    def make(**config) -> RewardExecutor:
-        made.append(RewardExecutor(RewardConfig(**config)))
-        return made[-1]
-
-    yield make
-    for executor in made:
-        executor.shutdown()
-
-
 def _completion(tokenizer, batch, row: int) -> str:
     ids = batch["input_ids"][row][batch["loss_mask"][row].bool()].tolist()
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("keep_partial", [False, True])
-def test_raising_reward_never_becomes_a_reward(engine, tokenizer, rewards, keep_partial):
+def test_raising_reward_never_becomes_a_reward(engine, tokenizer, executor_factory,
+                                               keep_partial):
     """The reward raises for a third of the completions. Without group statistics allowed
     to break, groups with a failure are excluded whole; otherwise only the failed samples.
     Every trained row's reward is the function's own value for its completion."""
-    executor = rewards(max_failure_rate=1.0)
+    executor = executor_factory(max_failure_rate=1.0)
     engine.executor.keep_partial_groups = keep_partial
     workflow = RLVRWorkflow(reward_fns.raises_on_third, GCONFIG, tokenizer, executor)
     items = _items(8)
@@ -99,9 +85,10 @@ def busy_machine():
         p.wait(timeout=30)
 
 
-def test_hanging_reward_costs_only_its_group_on_a_busy_machine(engine, tokenizer, rewards,
+def test_hanging_reward_costs_only_its_group_on_a_busy_machine(engine, tokenizer,
+                                                               executor_factory,
                                                                busy_machine, caplog):
-    executor = rewards(timeout=5.0, max_workers=2)
+    executor = executor_factory(timeout=5.0, max_workers=2)
     workflow = RLVRWorkflow(reward_fns.hangs_on, GCONFIG, tokenizer, executor)
     items = _items(16)
     items[5]["hang"] = True
@@ -117,8 +104,8 @@ def test_hanging_reward_costs_only_its_group_on_a_busy_machine(engine, tokenizer
         assert float(batch["rewards"][row]) == float(text.strip() == item["answer"])
 
 
-def test_a_reward_that_always_fails_stops_the_run(engine, tokenizer, rewards):
-    executor = rewards(max_failure_rate=0.05, failure_window=100)
+def test_a_reward_that_always_fails_stops_the_run(engine, tokenizer, executor_factory):
+    executor = executor_factory(max_failure_rate=0.05, failure_window=100)
     workflow = RLVRWorkflow(reward_fns.raises, GCONFIG, tokenizer, executor)
     with pytest.raises(RewardBudgetExceeded) as info:
         engine.rollout_batch(_items(4), workflow)
@@ -128,13 +115,13 @@ def test_a_reward_that_always_fails_stops_the_run(engine, tokenizer, rewards):
         in message and 'reward_fns.py", line' in message
 
 
-def test_lambda_reward_is_refused_when_the_workflow_is_built(tokenizer, rewards):
+def test_lambda_reward_is_refused_when_the_workflow_is_built(tokenizer, executor_factory):
     with pytest.raises(RewardFunctionError, match="<lambda>.*cannot be sent to reward worker"):
-        RLVRWorkflow(lambda p, c, **_: 1.0, GCONFIG, tokenizer, rewards())
+        RLVRWorkflow(lambda p, c, **_: 1.0, GCONFIG, tokenizer, executor_factory())
 
 
-def test_evaluation_excludes_failed_rewards(engine, tokenizer, rewards):
-    executor = rewards(max_failure_rate=1.0)
+def test_evaluation_excludes_failed_rewards(engine, tokenizer, executor_factory):
+    executor = executor_factory(max_failure_rate=1.0)
     items = _items(12)
     result = evaluate(engine, items, reward_fns.raises_on_third, tokenizer, GCONFIG,
                       reward_executor=executor)

@@ -65,14 +65,17 @@ class RLSetup:
         self.check_rewards()  # before anything slow starts: a broken reward fails the run now
         self.actor_engine = start_engine(config.actor)
         self.rollout: Optional[RemoteSGLangEngine] = None
+        group_statistics = uses_group_statistics(config.algorithm)
+        # ranks get whole groups; without group statistics a group may be short of its
+        # failed samples, so any split is right
+        self.shard_group_size = config.algorithm.group_size if group_statistics else 1
         if self.run.is_main:
             seed = config.seed if config.rollout.seed is None else config.rollout.seed
             self.rollout = RemoteSGLangEngine(dataclasses.replace(config.rollout, seed=seed))
             self.rollout.initialize()
             assert self.rollout.executor is not None
             # a group missing a failed sample gives a wrong baseline to group statistics
-            self.rollout.executor.keep_partial_groups = not uses_group_statistics(
-                config.algorithm)
+            self.rollout.executor.keep_partial_groups = not group_statistics
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
@@ -116,10 +119,7 @@ class RLSetup:
             return self.rollout.prepare_batch(self.loader, workflow, should_accept)
 
         batch = self.run.on_main(wait_for_batch, "waiting for a rollout batch")
-        # estimators without group statistics may get groups short of their failed samples
-        group_size = (self.config.algorithm.group_size
-                      if uses_group_statistics(self.config.algorithm) else 1)
-        return self.run.broadcast_batch(batch, group_size)
+        return self.run.broadcast_batch(batch, self.shard_group_size)
 
     def push_weights(self, step: int) -> dict[str, float]:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""

@@ -14,17 +14,20 @@ Requests: `agenerate(req)` generates one sample (`req.gconfig.n_samples` must be
 `agenerate_n(req)` fans `n_samples` samples out concurrently and returns a list. Servers are
 chosen by fewest in-flight requests (or round robin), sticky by `rid`, so a multi-turn
 conversation that reuses its rid hits the server that holds its prefix cache. Connection errors,
-timeouts and HTTP 5xx are retried with exponential backoff, on another server when one exists;
-after `request_retries` tries the error names the server and the cause. Every token's version
-is the one the server reports (`meta_info.weight_versions` spans), not a client-side guess.
-If a request is aborted because this engine paused the fleet in "abort" mode, it is continued
-from the tokens it already has once generation resumes, so callers never see that abort.
+timeouts, HTTP 5xx, malformed JSON and impossible replies are retried with exponential backoff,
+on another server when one exists; after `request_retries` tries the error names the server
+and the cause. A server that stops answering leaves service (no request or weight update goes
+to it) and comes back only after loading the current weights (`engines/sglang_membership.py`);
+while no server is in service, requests wait for one up to `server_down_timeout` s. Every
+token's version is the one the server reports (`meta_info.weight_versions` spans), not a
+client-side guess. If a request is aborted because this engine paused the fleet in "abort"
+mode, it is continued from the tokens it already has once generation resumes, so callers never
+see that abort.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -36,8 +39,26 @@ from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
 from areal_like.api.seeding import derive_seed, request_seed
-from engines.sglang_protocol import generate_payload, parse_generate_reply
+from engines.sglang_http import (
+    CONTROL_TIMEOUT_S,
+    MalformedReplyError,
+    RemoteSGLangError,
+    answers,
+    parse_json_reply,
+    post_json,
+)
+from engines.sglang_http import RETRYABLE as _RETRYABLE
+from engines.sglang_http import RetryableHTTPError as _RetryableHTTPError
+from engines.sglang_membership import FleetMembership
+from engines.sglang_protocol import (
+    GenerateReply,
+    SGLangProtocolError,
+    generate_payload,
+    parse_generate_reply,
+)
 from engines.sglang_routing import ServerPool
+
+__all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -48,43 +69,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
-CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
 # The server (uvicorn) closes idle keep-alive connections after 5 s; the client must drop them
 # first, or it reuses a closed one and gets "Server disconnected".
 KEEPALIVE_S = 4.0
-
-
-class RemoteSGLangError(RuntimeError):
-    """A request or control call to an SGLang server failed; the message names the server."""
-
-
-class _RetryableHTTPError(Exception):
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:300]}")
-
-
-class MalformedReplyError(Exception):
-    """A 200 reply whose body is not JSON (garbage or cut off): retried like a dropped
-    connection, then reported naming the server, the endpoint and the body's first bytes."""
-
-    def __init__(self, addr: str, path: str, text: str, error: Exception) -> None:
-        super().__init__(f"SGLang server {addr}: {path} answered HTTP 200 with a body that is "
-                         f"not valid JSON ({error}; {len(text)} bytes, starting "
-                         f"{text[:200]!r})")
-
-
-def parse_json_reply(text: str, addr: str, path: str) -> Any:
-    if not text.strip():
-        return None  # an empty body (some control endpoints), as aiohttp's resp.json()
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise MalformedReplyError(addr, path, text, e) from None
-
-
-_RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError,
-              _RetryableHTTPError, MalformedReplyError)
+# A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
+# is treated like one that dropped the connection: the request goes to another server.
+_GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
 
 
 class RemoteSGLangEngine(InferenceEngine):
@@ -96,12 +86,17 @@ class RemoteSGLangEngine(InferenceEngine):
         if not self.addresses:
             raise ValueError("RemoteSGLangEngine: no server addresses (RolloutConfig."
                              "server_addrs is empty and no `addresses` were given)")
+        if config.min_servers > len(self.addresses):
+            raise ValueError(f"RolloutConfig.min_servers={config.min_servers} but the fleet has "
+                             f"{len(self.addresses)} server(s): {self.addresses}")
         self.executor: Optional[WorkflowExecutor] = None
         self._owns_executor = False
         self._session: Optional[aiohttp.ClientSession] = None
         self._version = 0
         self._version_lock = threading.Lock()
         self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
+        self.membership = FleetMembership(config, self.servers, self._require_session,
+                                          self._fail)
         self._abort_epoch = 0  # bumped whenever this engine pauses the fleet in "abort" mode
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -126,9 +121,18 @@ class RemoteSGLangEngine(InferenceEngine):
             if check_health:
                 executor.run_coroutine(self.await_healthy(self.config.setup_timeout),
                                        timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
+            executor.run_coroutine(self._start_watch(), timeout=CONTROL_TIMEOUT_S)
         except BaseException:
             self.destroy()
             raise
+
+    async def _start_watch(self) -> None:
+        self.membership.start()
+
+    def _fail(self, error: BaseException) -> None:
+        logger.error("%s", error)
+        if self.executor is not None:
+            self.executor.fail(error)
 
     async def _open_session(self) -> None:
         # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
@@ -141,16 +145,19 @@ class RemoteSGLangEngine(InferenceEngine):
         if executor is None:
             return
         if self._session is not None:
+            executor.run_coroutine(self.membership.stop(), timeout=CONTROL_TIMEOUT_S)
             session, self._session = self._session, None
             executor.run_coroutine(session.close(), timeout=CONTROL_TIMEOUT_S)
         if self._owns_executor:
             executor.destroy()
 
     async def await_healthy(self, timeout: float) -> None:
-        """Poll `/health` of every server until all answer 200; error after `timeout` s."""
+        """Poll `/health` of every server until all answer 200; error after `timeout` s.
+        A server left paused (by a client that died mid-update) is continued."""
         deadline = time.monotonic() + timeout
         for addr in self.addresses:
             last = "no answer"
+            continued = False
             while True:
                 try:
                     wait = max(0.1, min(5.0, deadline - time.monotonic()))
@@ -162,6 +169,16 @@ class RemoteSGLangEngine(InferenceEngine):
                         last = f"HTTP {resp.status}"
                 except _RETRYABLE as e:
                     last = f"{type(e).__name__}: {e}"
+                if not continued and not await answers(self._require_session(), addr, 5.0):
+                    # up but not generating: maybe left paused; continuing is idempotent
+                    continued = True
+                    try:
+                        await self._post_json(addr, "/continue_generation", {},
+                                              CONTROL_TIMEOUT_S)
+                        logger.warning("SGLang server %s answered but was not generating "
+                                       "(%s): continued it", addr, last)
+                    except RemoteSGLangError as e:
+                        last += f"; /continue_generation failed: {e}"
                 if time.monotonic() > deadline:
                     raise RemoteSGLangError(
                         f"SGLang server {addr} not healthy within {timeout:.0f} s "
@@ -256,8 +273,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
                 seed=seed,  # a continuation draws what the uninterrupted request would have
             )
-            addr, data = await self._post_generate(payload, route_key, seg_rid)
-            reply = parse_generate_reply(data, addr, seg_rid)
+            addr, reply = await self._post_generate(payload, route_key, seg_rid)
             if ttft is None:
                 ttft = time.monotonic() - start
             tokens += reply.output_ids
@@ -282,13 +298,13 @@ class RemoteSGLangEngine(InferenceEngine):
     # ---- retries ------------------------------------------------------------
     async def _post_generate(
         self, payload: dict[str, Any], route_key: str, rid: str
-    ) -> tuple[str, Any]:
+    ) -> tuple[str, GenerateReply]:
         session = self._require_session()
         timeout = aiohttp.ClientTimeout(total=self.config.request_timeout)
         tried: list[str] = []
         last_error: BaseException | None = None
         for attempt in range(self.config.request_retries):
-            addr = self.servers.choose(route_key, exclude=frozenset(tried))
+            addr = await self.membership.wait_in_service(route_key, frozenset(tried))
             tried.append(addr)
             # A retry gets a fresh rid: the failed server may still hold the old one.
             payload["rid"] = rid if attempt == 0 else f"{rid}#retry{attempt}"
@@ -303,10 +319,15 @@ class RemoteSGLangEngine(InferenceEngine):
                             f"SGLang server {addr} rejected /generate rid={payload['rid']}: "
                             f"HTTP {resp.status}: {(await resp.text())[:500]}"
                         )
-                    return addr, parse_json_reply(await resp.text(), addr, "/generate")
-            except _RETRYABLE as e:
+                    data = parse_json_reply(await resp.text(), addr, "/generate")
+                    return addr, parse_generate_reply(data, addr, payload["rid"])
+            except _GENERATE_RETRYABLE as e:
                 last_error = e
                 self.servers.mark_failed(addr)
+                if isinstance(e, aiohttp.ClientConnectorError):  # nothing listens: it is down
+                    self.membership.take_out(addr, f"connection refused ({e})")
+                elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
+                    self.membership.check_soon(addr, e)  # dead or hung: out of service
                 logger.warning("SGLang server %s failed rid=%s (try %d/%d): %s: %s", addr,
                                payload["rid"], attempt + 1, self.config.request_retries,
                                type(e).__name__, e)
@@ -341,46 +362,22 @@ class RemoteSGLangEngine(InferenceEngine):
     async def _post_json(
         self, addr: str, path: str, body: dict[str, Any], timeout: float
     ) -> Any:
-        """POST a control call. Every control call is idempotent (pause, continue, load the
-        same folder under the same version), so a dropped connection is retried: a pooled
-        keep-alive connection can be closed by the server just as it is reused."""
-        for attempt in range(CONTROL_RETRIES + 1):
-            try:
-                async with self._require_session().post(
-                    f"http://{addr}{path}", json=body,
-                    timeout=aiohttp.ClientTimeout(total=timeout),
-                ) as resp:
-                    text = await resp.text()
-                    if resp.status != 200:
-                        raise RemoteSGLangError(f"SGLang server {addr}: {path} returned HTTP "
-                                                f"{resp.status}: {text[:500]}")
-                    return parse_json_reply(text, addr, path)
-            except asyncio.TimeoutError:
-                raise RemoteSGLangError(
-                    f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
-                    MalformedReplyError) as e:
-                if attempt == CONTROL_RETRIES:
-                    raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
-                                            f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
-                logger.warning("%s on %s: %s; retrying", path, addr, e)
-                await asyncio.sleep(0.2 * (attempt + 1))
-            except aiohttp.ClientError as e:
-                raise RemoteSGLangError(
-                    f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
-        raise AssertionError("unreachable")
+        return await post_json(self._require_session(), addr, path, body, timeout)
 
-    async def _on_all(self, path: str, body: dict[str, Any], timeout: float) -> list[Any]:
-        """POST to every server concurrently; the first failure (naming its server) raises."""
+    async def _on_all(self, path: str, body: dict[str, Any], timeout: float) -> None:
+        """POST to every server in service concurrently; a server that fails leaves service
+        (it is continued and reloaded before it serves again). Raises only when all fail."""
+        targets = self.servers.in_service()
         results = await asyncio.gather(
-            *(self._post_json(a, path, body, timeout) for a in self.addresses),
-            return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            if len(errors) > 1:
-                logger.error("%s failed on %d servers: %s", path, len(errors), errors)
-            raise errors[0]
-        return results
+            *(self._post_json(a, path, body, timeout) for a in targets), return_exceptions=True)
+        errors = [(a, r) for a, r in zip(targets, results, strict=True)
+                  if isinstance(r, BaseException)]
+        for addr, error in errors:
+            if not isinstance(error, Exception):
+                raise error
+            self.membership.take_out(addr, f"{path} failed: {error}")
+        if targets and len(errors) == len(targets):
+            raise errors[0][1]
 
     async def _pause_servers(self, mode: str) -> None:
         if mode == "abort":
@@ -405,33 +402,24 @@ class RemoteSGLangEngine(InferenceEngine):
         self._run_sync(self.aresume(), 2 * CONTROL_TIMEOUT_S, "resume")
 
     async def aupdate_weights(self, meta: WeightUpdateMeta) -> None:
-        """Pause every server (retract: in-flight requests are kept), load `meta.path` labelled
-        `meta.version`, continue. Requests in flight finish, their tokens carrying both
-        versions. Each step is bounded by `config.weight_update_timeout`."""
+        """On every server in service, each on its own: pause (retract: in-flight requests
+        are kept), load `meta.path` labelled `meta.version`, continue (always, in a `finally`).
+        Requests in flight finish, their tokens carrying both versions. Each step is bounded
+        by `config.weight_update_timeout`; a server that fails leaves service, and the call
+        raises only when every server failed."""
         if meta.type != "disk":
             raise NotImplementedError(
                 f"WeightUpdateMeta.type={meta.type!r}: only 'disk' updates are implemented")
         await self._on_rollout_loop(self._update_from_disk(meta))
 
     async def _update_from_disk(self, meta: WeightUpdateMeta) -> None:
-        timeout = self.config.weight_update_timeout
-        await self._pause_servers("retract")
-        try:
-            replies = await self._on_all(
-                "/update_weights_from_disk",
-                {"model_path": str(meta.path), "weight_version": str(meta.version)}, timeout)
-            for addr, reply in zip(self.addresses, replies, strict=True):
-                if not (isinstance(reply, dict) and reply.get("success")):
-                    raise RemoteSGLangError(
-                        f"SGLang server {addr} failed to load weights from {meta.path}: {reply}")
-        finally:
-            # Always continue: a fleet left paused would hang every rollout.
-            await self._on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
+        await self.membership.update_all(meta)  # per server: pause -> load -> continue
         self.set_version(meta.version)
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
+        # twice: it may first wait for a server's readmission (itself a load) to finish
         self._run_sync(self.aupdate_weights(meta),
-                       self.config.weight_update_timeout + 3 * CONTROL_TIMEOUT_S,
+                       2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S,
                        "update_weights")
 
     def set_version(self, version: int) -> None:
@@ -445,6 +433,20 @@ class RemoteSGLangEngine(InferenceEngine):
     def inflight(self) -> dict[str, int]:
         """In-flight requests per server (a snapshot)."""
         return dict(self.servers.inflight)
+
+    def in_service(self) -> list[str]:
+        """The servers that get requests and weight updates now."""
+        return self.servers.in_service()
+
+    def add_server(self, addr: str) -> None:
+        """Add a server to a running fleet: it loads the current weights and version, then
+        takes traffic (within `health_check_interval` s of answering)."""
+        loop = self._rollout_loop()
+        loop.call_soon_threadsafe(self.servers.add, addr, "new: loading the current weights")
+
+    def fleet_stats(self) -> dict[str, float]:
+        """Servers in service, and how many times servers left, came back or joined."""
+        return {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
 
     # ---- rollout API: delegated to the attached WorkflowExecutor ------------------------
     def _executor(self) -> WorkflowExecutor:

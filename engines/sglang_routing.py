@@ -1,5 +1,7 @@
 """Which SGLang server gets a request: fewest in-flight requests (or round robin), sticky by a
-route key (the request's rid), avoiding servers that failed a moment ago.
+route key (the request's rid), avoiding servers that failed a moment ago and never choosing a
+server that is out of service (dead, failed a weight update, or not yet loaded with the
+current weights).
 
 Not thread-safe on purpose: RemoteSGLangEngine only touches it from its rollout loop.
 """
@@ -14,29 +16,68 @@ MAX_STICKY_KEYS = 100_000  # LRU bound of the route key -> server map
 FAILED_SERVER_COOLDOWN_S = 5.0  # a server that just failed is avoided for this long
 
 
+class NoServerInServiceError(RuntimeError):
+    """Every server is out of service; the message names each one and why."""
+
+
 class ServerPool:
     def __init__(self, addresses: list[str], policy: str = "least_inflight") -> None:
         if policy not in ("least_inflight", "round_robin"):
             raise ValueError(f"schedule policy {policy!r}: expected least_inflight/round_robin")
-        self.addresses = list(addresses)
+        self.addresses: list[str] = []
         self.policy = policy
-        self.inflight = dict.fromkeys(self.addresses, 0)
-        self.failed_at = dict.fromkeys(self.addresses, float("-inf"))
+        self.inflight: dict[str, int] = {}
+        self.failed_at: dict[str, float] = {}
+        self.out_of_service: dict[str, str] = {}  # address -> why
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
+        for addr in addresses:
+            self.add(addr)
+
+    def add(self, addr: str, reason: str = "") -> None:
+        """Add a server; with `reason` it starts out of service (e.g. it must load weights)."""
+        if addr in self.inflight:
+            return
+        self.addresses.append(addr)
+        self.inflight[addr] = 0
+        self.failed_at[addr] = float("-inf")
+        if reason:
+            self.out_of_service[addr] = reason
+
+    def in_service(self) -> list[str]:
+        return [a for a in self.addresses if a not in self.out_of_service]
+
+    def take_out(self, addr: str, reason: str) -> bool:
+        """Stop routing to `addr`; False if it was already out."""
+        if addr in self.out_of_service:
+            return False
+        self.out_of_service[addr] = reason
+        return True
+
+    def put_back(self, addr: str) -> None:
+        self.out_of_service.pop(addr, None)
+        self.failed_at[addr] = float("-inf")
+
+    def describe_out_of_service(self) -> str:
+        return "; ".join(f"{a}: {why}" for a, why in self.out_of_service.items()) or "none"
 
     def _recently_failed(self, addr: str, now: float) -> bool:
         return now - self.failed_at[addr] <= FAILED_SERVER_COOLDOWN_S
 
     def choose(self, route_key: str, exclude: frozenset[str] = frozenset()) -> str:
-        """`route_key`'s sticky server while it is fine, else the best other server (servers
-        in `exclude` only when nothing else is left)."""
+        """`route_key`'s sticky server while it is fine, else the best other server in service
+        (servers in `exclude` only when nothing else is left)."""
+        usable = self.in_service()
+        if not usable:
+            raise NoServerInServiceError(
+                f"no SGLang server in service (out of service: {self.describe_out_of_service()})")
         now = time.monotonic()
         sticky = self._sticky.get(route_key)
-        if sticky is not None and sticky not in exclude and not self._recently_failed(sticky, now):
+        if (sticky is not None and sticky in usable and sticky not in exclude
+                and not self._recently_failed(sticky, now)):
             self._sticky.move_to_end(route_key)
             return sticky
-        candidates = [a for a in self.addresses if a not in exclude] or list(self.addresses)
+        candidates = [a for a in usable if a not in exclude] or usable
         healthy = [a for a in candidates if not self._recently_failed(a, now)]
         # All failed recently: try the one that failed longest ago.
         pool = healthy or sorted(candidates, key=lambda a: self.failed_at[a])[:1]

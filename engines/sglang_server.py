@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Callable, Optional
@@ -60,11 +62,16 @@ def resolve_sglang_python(venv: str | os.PathLike[str]) -> Path:
     )
 
 
+_PROGRESS_BAR = re.compile(r"\d+%\s*(Completed\s*)?\||it/s\]")
+
+
 def tail_file(path: Path, n_lines: int = 40) -> str:
+    """The last `n_lines` lines of `path` that say something (no blanks, no progress bars)."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return f"(no log file at {path})"
+    lines = [line for line in lines if line.strip() and not _PROGRESS_BAR.search(line)]
     return "\n".join(lines[-n_lines:])
 
 
@@ -201,30 +208,62 @@ class SGLangFleet:
             raise SGLangServerError(
                 f"model_path {self.model_path!r} is not an HF model folder (no config.json)"
             )
-        python = resolve_sglang_python(self.config.venv)
+        self._python = resolve_sglang_python(self.config.venv)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for i in range(self.config.n_servers):
-                env = server_env(self.config, i)
                 port = self.base_port + i if self.base_port else find_free_port(self.host)
-                cmd = build_server_command(python, self.model_path, port, self.config,
-                                           self.host, self.api_key, self.weight_version)
-                log_path = self.log_dir / f"server_{i}.log"
-                with open(log_path, "wb") as log:
-                    log.write(("$ " + " ".join(cmd) + "\n").encode())
-                    log.flush()
-                    proc = subprocess.Popen(
-                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
-                    )
-                self.processes.append(proc)
+                self.processes.append(self._spawn(i, port, "wb"))
                 self.addresses.append(f"{self.host}:{port}")
-                self.log_paths.append(log_path)
+                self.log_paths.append(self.log_dir / f"server_{i}.log")
             self._wait_healthy(self.config.startup_timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn(self, index: int, port: int, mode: str) -> subprocess.Popen[bytes]:
+        cmd = build_server_command(self._python, self.model_path, port, self.config,
+                                   self.host, self.api_key, self.weight_version)
+        env = server_env(self.config, index)
+        if self.host in ("127.0.0.1", "localhost"):
+            # The scheduler's process group: a file store instead of a TCP store that would
+            # listen on every interface (a new file each start: a killed server leaves its
+            # file behind), and gloo pair sockets on loopback.
+            store = self.log_dir / f".dist_store_{index}_{uuid.uuid4().hex}"
+            env["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = f"file://{store}"
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        with open(self.log_dir / f"server_{index}.log", mode) as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            return subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+            )
+
+    def _remove_dist_stores(self) -> None:
+        for store in self.log_dir.glob(".dist_store_*"):
+            store.unlink(missing_ok=True)
+
+    def restart_server(self, index: int) -> None:
+        """Start server `index` again on its address (after it died); does not wait for it.
+        Its log continues in the same file. Clients load their current weights on it before
+        it takes traffic (`engines/sglang_membership.py`)."""
+        with self._lock:
+            if self.processes[index].poll() is None:
+                raise SGLangServerError(f"SGLang server {index} is still running")
+            with contextlib.suppress(ProcessLookupError):  # leftovers of its process group
+                os.killpg(self.processes[index].pid, signal.SIGKILL)
+            port = int(self.addresses[index].rpartition(":")[2])
+            self.processes[index] = self._spawn(index, port, "ab")
+
+    def describe_death(self, index: int, n_lines: int = 15) -> str:
+        """'SGLang server i (addr) died: killed by SIGKILL' plus the last lines of its log."""
+        code = self.processes[index].returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exited with code {code}")
+        return (f"SGLang server {index} ({self.addresses[index]}) died: {how}. Last lines of "
+                f"{self.log_paths[index]}:\n{tail_file(self.log_paths[index], n_lines)}")
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -278,6 +317,7 @@ class SGLangFleet:
                 # SGLang's children live in the same group: make sure none outlives the server.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+            self._remove_dist_stores()
 
     def dead_servers(self) -> list[int]:
         return [i for i, p in enumerate(self.processes) if p.poll() is not None]
@@ -308,6 +348,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-total-tokens", type=int, default=SGLangServerConfig.max_total_tokens)
     parser.add_argument("--startup-timeout", type=float, default=SGLangServerConfig.startup_timeout)
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--max-restarts", type=int, default=SGLangServerConfig.max_restarts,
+                        help="restarts of each server that dies (then it stays down)")
+    parser.add_argument("--min-servers", type=int, default=1,
+                        help="exit when fewer servers than this are alive")
+    parser.add_argument("--addrs-file", default=None,
+                        help="write the addresses here, one per line (a trainer's "
+                             "rollout.server_addrs_file)")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=SGLangServerConfig.deterministic,
                         help="seeded, batch-invariant sampling (default: on)")
@@ -316,7 +363,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
         startup_timeout=args.startup_timeout, deterministic=args.deterministic,
-        extra_args=extra,
+        max_restarts=args.max_restarts, extra_args=extra,
     )
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet
@@ -326,21 +373,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     fleet = SGLangFleet(args.model_path, config, host=args.host, base_port=args.port,
                         api_key=args.api_key, log_dir=args.log_dir)
     try:
+        from engines.sglang_supervisor import FleetDownError, FleetSupervisor
+
         fleet.start()
         print(f"SGLang servers ready (logs in {fleet.log_dir}):", flush=True)
         for addr in fleet.addresses:
             print(addr, flush=True)
+        if args.addrs_file:
+            tmp = Path(f"{args.addrs_file}.tmp")
+            tmp.write_text("".join(f"{a}\n" for a in fleet.addresses))
+            os.replace(tmp, args.addrs_file)
+        # a dead server is restarted; the others keep serving
+        supervisor = FleetSupervisor(fleet, config.max_restarts, args.min_servers,
+                                     prefix="[serve]")
         while True:
             time.sleep(1.0)
-            dead = fleet.dead_servers()
-            if dead:
-                i = dead[0]
-                print(f"SGLang server {i} ({fleet.addresses[i]}) died; last lines of its log:\n"
-                      f"{tail_file(fleet.log_paths[i])}", file=sys.stderr, flush=True)
-                return 1
+            supervisor.check()
     except KeyboardInterrupt:
         return 0
-    except SGLangServerError as e:
+    except (SGLangServerError, FleetDownError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> None:
         last = step + 1 == total
         if freq and ((step + 1) % freq == 0 or last):
             stats |= accuracy()
+        run.log_step(step + 1, stats)
         if ckpt.should_save(step, last):
             ckpt.save(step, engine, {})
-        run.log_step(step + 1, stats)
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
     run.close()
 

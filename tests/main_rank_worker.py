@@ -84,7 +84,8 @@ def main() -> None:
     if rank == 0:
         engine = RemoteSGLangEngine(RolloutConfig(
             server_addrs=[args.addr], api_key=args.api_key, seed=1, request_retries=2,
-            retry_backoff=0.1, request_timeout=60))
+            retry_backoff=0.1, request_timeout=60, server_down_timeout=5.0,
+            health_check_interval=0.5))  # the only server dies: stop 5 s later
         engine.initialize()
         rewards = RewardExecutor(RewardConfig(max_workers=1, timeout=120))
         workflow = RLVRWorkflow(reward_fns.sleeps_briefly, GCONFIG,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import urllib.request
 from functools import lru_cache
 from pathlib import Path
@@ -94,3 +96,68 @@ def fleet_version(addresses: list[str], api_key: str | None) -> int:
             versions.add(int(json.load(resp)["weight_version"]))
     assert len(versions) == 1, f"servers disagree on the weight version: {versions}"
     return versions.pop()
+
+
+def server_pgid(port: int) -> int:
+    """The process group of the SGLang server on `port` (our own, found by command line)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sglang.launch_server" in args and str(port).encode() in args:
+            i = args.index(b"--port")
+            if args[i + 1] == str(port).encode():
+                return os.getpgid(int(cmdline.parent.name))
+    raise LookupError(f"no SGLang server process for port {port}")
+
+
+def _process_tree(root: int) -> list[int]:
+    seen, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return seen
+
+
+def _decode_address(hexaddr: str) -> tuple[str, int]:
+    ip, port = hexaddr.split(":")
+    raw = bytes.fromhex(ip)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1]), int(port, 16)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))  # 32-bit words, host order
+    return socket.inet_ntop(socket.AF_INET6, raw), int(port, 16)
+
+
+def listening_sockets(root: int) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket of `root` and its descendants,
+    from /proc (LISTEN = state 0A in /proc/<pid>/net/tcp{,6}, matched by socket inode)."""
+    found = []
+    for pid in _process_tree(root):
+        table = {}
+        for name in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                if fields[3] == "0A":
+                    table[int(fields[9])] = _decode_address(fields[1])
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in table:
+                found.append((pid, *table[int(target[8:-1])]))
+    return sorted(set(found))

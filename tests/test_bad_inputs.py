@@ -11,14 +11,12 @@ import asyncio
 import concurrent.futures
 import json
 import math
-import socket
-import threading
 from pathlib import Path
 
 import pytest
 import reward_fns
 import torch
-from aiohttp import web
+from fake_server import MisbehavingServer
 from tensordict import TensorDict
 
 from areal_like.api.config import RewardConfig, RolloutConfig
@@ -171,49 +169,10 @@ def test_bad_server_reply_names_the_server(reply, message):
     assert isinstance(err, SGLangProtocolError) and "10.0.0.7:30000" in str(err)
 
 
-class _GarbageServer:
-    """A real HTTP server on 127.0.0.1 that is healthy but answers /generate with `body`."""
-
-    def __init__(self, body: str) -> None:
-        self.body, self.requests = body, 0
-        self.loop = asyncio.new_event_loop()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        started = threading.Event()
-        self.thread = threading.Thread(target=self._serve, args=(started,), daemon=True)
-        self.thread.start()
-        assert started.wait(30), "test server did not start"
-
-    def _serve(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-
-        async def health(_):
-            return web.Response(text="")
-
-        async def generate(_):
-            self.requests += 1
-            return web.Response(text=self.body, content_type="application/json")
-
-        app.router.add_get("/health", health)
-        app.router.add_post("/generate", generate)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-        started.set()
-        self.loop.run_forever()
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-
-
 @pytest.mark.parametrize("body", ["<html>502 bad gateway</html>",
                                   json.dumps(_reply())[:40]], ids=["garbage", "truncated"])
 def test_malformed_json_is_retried_then_names_server_and_endpoint(body):
-    server = _GarbageServer(body)
+    server = MisbehavingServer("body", body)
     addr = f"127.0.0.1:{server.port}"
     engine = RemoteSGLangEngine(RolloutConfig(server_addrs=[addr], request_retries=3,
                                               retry_backoff=0.01, request_timeout=30))

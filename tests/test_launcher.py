@@ -91,3 +91,37 @@ def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir):
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
     assert steps[-2:] == [saved_step + 2, saved_step + 3]  # resumed after the saved step
     assert (run_dir / "weights" / f"v{saved_step + 3}").is_dir()  # fleet got the last version
+
+
+@pytest.mark.sglang
+def test_last_server_dying_stops_the_run_naming_it_last_on_screen(tmp_path, tiny_model_dir):
+    """With no restarts left, the launcher stops the run; its error (server, signal, log) is
+    the last thing printed, the trainer's output after the decision goes to trainer.log."""
+    from sglang_helpers import server_pgid
+
+    log_dir = tmp_path / "runs"
+    run_dir = log_dir / "grpo_addition" / "trial0"
+    proc = _launch([*_run_args(tiny_model_dir, log_dir, steps=100_000), "server.max_restarts=0"],
+                   start_new_session=True)
+    out_lines: list[str] = []
+    try:
+        while not (run_dir / "metrics.jsonl").exists() or not any(
+                json.loads(line)["step"] >= 1 for line in (run_dir / "metrics.jsonl").open()):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.05)
+        while not out_lines or "servers ready" not in "".join(out_lines):
+            out_lines.append(proc.stdout.readline())
+        addr = "".join(out_lines).split("servers ready: ['")[1].split("'")[0]
+        os.killpg(server_pgid(int(addr.rpartition(":")[2])), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-3000:]
+    tail = out[out.index("launch failed:"):]
+    assert "0 of 1 SGLang servers alive, fewer than the minimum 1" in tail
+    assert f"SGLang server 0 ({addr}) died: killed by SIGKILL" in tail
+    assert "server_0.log" in tail and "trainer.log" in tail
+    assert "[trainer]" not in tail and "Traceback" not in tail  # nothing printed after it
+    assert (run_dir / "trainer.log").stat().st_size > 0

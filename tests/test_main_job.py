@@ -1,15 +1,22 @@
 """The main job in miniature, through the launcher: SFT warm start, then asynchronous GRPO on
-a real SGLang server; held-out greedy accuracy and training reward must rise."""
+two real SGLang servers, one of which is killed (SIGKILL) mid-run: the launcher restarts it,
+the trainer takes it out of service and back with the current weights, no episode is lost, and
+held-out greedy accuracy and training reward still rise. Every socket of the running job
+listens on 127.0.0.1 only."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from sglang_helpers import listening_sockets, server_pgid
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -29,15 +36,55 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     _launch("sft", f"model.path={tiny_model_dir}", f"logging.log_dir={logs}",
             "logging.tensorboard=false", "evaluation.freq_steps=100")
     warm = logs / "sft_addition" / "trial0" / "final"
-    out = _launch("grpo", f"model.path={warm}", f"logging.log_dir={logs}",
-                  "total_train_steps=60", "evaluation.freq_steps=60", "evaluation.n_prompts=100",
-                  "checkpoint.freq_steps=0", "logging.tensorboard=false")
+    run_dir = logs / "grpo_addition" / "trial0"
+    out_path = tmp_path / "grpo.out"
+    with open(out_path, "w") as out_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={warm}",
+             f"logging.log_dir={logs}", "server.n_servers=2", "total_train_steps=60",
+             "evaluation.freq_steps=60", "evaluation.n_prompts=100", "checkpoint.freq_steps=0",
+             "logging.tensorboard=false"],
+            cwd=REPO, env=ENV, stdout=out_file, stderr=subprocess.STDOUT)
+        try:
+            # kill server 1 once step 10 is logged, however fast the machine is
+            deadline = time.monotonic() + 1200
+            while not _logged_step(run_dir / "metrics.jsonl", 10):
+                assert proc.poll() is None, out_path.read_text()[-4000:]
+                assert time.monotonic() < deadline, "step 10 not logged within 1200 s"
+                time.sleep(0.2)
+            # every socket the job listens on (servers, their schedulers, the rendezvous,
+            # gloo) is on loopback
+            sockets = listening_sockets(proc.pid)
+            assert sockets and {addr for _, addr, _ in sockets} == {"127.0.0.1"}, sockets
+            ports = re.search(r"servers ready: \['[\d.]+:(\d+)', '[\d.]+:(\d+)'\]",
+                              out_path.read_text()).groups()
+            os.killpg(server_pgid(int(ports[1])), signal.SIGKILL)  # its own process group
+            proc.wait(timeout=1200)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = out_path.read_text()
+    assert proc.returncode == 0, out[-4000:]
+    assert "SGLang server 1" in out and "killed by SIGKILL" in out
+    assert "restarting SGLang server 1 (restart 1 of 3)" in out
     assert "eval/accuracy:" in out and "curves:" in out
-    records = [json.loads(line)
-               for line in (logs / "grpo_addition" / "trial0" / "metrics.jsonl").open()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == list(range(61))  # training went on, every step
+    assert records[-1]["fleet/taken_out_total"] >= 1
+    assert records[-1]["fleet/readmitted_total"] >= 1  # back with the current weights
+    assert records[-1]["fleet/in_service"] == 2
+    assert records[-1]["rollout/failed_total"] == 0  # no episode lost
     accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
     assert len(accuracy) == 2
     assert accuracy[1] >= accuracy[0] + 0.1, accuracy
     rewards = [r["actor/task_reward/avg"] for r in records if "actor/task_reward/avg" in r]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
     assert max(r.get("rollout/staleness_max", 0) for r in records) <= 2  # eta = 2
+
+
+def _logged_step(path: Path, step: int) -> bool:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(json.loads(line)["step"] >= step for line in lines if line.strip())

@@ -18,6 +18,7 @@ from sglang_helpers import make_engine, require_sglang_venv
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from areal_like.rollout import FleetUnavailableError
 from areal_like.utils.network import HIGH_PORT, LOW_PORT
 from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
 from engines.sglang_server import SGLangFleet, SGLangServerError, find_free_port
@@ -32,7 +33,8 @@ def test_missing_venv_says_to_run_make_sglang(tiny_model_dir):
 async def test_unreachable_server_fails_with_a_clear_error():
     addr = f"127.0.0.1:{find_free_port()}"  # nothing listens there
     config = RolloutConfig(server_addrs=[addr], setup_timeout=1.0, request_timeout=5.0,
-                           request_retries=2, retry_backoff=0.05)
+                           request_retries=2, retry_backoff=0.05, server_down_timeout=1.0,
+                           health_check_interval=0.2)
     engine = RemoteSGLangEngine(config)
     try:
         with pytest.raises(RemoteSGLangError, match=rf"{addr} not healthy within 1 s"):
@@ -42,11 +44,12 @@ async def test_unreachable_server_fails_with_a_clear_error():
     engine = RemoteSGLangEngine(config)
     engine.initialize(check_health=False)
     try:
-        with pytest.raises(RemoteSGLangError) as info:
+        # its only server is down: the request waits server_down_timeout for it, then fails
+        with pytest.raises(FleetUnavailableError) as info:
             await engine.agenerate(ModelRequest(input_ids=[1, 2, 3]))
         msg = str(info.value)
-        assert "failed after 2 tries" in msg and f"SGLang server {addr}" in msg
-        assert "ClientConnectorError" in msg  # the cause: connection refused
+        assert "0 of 1 servers in service" in msg and f"{addr}: connection refused" in msg
+        assert "Cannot connect to host" in msg and "server_down_timeout" in msg
     finally:
         engine.destroy()
 

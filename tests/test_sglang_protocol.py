@@ -14,7 +14,7 @@ from engines.sglang_protocol import (
     parse_generate_reply,
     versions_from_spans,
 )
-from engines.sglang_routing import ServerPool
+from engines.sglang_routing import NoServerInServiceError, ServerPool
 
 SERVER = "127.0.0.1:1234"
 
@@ -99,3 +99,21 @@ def test_round_robin_and_all_failed():
     assert pool.choose("k9") == a  # every server failed recently: the least recent one
     with pytest.raises(ValueError, match="schedule policy"):
         ServerPool([a], policy="random")
+
+
+def test_servers_out_of_service_get_nothing_until_put_back():
+    a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+    pool = ServerPool([a, b])
+    assert pool.choose("r1") == a
+    assert pool.take_out(a, "died") and not pool.take_out(a, "again")  # reported once
+    assert [pool.choose(f"k{i}") for i in range(4)] == [b] * 4
+    assert pool.choose("r1") == b  # its sticky server is out: moved, even when excluded
+    assert pool.choose("r2", exclude=frozenset({b})) == b
+    pool.take_out(b, "failed to load weights")
+    with pytest.raises(NoServerInServiceError, match=r"127.0.0.1:1: died; 127.0.0.1:2: failed"):
+        pool.choose("r3")
+    pool.add(c, reason="new: loading the current weights")  # joins out of service
+    assert pool.in_service() == []
+    pool.put_back(c)
+    pool.put_back(a)
+    assert pool.in_service() == [a, c] and pool.choose("r3") in (a, c)

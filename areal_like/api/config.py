@@ -224,6 +224,7 @@ class SGLangServerConfig:
     gpus_per_server: int = 1  # CUDA: each server gets its own slice of the visible GPUs (TP)
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
     startup_timeout: float = 300.0
+    max_restarts: int = 3  # per server: the launcher restarts a dead server this many times
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -242,6 +243,7 @@ class SGLangServerConfig:
         _check(name, "gpus_per_server", self.gpus_per_server >= 1, self.gpus_per_server, ">= 1")
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
                "> 0 seconds")
+        _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
 
 
 @dataclass
@@ -262,8 +264,19 @@ class RolloutConfig:
     schedule_policy: str = "least_inflight"
     pause_mode: str = "retract"
     seed: Optional[int] = None  # of all sampling; None: the recipe's seed (bare engine: random)
+    # A server that dies, hangs or fails a weight update leaves service; it comes back after
+    # loading the current weights. The run stops when fewer than min_servers are in service
+    # for server_down_timeout seconds (long enough for the launcher to restart one).
+    min_servers: int = 1
+    server_down_timeout: float = 300.0
+    health_check_interval: float = 2.0  # how often servers out of service are probed
+    server_addrs_file: str = ""  # host:port per line, re-read: servers added there join
 
     def __post_init__(self) -> None:
+        _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
+        for key in ("server_down_timeout", "health_check_interval"):
+            _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
+                   "> 0 seconds")
         _check("RolloutConfig", "max_head_offpolicyness", self.max_head_offpolicyness >= 0,
                self.max_head_offpolicyness, ">= 0")
         _check("RolloutConfig", "max_concurrent_rollouts", self.max_concurrent_rollouts >= 1,

@@ -7,8 +7,11 @@ The config is composed and validated first, so a typo fails before any process s
 `rollout.server_addrs` names an existing fleet, `server.n_servers` SGLang servers are started
 on `model.path` and their addresses passed to the trainer. The trainer is
 `torchrun --nproc_per_node=launcher.n_trainer_procs -m recipes.<recipe>`. Logs stream with
-`[trainer]` / `[server i]` prefixes; if any part dies the rest is stopped and the cause shown
-(a server's log tail); Ctrl-C stops everything. On CUDA machines servers take the first GPUs
+`[trainer]` / `[server i]` prefixes (the trainer's also go to `<run dir>/trainer.log`). A server
+that dies is restarted up to `server.max_restarts` times (the trainer keeps going on the others
+and loads its current weights on the restarted one); the run stops when fewer than
+`rollout.min_servers` are left, with every dead server's exit code or signal and log tail as the
+last thing on the screen. Ctrl-C stops everything. On CUDA machines servers take the first GPUs
 and trainers the next ones.
 """
 
@@ -35,11 +38,21 @@ class LaunchError(RuntimeError):
     """A part of the launch failed; the message says which and why."""
 
 
-def _stream(prefix: str, pipe, out=sys.stdout) -> threading.Thread:  # noqa: ANN001
+def _stream(prefix: str, pipe, log_path: Path, mute: threading.Event,  # noqa: ANN001
+            last_lines: list[str]) -> threading.Thread:
+    """Echo `pipe` with a prefix and copy it to `log_path`; after `mute` is set, only copy
+    (the launcher's own error then stays the last thing on the screen)."""
     def pump() -> None:
-        for line in iter(pipe.readline, b""):
-            out.write(f"[{prefix}] {line.decode(errors='replace')}")
-            out.flush()
+        with open(log_path, "ab") as log:
+            for line in iter(pipe.readline, b""):
+                log.write(line)
+                log.flush()
+                text = line.decode(errors="replace")
+                last_lines.append(text)
+                del last_lines[:-200]
+                if not mute.is_set():
+                    sys.stdout.write(f"[{prefix}] {text}")
+                    sys.stdout.flush()
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
@@ -74,6 +87,15 @@ def _gpu_count() -> int:
         return 0
 
 
+def _trainer_error(lines: list[str]) -> str:
+    """The trainer's own exception line (not torchrun's wrapper), if it printed one."""
+    for line in reversed(lines):
+        head = line.split(":", 1)[0].strip().split(" ")[-1]
+        if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
+            return line.strip()
+    return ""
+
+
 def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
     """Run `recipe` with its fleet; returns the trainer's exit code."""
     from recipes.configs import RECIPES
@@ -90,7 +112,8 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
     n_gpus = _gpu_count() if config.server.device == "cuda" else 0
 
     fleet = None
-    stop_follow = threading.Event()
+    stop_follow, mute = threading.Event(), threading.Event()
+    last_lines: list[str] = []
     trainer: Optional[subprocess.Popen[bytes]] = None
     try:
         if needs_fleet and not config.rollout.server_addrs:
@@ -112,33 +135,46 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
 
         env = dict(os.environ, OMP_NUM_THREADS=str(config.launcher.threads_per_trainer),
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pair sockets: loopback only
         if n_gpus:
             first = config.server.n_servers * config.server.gpus_per_server if fleet else 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(
                 str(first + i) for i in range(config.launcher.n_trainer_procs))
-        cmd = [sys.executable, "-m", "torch.distributed.run",
+        # torchrun whose rendezvous store listens on 127.0.0.1 only
+        cmd = [sys.executable, "-m", "areal_like.launcher.torchrun_loopback",
                f"--nproc_per_node={config.launcher.n_trainer_procs}",
                "--master_addr=127.0.0.1", f"--master_port={find_free_port()}",
                "-m", f"recipes.{recipe}", "--config", str(config_path), *overrides]
         print(f"[launcher] $ {' '.join(cmd)}", flush=True)
         trainer = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-        pump = _stream("trainer", trainer.stdout)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        pump = _stream("trainer", trainer.stdout, log_dir / "trainer.log", mute, last_lines)
+        supervisor = None
+        if fleet is not None:
+            from engines.sglang_supervisor import FleetSupervisor
+
+            supervisor = FleetSupervisor(fleet, config.server.max_restarts,
+                                         config.rollout.min_servers)
         while trainer.poll() is None:
             time.sleep(1.0)
-            dead = fleet.dead_servers() if fleet else []
-            if dead:
-                from engines.sglang_server import tail_file
-
-                i = dead[0]
-                raise LaunchError(f"SGLang server {i} ({fleet.addresses[i]}) died; last lines "
-                                  f"of {fleet.log_paths[i]}:\n{tail_file(fleet.log_paths[i])}")
+            if supervisor is not None:
+                try:
+                    supervisor.check()
+                except RuntimeError as e:  # FleetDownError: stop the trainer quietly
+                    mute.set()
+                    raise LaunchError(f"{e}\n(trainer stopped; its output is in "
+                                      f"{log_dir / 'trainer.log'})") from None
         pump.join(timeout=10)
         code = trainer.returncode
         if code != 0:
-            print(f"[launcher] trainer exited with code {code}", file=sys.stderr, flush=True)
+            cause = _trainer_error(last_lines)
+            print(f"[launcher] trainer exited with code {code}"
+                  + (f": {cause}" if cause else "") + f" (full output: {log_dir / 'trainer.log'})",
+                  file=sys.stderr, flush=True)
         return code
     finally:
+        mute.set()  # whatever a stopped trainer prints now stays in trainer.log
         stop_follow.set()
         if trainer is not None and trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGTERM)

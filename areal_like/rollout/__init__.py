@@ -4,6 +4,7 @@ from areal_like.rollout.batching import concat_padded, min_generated_version
 from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.errors import (
     ExecutorClosedError,
+    FleetUnavailableError,
     NoTrajectoriesError,
     RolloutError,
     RolloutQueueFullError,
@@ -16,6 +17,7 @@ from areal_like.rollout.staleness import admission_capacity, is_stale, staleness
 __all__ = [
     "DataCursor",
     "ExecutorClosedError",
+    "FleetUnavailableError",
     "NoTrajectoriesError",
     "RolloutError",
     "RolloutQueueFullError",

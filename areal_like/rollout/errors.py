@@ -36,3 +36,7 @@ class RolloutQueueFullError(RolloutError):
 
 class ExecutorClosedError(RolloutError):
     """The executor was used before `initialize()` or after `destroy()`."""
+
+
+class FleetUnavailableError(RolloutError):
+    """Too few inference servers are in service; the message names each one out and why."""

@@ -46,6 +46,7 @@ from areal_like.rollout.batching import (
 from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.errors import (
     ExecutorClosedError,
+    FleetUnavailableError,
     NoTrajectoriesError,
     RolloutTimeoutError,
 )
@@ -99,6 +100,7 @@ class WorkflowExecutor:
         # Keep the rows of a group whose other rewards failed? Only safe when the advantage
         # estimator uses no group statistics (recipes set it from the algorithm).
         self.keep_partial_groups = False
+        self.last_episode_ids: list[str] = []  # of the last batch returned
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(self, timeout: float = 10.0) -> None:
@@ -127,8 +129,12 @@ class WorkflowExecutor:
         return self._loop_thread.loop
 
     def run_coroutine(self, coro: Any, timeout: float) -> Any:
-        """Run `coro` on the rollout loop from another thread; TimeoutError after `timeout` s."""
-        self._check_open()
+        """Run `coro` on the rollout loop from another thread; TimeoutError after `timeout` s.
+        Allowed after the fleet failed (`fail`): the loop itself still runs (clean-up)."""
+        if not isinstance(self._state.fatal, FleetUnavailableError):
+            self._check_open()
+        elif self._closed:
+            raise ExecutorClosedError("WorkflowExecutor was destroyed")
         return self._loop_thread.run_coroutine(coro, timeout)
 
     def _check_blocking_allowed(self, what: str) -> None:
@@ -223,7 +229,7 @@ class WorkflowExecutor:
             return "rejected_by_filter", None
         return "accepted", EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
                                          time.monotonic() - sub.start,
-                                         min_generated_version(trajectory))
+                                         min_generated_version(trajectory), sub.episode_seed)
 
     def _kick_from_loop(self) -> None:
         if not self._closed:
@@ -384,6 +390,7 @@ class WorkflowExecutor:
     def _assemble(self, results: list[EpisodeResult], version: int) -> TensorDict:
         batch, last = assemble_batch(results, version, self._state.snapshot(version))
         self._state.last_batch = last
+        self.last_episode_ids = [r.episode_id for r in results]
         return batch
 
     # ---- admission control --------------------------------------------------------------
@@ -396,6 +403,16 @@ class WorkflowExecutor:
         self._state.set_paused(False)
         if self._initialized and not self._closed:
             self._kick()
+
+    def buffered_episode_ids(self) -> list[str]:
+        """The episodes finished and waiting to be consumed, oldest first."""
+        with self._state.cond:
+            return [r.episode_id for r in self._state.ready]
+
+    def fail(self, error: BaseException) -> None:
+        """Make every wait (and the next one) raise `error`: the rollout side cannot go on
+        (e.g. the engine lost its inference servers)."""
+        self._state.set_fatal(error)
 
     @property
     def paused(self) -> bool:
@@ -425,7 +442,8 @@ class WorkflowExecutor:
             "counters": snapshot["counters"],
             "buffered": [
                 {"seq": r.seq, "data_id": r.data_id, "latency": r.latency,
-                 "min_version": r.min_version, "trajectory": trajectory_to_state(r.trajectory)}
+                 "min_version": r.min_version, "episode_seed": r.episode_seed,
+                 "trajectory": trajectory_to_state(r.trajectory)}
                 for r in snapshot["ready"]
             ],
             "pending_data": [data for data, _ in snapshot["pending"]],
@@ -449,7 +467,8 @@ class WorkflowExecutor:
             raise ValueError(f"executor state format {state['format']} != {STATE_FORMAT}")
         ready = [
             EpisodeResult(int(b["seq"]), str(b["data_id"]), trajectory_from_state(b["trajectory"]),
-                          True, float(b["latency"]), b["min_version"])
+                          True, float(b["latency"]), b["min_version"],
+                          int(b.get("episode_seed", -1)))
             for b in state["buffered"]
         ]
         pending = list(zip(state["pending_data"], map(int, state["pending_seeds"]), strict=True))

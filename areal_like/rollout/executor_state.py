@@ -20,6 +20,7 @@ from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_s
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.errors import (
     ExecutorClosedError,
+    FleetUnavailableError,
     RolloutError,
     RolloutQueueFullError,
     RolloutWorkflowError,
@@ -71,6 +72,11 @@ class EpisodeResult:
     bounded: bool
     latency: float  # seconds from admission to the validated trajectory
     min_version: Optional[int]
+    episode_seed: int = -1  # with data_id, names the episode (the item's n-th rollout)
+
+    @property
+    def episode_id(self) -> str:
+        return f"{self.data_id}@{self.episode_seed}"
 
 
 def workflow_error(sub: Submission, exc: BaseException) -> RolloutWorkflowError:
@@ -122,6 +128,8 @@ class ExecutorState:
 
     def raise_if_fatal(self) -> None:
         with self.cond:
+            if isinstance(self.fatal, FleetUnavailableError):
+                raise self.fatal  # says everything itself
             if self.fatal is not None:
                 raise RolloutError(
                     f"the rollout event-loop thread failed: {type(self.fatal).__name__}: "

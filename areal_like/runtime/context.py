@@ -4,6 +4,7 @@ metrics sinks, timing, and moving a rollout batch from rank 0 to every trainer r
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -24,7 +25,7 @@ from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
-from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir
+from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
 
 logger = logging.getLogger("areal_like")
@@ -55,10 +56,18 @@ class RunContext:
         if self.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "config.yaml").write_text(to_yaml(config))
-            resuming = (config.checkpoint.recover == "auto"
-                        and (Checkpointer(config.checkpoint, self.dir).dir / "latest").exists())
+            latest = (Checkpointer(config.checkpoint, self.dir).latest()
+                      if config.checkpoint.recover == "auto" else None)
+            # checkpoint `stepN` was saved after the metrics of step N + 1 were logged
+            keep = int(latest.name.removeprefix("step")) + 1 if latest else None
             self.metrics = MetricsLogger(config.logging, console_keys=console_keys,
-                                         fresh=not resuming)
+                                         fresh=latest is None, keep_through=keep)
+            # which episodes each step trained on (ids), continued like the metrics
+            self.episodes_log = self.dir / "episodes.jsonl"
+            if latest is None:
+                self.episodes_log.unlink(missing_ok=True)
+            else:
+                truncate_jsonl(self.episodes_log, keep)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
         self._step_start = time.perf_counter()
 
@@ -103,6 +112,13 @@ class RunContext:
         if self.metrics is not None:
             self.metrics.log(step, metrics)
         return metrics
+
+    def log_episodes(self, step: int, **ids: list[str]) -> None:
+        """Append `{"step": step, <kind>: [episode ids]}` to `episodes.jsonl` (rank 0)."""
+        if self.metrics is None:
+            return
+        with open(self.episodes_log, "a") as f:
+            f.write(json.dumps({"step": step, **ids}) + "\n")
 
     def summarize(self, key: str) -> None:
         """Print the first and last logged value of `key` (rank 0), e.g. before/after RL."""

@@ -83,6 +83,7 @@ class RLSetup:
         self.eval_items = head_items(self.valid.dataset, config.evaluation.n_prompts,
                                      valid.shuffle, valid.seed)
         self.eval_workflow = eval_workflow
+        self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
 
     def check_rewards(self) -> None:
         """Fail fast on a reward function that cannot work: wrong signature for the data,
@@ -103,6 +104,8 @@ class RLSetup:
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)
         if start == 0:
             self.run.log_step(0, {**self.data_stats, **self.held_out()})
+        elif self.rollout is not None and self.rollout.executor is not None:
+            self.run.log_episodes(start, restored=self.rollout.executor.buffered_episode_ids())
         total = self.config.total_train_steps
         yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
                         disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
@@ -116,7 +119,10 @@ class RLSetup:
         def wait_for_batch() -> Optional[TensorDict]:
             if self.rollout is None:
                 return None
-            return self.rollout.prepare_batch(self.loader, workflow, should_accept)
+            batch = self.rollout.prepare_batch(self.loader, workflow, should_accept)
+            assert self.rollout.executor is not None
+            self._batch_episode_ids = list(self.rollout.executor.last_episode_ids)
+            return batch
 
         batch = self.run.on_main(wait_for_batch, "waiting for a rollout batch")
         return self.run.broadcast_batch(batch, self.shard_group_size)
@@ -150,9 +156,13 @@ class RLSetup:
         freq = self.config.evaluation.freq_steps
         if freq and ((step + 1) % freq == 0 or last):
             stats |= self.held_out()
+        if self.rollout is not None and self.rollout.executor is not None:
+            stats |= self.rollout.fleet_stats()
+            self.run.log_episodes(step + 1, trained=self._batch_episode_ids)
+        # log first: a checkpoint then always has its step's metrics on record
+        self.run.log_step(step + 1, stats)
         if self.ckpt.should_save(step, last):
             save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout)
-        self.run.log_step(step + 1, stats)
 
     def finish(self) -> None:
         """Print accuracy before -> after, write the curves PNG, release everything."""

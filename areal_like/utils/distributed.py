@@ -9,8 +9,6 @@ import os
 import torch
 import torch.distributed as dist
 
-from areal_like.utils.network import find_free_port
-
 # Bound on every collective (`TrainEngineConfig.collective_timeout`): a peer that died or
 # hangs surfaces as an error, not a hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
@@ -46,6 +44,7 @@ def ensure_process_group(backend: str, device: torch.device,
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(**kwargs)
     else:
-        dist.init_process_group(init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0,
-                                world_size=1, **kwargs)
+        # an in-process store and loopback gloo: a one-process group listens on nothing else
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     return True

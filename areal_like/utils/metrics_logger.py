@@ -27,7 +27,9 @@ class MetricsLogger:
     """Writes one record per step to every enabled sink. Only rank 0 should create one.
 
     `console_keys` picks what the one-line console summary shows (all keys go to the files).
-    `fresh=True` starts new files (a new run); `fresh=False` appends (a recovered run).
+    `fresh=True` starts new files (a new run); `fresh=False` appends (a recovered run), first
+    dropping the records after step `keep_through` (those of the killed run's steps past its
+    checkpoint, which the recovered run logs again), so no step appears twice.
     """
 
     def __init__(
@@ -36,6 +38,7 @@ class MetricsLogger:
         console_keys: Optional[list[str]] = None,
         out_dir: Optional[Path] = None,
         fresh: bool = True,
+        keep_through: Optional[int] = None,
     ) -> None:
         self.config = config
         self.dir = Path(out_dir) if out_dir is not None else run_dir(config)
@@ -45,12 +48,15 @@ class MetricsLogger:
         if fresh:
             self.jsonl_path.unlink(missing_ok=True)
             shutil.rmtree(self.dir / "tensorboard", ignore_errors=True)
+        elif keep_through is not None:
+            truncate_jsonl(self.jsonl_path, keep_through)
         self._jsonl = open(self.jsonl_path, "a") if config.jsonl else None  # noqa: SIM115
         self._tb = None
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+            purge = None if fresh or keep_through is None else keep_through + 1
+            self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
         self._wandb = None
         if config.wandb:
             try:
@@ -94,6 +100,16 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def truncate_jsonl(path: Path, keep_through: int) -> None:
+    """Drop the records of `path` whose step is after `keep_through` (atomically)."""
+    if not path.exists():
+        return
+    kept = [r for r in read_jsonl(path) if r["step"] <= keep_through]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
+    tmp.replace(path)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

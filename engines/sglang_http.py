@@ -1,0 +1,89 @@
+"""HTTP plumbing shared by the SGLang client: errors, JSON replies, idempotent control calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+logger = logging.getLogger("engines.remote_sglang")
+
+CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
+CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
+
+
+class RemoteSGLangError(RuntimeError):
+    """A request or control call to an SGLang server failed; the message names the server."""
+
+
+class RetryableHTTPError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+
+
+class MalformedReplyError(Exception):
+    """A 200 reply whose body is not JSON (garbage or cut off): retried like a dropped
+    connection, then reported naming the server, the endpoint and the body's first bytes."""
+
+    def __init__(self, addr: str, path: str, text: str, error: Exception) -> None:
+        super().__init__(f"SGLang server {addr}: {path} answered HTTP 200 with a body that is "
+                         f"not valid JSON ({error}; {len(text)} bytes, starting "
+                         f"{text[:200]!r})")
+
+
+def parse_json_reply(text: str, addr: str, path: str) -> Any:
+    if not text.strip():
+        return None  # an empty body (some control endpoints), as aiohttp's resp.json()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise MalformedReplyError(addr, path, text, e) from None
+
+
+# Errors after which a request is tried again, on another server when there is one.
+RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError,
+             RetryableHTTPError, MalformedReplyError)
+
+
+async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: dict[str, Any],
+                    timeout: float) -> Any:
+    """POST a control call. Every control call is idempotent (pause, continue, load the
+    same folder under the same version), so a dropped connection is retried: a pooled
+    keep-alive connection can be closed by the server just as it is reused."""
+    for attempt in range(CONTROL_RETRIES + 1):
+        try:
+            async with session.post(f"http://{addr}{path}", json=body,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise RemoteSGLangError(f"SGLang server {addr}: {path} returned HTTP "
+                                            f"{resp.status}: {text[:500]}")
+                return parse_json_reply(text, addr, path)
+        except asyncio.TimeoutError:
+            raise RemoteSGLangError(
+                f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                MalformedReplyError) as e:
+            if attempt == CONTROL_RETRIES:
+                raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
+                                        f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
+            logger.warning("%s on %s: %s; retrying", path, addr, e)
+            await asyncio.sleep(0.2 * (attempt + 1))
+        except aiohttp.ClientError as e:
+            raise RemoteSGLangError(
+                f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
+    raise AssertionError("unreachable")
+
+
+async def answers(session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+    """'' when the server's HTTP front end answers at all (GET /model_info: no generation, so
+    a busy or paused server answers too), else why not."""
+    try:
+        async with session.get(f"http://{addr}/model_info",
+                               timeout=aiohttp.ClientTimeout(total=timeout)):
+            return ""
+    except RETRYABLE as e:
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -1,0 +1,251 @@
+"""Which SGLang servers serve, with which weights: servers leave service when they die, stop
+answering or fail a weight update, and come back (or join) only after loading the current
+weights and version.
+
+Everything here runs on the client's rollout loop. A weight update is pause -> load -> continue
+*per server*, the continue in that server's own `finally`; a server whose update failed is taken
+out of service, so it never serves old weights under the new label. A watch task probes the
+servers out of service every `health_check_interval` s, loads the current weights on those that
+answer and puts them back; it also adds servers listed in `server_addrs_file`. When fewer than
+`min_servers` are in service for longer than `server_down_timeout` s, `on_fatal` gets a
+`FleetUnavailableError` naming each server out of service and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import aiohttp
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.io_struct import WeightUpdateMeta
+from areal_like.rollout.errors import FleetUnavailableError
+from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, answers, post_json
+from engines.sglang_routing import NoServerInServiceError, ServerPool
+
+logger = logging.getLogger("engines.remote_sglang")
+
+PROBE_TIMEOUT_S = 10.0  # a liveness probe (no generation involved)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("probing an SGLang server failed", exc_info=task.exception())
+
+
+class FleetMembership:
+    def __init__(self, config: RolloutConfig, pool: ServerPool,
+                 session: Callable[[], aiohttp.ClientSession],
+                 on_fatal: Callable[[BaseException], None]) -> None:
+        self.config = config
+        self.pool = pool
+        self._session = session
+        self._on_fatal = on_fatal
+        self.current: Optional[WeightUpdateMeta] = None  # what every server in service serves
+        self._lock: Optional[asyncio.Lock] = None  # one update or readmission at a time
+        self._below_min_since: Optional[float] = None
+        self._checking: set[str] = set()
+        self._probes: set[asyncio.Task[None]] = set()
+        self._watch_task: Optional[asyncio.Task[None]] = None
+        self._addrs_file_mtime: Optional[float] = None
+        self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
+        self.fatal: Optional[FleetUnavailableError] = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the watch task (call on the rollout loop)."""
+        self._lock = asyncio.Lock()
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        tasks = [*self._probes, *([self._watch_task] if self._watch_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watch_task = None
+
+    def _require_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            raise RuntimeError("FleetMembership.start() was not called")
+        return self._lock
+
+    # ---- service ------------------------------------------------------------------------
+    def take_out(self, addr: str, reason: str) -> None:
+        if self.pool.take_out(addr, reason):
+            self.counts["taken_out"] += 1
+            logger.warning("SGLang server %s taken out of service: %s (%d of %d in service)",
+                           addr, reason, len(self.pool.in_service()), len(self.pool.addresses))
+
+    def check_soon(self, addr: str, error: BaseException) -> None:
+        """A request to `addr` failed: probe it now, and take it out if it does not answer."""
+        if addr in self._checking or addr in self.pool.out_of_service:
+            return
+        self._checking.add(addr)
+
+        async def check() -> None:
+            try:
+                why = await answers(self._session(), addr, PROBE_TIMEOUT_S)
+                if why:
+                    self.take_out(addr, f"not answering ({why}) after "
+                                        f"{type(error).__name__}: {error}")
+            finally:
+                self._checking.discard(addr)
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+        task.add_done_callback(_log_failure)
+
+    async def wait_in_service(self, route_key: str, exclude: frozenset[str]) -> str:
+        """A server for `route_key`; while none is in service, wait (bounded by
+        `server_down_timeout`) for one to come back."""
+        deadline = time.monotonic() + self.config.server_down_timeout
+        while True:
+            if self.fatal is not None:
+                raise self.fatal
+            try:
+                return self.pool.choose(route_key, exclude)
+            except NoServerInServiceError as e:
+                if time.monotonic() > deadline:
+                    raise self._unavailable(f"{e}; waited {self.config.server_down_timeout:.0f} s "
+                                            f"(RolloutConfig.server_down_timeout)") from None
+            await asyncio.sleep(min(0.5, self.config.health_check_interval))
+
+    def _unavailable(self, what: str) -> FleetUnavailableError:
+        return FleetUnavailableError(
+            f"SGLang fleet unavailable: {what}. {len(self.pool.in_service())} of "
+            f"{len(self.pool.addresses)} servers in service (RolloutConfig.min_servers="
+            f"{self.config.min_servers}); out of service: {self.pool.describe_out_of_service()}")
+
+    # ---- weight updates -----------------------------------------------------------------
+    async def update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
+        """Pause `addr` (in-flight requests retracted, not lost), load `meta` (None: keep the
+        weights), continue. The continue always runs, bounded by its own timeout."""
+        session = self._session()
+        error: Optional[Exception] = None
+        try:
+            await post_json(session, addr, "/pause_generation", {"mode": "retract"},
+                            CONTROL_TIMEOUT_S)
+            if meta is not None:
+                reply = await post_json(
+                    session, addr, "/update_weights_from_disk",
+                    {"model_path": str(meta.path), "weight_version": str(meta.version)},
+                    self.config.weight_update_timeout)
+                if not (isinstance(reply, dict) and reply.get("success")):
+                    raise RemoteSGLangError(f"SGLang server {addr} failed to load weights from "
+                                            f"{meta.path}: {reply}")
+        except Exception as e:  # noqa: BLE001 - raised below, after the continue
+            error = e
+        finally:  # a cancelled update still continues the server
+            try:
+                await post_json(session, addr, "/continue_generation", {}, CONTROL_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001
+                if error is None:
+                    error = e
+                else:
+                    logger.error("SGLang server %s: could not continue after a failed "
+                                 "update: %s", addr, e)
+        if error is not None:
+            raise error
+
+    async def update_all(self, meta: WeightUpdateMeta) -> None:
+        """Load `meta` on every server in service, each on its own; the servers that fail
+        leave service (and load `meta` when they come back). Raises when no server loaded it
+        and one that still answers refused it (the weights, not the servers, are at fault);
+        the version is then not advanced."""
+        async with self._require_lock():
+            targets = self.pool.in_service()
+            results = await asyncio.gather(*(self.update_one(a, meta) for a in targets),
+                                           return_exceptions=True)
+            failed = {a: r for a, r in zip(targets, results, strict=True)
+                      if isinstance(r, BaseException)}
+            for addr, error in failed.items():
+                if not isinstance(error, Exception):
+                    raise error  # cancellation: not a server's fault
+                self.take_out(addr, f"failed to load weights version {meta.version}: {error}")
+            if targets and len(failed) == len(targets):
+                alive = [a for a in failed if not await answers(self._session(), a, 5.0)]
+                if alive:
+                    errors = "; ".join(str(failed[a]) for a in alive)
+                    raise RemoteSGLangError(f"weight update to version {meta.version} failed "
+                                            f"on every server: {errors}")
+            self.current = meta  # servers out of service load it before they serve again
+
+    async def readmit(self, addr: str) -> bool:
+        """Load the current weights on `addr` (it answers) and put it back in service."""
+        async with self._require_lock():
+            if addr not in self.pool.out_of_service:
+                return True
+            try:
+                await self.update_one(addr, self.current)
+            except Exception as e:  # noqa: BLE001 - stays out; the next probe tries again
+                self.pool.out_of_service[addr] = f"could not load the current weights: {e}"
+                return False
+            self.pool.put_back(addr)
+            self.counts["readmitted"] += 1
+            version = self.current.version if self.current else "initial"
+            logger.warning("SGLang server %s back in service with weights version %s (%d of %d "
+                           "in service)", addr, version, len(self.pool.in_service()),
+                           len(self.pool.addresses))
+            return True
+
+    # ---- the watch task -----------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            try:
+                await self._watch_once()
+            except FleetUnavailableError as e:
+                self.fatal = e
+                self._on_fatal(e)
+                return
+            except Exception:  # noqa: BLE001 - a probe bug must not end the watch silently
+                logger.exception("SGLang fleet watch failed; retrying")
+            await asyncio.sleep(self.config.health_check_interval)
+
+    async def _watch_once(self) -> None:
+        self._read_addrs_file()
+        for addr in list(self.pool.out_of_service):
+            if not await answers(self._session(), addr, PROBE_TIMEOUT_S):
+                await self.readmit(addr)
+        n = len(self.pool.in_service())
+        if n >= self.config.min_servers:
+            self._below_min_since = None
+            return
+        now = time.monotonic()
+        if self._below_min_since is None:
+            self._below_min_since = now
+        elif now - self._below_min_since > self.config.server_down_timeout:
+            raise self._unavailable(f"fewer than {self.config.min_servers} servers in service "
+                                    f"for {self.config.server_down_timeout:.0f} s "
+                                    f"(RolloutConfig.server_down_timeout)")
+
+    def _read_addrs_file(self) -> None:
+        """Join servers listed in `server_addrs_file` (one host:port per line)."""
+        if not self.config.server_addrs_file:
+            return
+        path = Path(self.config.server_addrs_file)
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime == self._addrs_file_mtime:
+            return
+        self._addrs_file_mtime = mtime
+        for line in path.read_text().splitlines():
+            addr = line.split("#", 1)[0].strip()
+            if addr and addr not in self.pool.inflight:
+                host, _, port = addr.rpartition(":")
+                if not (host and port.isdigit()):
+                    logger.error("%s: %r is not host:port; ignored", path, addr)
+                    continue
+                self.pool.add(addr, reason="new: loading the current weights")
+                self.counts["added"] += 1
+                logger.warning("SGLang server %s added from %s", addr, path)
+
+    def stats(self) -> dict[str, Any]:
+        return {"in_service": len(self.pool.in_service()), "servers": len(self.pool.addresses),
+                **{f"{k}_total": v for k, v in self.counts.items()}}

@@ -1,0 +1,295 @@
+"""Fault injection against real SGLang servers: a server killed during a weight update, a dead
+server restarted and readmitted with the current weights, a server added to a running fleet,
+`areal-like serve` restarting a server, the last server gone, and servers that answer
+garbage, truncated JSON, HTTP 500, nothing at all or impossible log-probabilities.
+Every wait is for an observable event (a server leaving or rejoining service, a reply)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SGLANG_TEST_API_KEY
+from fake_server import MisbehavingServer
+from sglang_helpers import fleet_version, hf_logprobs, make_engine, perturbed_copy, server_pgid
+
+from areal_like.api.config import SGLangServerConfig
+from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
+from areal_like.rollout import FleetUnavailableError
+from engines import sglang_membership
+from engines.sglang_server import SGLangFleet
+
+pytestmark = pytest.mark.sglang
+PROMPT = [11, 22, 33, 44, 55]
+BOUND_S = 300.0  # generous: only a hang gets near it
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
+    """One extra real server that a test may kill (the session fleet stays intact)."""
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "spare")
+    with fleet:
+        yield fleet
+
+
+def _restore_session_fleet(fleet: SGLangFleet, model_dir: Path) -> None:
+    """Both session servers back on the session weights, under one fresh version (other
+    tests require the fleet to agree on its version)."""
+    versions = [fleet_version([addr], SGLANG_TEST_API_KEY) for addr in fleet.addresses]
+    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
+    try:
+        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), max(versions) + 1))
+    finally:
+        engine.destroy()
+
+
+def _until(predicate, what: str, timeout: float = BOUND_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _health(addr: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{addr}/health", timeout=60) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:  # connection refused: nothing listens (yet)
+        return 0
+
+
+@pytest.fixture
+def new_weights(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    return perturbed_copy(tiny_model_dir, tmp_path / "perturbed", seed=11)
+
+
+def test_server_killed_during_weight_update_leaves_survivor_serving(
+        sglang_fleet, spare, tiny_model_dir, new_weights, monkeypatch):
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1)
+    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY))
+    real_post = sglang_membership.post_json
+
+    async def post_killing_victim(session, addr, path, body, timeout):
+        if addr == victim and path == "/update_weights_from_disk":
+            spare.kill_server(0)  # paused, about to load: SIGKILL now
+            spare.processes[0].wait(timeout=60)
+        return await real_post(session, addr, path, body, timeout)
+
+    monkeypatch.setattr(sglang_membership, "post_json", post_killing_victim)
+    try:
+        version = engine.get_version() + 1
+        g = GenerationHyperparameters(max_new_tokens=64, min_new_tokens=64, temperature=1.0)
+        in_flight = [asyncio.run_coroutine_threadsafe(
+            engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine.executor.loop)
+            for i in range(6)]
+        engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
+        assert engine.get_version() == version
+        assert engine.in_service() == [survivor]
+        # out for whichever it noticed first: the failed load or its dropped requests
+        assert engine.servers.out_of_service[victim]
+        assert _health(survivor) == 200  # continued, not left paused
+        for fut in in_flight:  # requests on the victim were retried on the survivor
+            resp = fut.result(timeout=BOUND_S)
+            assert len(resp.output_tokens) == 64 and resp.metadata["server"] == survivor
+        resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+        assert set(resp.output_versions) == {version}
+    finally:
+        monkeypatch.undo()
+        engine.destroy()
+        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
+def test_restarted_server_serves_only_after_loading_the_current_weights(
+        sglang_fleet, spare, tiny_model_dir, new_weights):
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         health_check_interval=0.5)
+    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY))
+    try:
+        version = engine.get_version() + 1
+        engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
+        spare.kill_server(0)
+        spare.processes[0].wait(timeout=60)
+        g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
+        # requests notice the dead server; it leaves service
+        for i in range(4):
+            asyncio.run(engine.agenerate(ModelRequest(input_ids=[7, i + 1], gconfig=g)))
+        _until(lambda: victim not in engine.in_service(), "the dead server to leave service")
+        spare.restart_server(0)  # comes back with the base weights, labelled version 0
+        _until(lambda: victim in engine.in_service(), "the restarted server to rejoin")
+        assert fleet_version([victim], SGLANG_TEST_API_KEY) == version  # loaded before traffic
+        resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+        assert set(resp.output_versions) == {version}
+        assert engine.fleet_stats()["fleet/readmitted_total"] >= 1
+        # the restarted server computes with the new weights
+        ref = hf_logprobs(new_weights, PROMPT, resp.output_tokens)
+        assert max(abs(a - b) for a, b in zip(resp.output_logprobs, ref.tolist(), strict=True)) < 1e-4
+    finally:
+        engine.destroy()
+        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
+def test_server_added_through_the_addrs_file_joins_with_the_current_weights(
+        sglang_fleet, spare, tiny_model_dir, new_weights, tmp_path):
+    first, added = sglang_fleet.addresses[0], spare.addresses[0]
+    addrs_file = tmp_path / "servers.txt"
+    addrs_file.write_text(f"{first}\n")
+    engine = make_engine([first], SGLANG_TEST_API_KEY, server_addrs_file=str(addrs_file),
+                         health_check_interval=0.5)
+    engine.set_version(fleet_version([first], SGLANG_TEST_API_KEY))
+    try:
+        version = engine.get_version() + 1
+        engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
+        addrs_file.write_text(f"{first}\n{added}  # a new server\n")
+        _until(lambda: added in engine.in_service(), "the added server to join")
+        assert fleet_version([added], SGLANG_TEST_API_KEY) == version
+        assert engine.fleet_stats()["fleet/added_total"] == 1
+    finally:
+        engine.destroy()
+        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
+def test_serve_restarts_a_dead_server_then_stops_naming_it(tiny_model_dir, tmp_path):
+    """`areal-like serve`: a killed server is restarted on its address; once its restarts are
+    used up, serve exits 1 naming the server, its signal and its log."""
+    addrs_file = tmp_path / "addrs.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "areal_like.cli", "serve", "--model-path", str(tiny_model_dir),
+         "--n-servers", "1", "--max-restarts", "1", "--addrs-file", str(addrs_file),
+         "--log-dir", str(tmp_path / "logs"), "--api-key", SGLANG_TEST_API_KEY],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _until(addrs_file.exists, "serve to write its addresses")
+        addr = addrs_file.read_text().split()[0]
+        port = int(addr.rpartition(":")[2])
+        old = server_pgid(port)
+        os.killpg(old, signal.SIGKILL)
+        _until(lambda: _pgid_or_none(port) not in (None, old), "the server to be restarted")
+        _until(lambda: _health(addr) == 200, "the restarted server to answer")
+        os.killpg(server_pgid(port), signal.SIGKILL)  # its one restart is used up
+        _, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, err[-3000:]
+    assert "restarting SGLang server 0 (restart 1 of 1)" in err
+    assert f"SGLang server 0 ({addr}) died: killed by SIGKILL" in err
+    assert "0 of 1 SGLang servers alive" in err and "server_0.log" in err
+
+
+def _pgid_or_none(port: int) -> int | None:
+    try:
+        return server_pgid(port)
+    except LookupError:
+        return None
+
+
+def test_a_new_client_continues_a_server_left_paused(sglang_fleet):
+    """A trainer killed mid-update leaves its servers paused; the next one must start."""
+    import urllib.request
+
+    addr = sglang_fleet.addresses[1]
+    req = urllib.request.Request(
+        f"http://{addr}/pause_generation", data=json.dumps({"mode": "retract"}).encode(),
+        headers={"Authorization": f"Bearer {SGLANG_TEST_API_KEY}",
+                 "Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+    engine = make_engine([addr], SGLANG_TEST_API_KEY)  # waits for /health: continues it
+    try:
+        g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8)
+        resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+        assert len(resp.output_tokens) == 8
+    finally:
+        engine.destroy()
+
+
+def test_last_server_dead_stops_with_a_clear_bounded_error(spare):
+    addr = spare.addresses[0]
+    engine = make_engine([addr], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         server_down_timeout=5.0, health_check_interval=0.5)
+    try:
+        spare.kill_server(0)
+        spare.processes[0].wait(timeout=60)
+        g = GenerationHyperparameters(max_new_tokens=8)
+        start = time.monotonic()
+        with pytest.raises(FleetUnavailableError, match=addr) as info:
+            asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+        assert "server_down_timeout" in str(info.value)
+        assert time.monotonic() - start < BOUND_S
+        # the executor stops too: every wait raises the same error, naming the server
+        _until(lambda: engine.membership.fatal is not None, "the fleet watch to give up")
+        with pytest.raises(FleetUnavailableError, match=addr):
+            engine.wait(1, timeout=BOUND_S)
+    finally:
+        engine.destroy()
+
+
+# ---- servers that misbehave -----------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["garbage", "truncated", "http500", "silent",
+                                  "impossible_logprobs"])
+def test_misbehaving_server_requests_are_retried_on_a_real_one(sglang_fleet, mode):
+    bad = MisbehavingServer(mode)
+    bad_addr, good = f"127.0.0.1:{bad.port}", sglang_fleet.addresses[0]
+    # 'silent' waits out request_timeout; a real 8-token reply needs far less
+    engine = make_engine([bad_addr, good], SGLANG_TEST_API_KEY, retry_backoff=0.05,
+                         request_timeout=30.0, request_retries=3)
+    engine.set_version(fleet_version([good], SGLANG_TEST_API_KEY))
+    try:
+        g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8, temperature=1.0)
+
+        async def many():
+            return await asyncio.gather(*(engine.agenerate(
+                ModelRequest(input_ids=[9, i + 1], gconfig=g)) for i in range(4)))
+
+        resps = asyncio.run(many())
+        assert bad.requests >= 1, "the bad server was never tried"
+        for r in resps:  # every request got a real answer from the real server
+            assert r.metadata["server"] == good and len(r.output_tokens) == 8
+            assert all(lp <= 0 for lp in r.output_logprobs)
+    finally:
+        engine.destroy()
+        bad.stop()
+
+
+def test_only_liveness_probes_answer_without_the_api_key(sglang_fleet):
+    """With an API key, every endpoint but the documented probes (/health*) says 401."""
+    import urllib.error
+    import urllib.request
+
+    addr = sglang_fleet.addresses[0]
+    answered = {}
+    for method, path in [("GET", "/health"), ("GET", "/model_info"), ("GET", "/server_info"),
+                         ("POST", "/generate"), ("POST", "/pause_generation"),
+                         ("POST", "/continue_generation"), ("POST", "/update_weights_from_disk"),
+                         ("POST", "/abort_request"), ("POST", "/flush_cache"),
+                         ("GET", "/v1/models"), ("POST", "/v1/completions")]:
+        req = urllib.request.Request(f"http://{addr}{path}", method=method,
+                                     data=b"{}" if method == "POST" else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                answered[path] = resp.status
+        except urllib.error.HTTPError as e:
+            answered[path] = e.code
+    assert answered.pop("/health") == 200
+    assert set(answered.values()) == {401}, answered

@@ -1,0 +1,150 @@
+"""`kill -9` of the trainer mid-run, then `checkpoint.recover=auto` (real SGLang + torchrun):
+
+- eta = 0: two uninterrupted runs with one seed are bit-identical (weights and metrics), and a
+  killed-then-recovered run ends with exactly the same weights and per-step metrics;
+- eta = 2: no trajectory is trained twice, the buffered trajectories restored are exactly the
+  checkpointed ones (by episode id) and are trained after the resume, the staleness bound holds
+  across the resume, and the metrics log has every step once.
+
+The kill waits for an observable event (a metrics step after the first checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+STEPS = 8
+# Wall-clock quantities differ between any two runs, and so do gauges of work under way: the
+# episodes of the next batch (prefetched while training) and the reward calls they made so far.
+VOLATILE = ("time", "timeperf/", "perf/", "rollout/episode_latency", "weight_sync/",
+            "rollout/running", "rollout/queued", "rollout/buffered", "rollout/capacity",
+            "reward/calls")
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+
+def _args(model_dir: Path, log_dir: Path, eta: int) -> list[str]:
+    return [sys.executable, "-m", "areal_like.launcher.local", "grpo",
+            f"model.path={model_dir}", f"logging.log_dir={log_dir}",
+            f"total_train_steps={STEPS}", f"rollout.max_head_offpolicyness={eta}",
+            "gconfig.n_samples=4", "gconfig.max_new_tokens=4", "rollout.consumer_batch_size=4",
+            "train_dataset.batch_size=4", "train_dataset.size=400", "valid_dataset.size=16",
+            "evaluation.n_prompts=16", "evaluation.freq_steps=100", "checkpoint.freq_steps=2",
+            "checkpoint.recover=auto", "logging.tensorboard=false", "logging.plot=false"]
+
+
+def _run(model_dir: Path, log_dir: Path, eta: int) -> str:
+    proc = subprocess.run(_args(model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
+def _records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line]
+
+
+def _trainer_pids(log_dir: Path) -> list[int]:
+    """The recipe processes (torchrun's workers) of the run logging to `log_dir`."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"recipes.grpo" in args and f"logging.log_dir={log_dir}".encode() in args
+                and not any(launcher in a for a in args for launcher in (
+                    b"torch.distributed.run", b"torchrun_loopback", b"launcher.local"))):
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def _kill_trainer_after(model_dir: Path, log_dir: Path, eta: int, step: int) -> None:
+    """Start a run, SIGKILL its trainer once metrics of `step` (after a checkpoint) exist."""
+    run_dir = log_dir / "grpo_addition" / "trial0"
+    proc = subprocess.Popen(_args(model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, f"step {step} not logged within 900 s"
+            path = run_dir / "metrics.jsonl"
+            if (run_dir / "checkpoints" / "latest").exists() and path.exists() and any(
+                    r["step"] >= step for r in _records(run_dir)):
+                break
+            time.sleep(0.05)
+        pids = _trainer_pids(log_dir)
+        assert pids, "trainer process not found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)  # kill -9, no cleanup runs
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode != 0, out[-3000:]  # the launcher reports the dead trainer
+
+
+def _weights_sha(run_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted((run_dir / "weights" / f"v{STEPS}").glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def _stable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
+
+
+def test_eta0_runs_are_bit_identical_and_a_killed_run_resumes_exactly(tiny_model_dir,
+                                                                       tmp_path):
+    a, b, c = (tmp_path / name for name in ("a", "b", "c"))
+    _run(tiny_model_dir, a, eta=0)
+    _run(tiny_model_dir, b, eta=0)
+    run = lambda root: root / "grpo_addition" / "trial0"  # noqa: E731
+    assert _stable(_records(run(a))) == _stable(_records(run(b)))
+    assert _weights_sha(run(a)) == _weights_sha(run(b))
+
+    _kill_trainer_after(tiny_model_dir, c, eta=0, step=random.randint(3, STEPS - 2))
+    out = _run(tiny_model_dir, c, eta=0)
+    assert "recovered from" in out
+    assert [r["step"] for r in _records(run(c))] == list(range(STEPS + 1))  # each step once
+    assert _stable(_records(run(c))) == _stable(_records(run(a)))
+    assert _weights_sha(run(c)) == _weights_sha(run(a))
+
+
+def test_eta2_resume_loses_and_repeats_no_trajectory(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "grpo_addition" / "trial0"
+    _kill_trainer_after(tiny_model_dir, tmp_path, eta=2, step=random.randint(3, STEPS - 2))
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    saved = torch.load(latest / "run_state.pt", weights_only=False)["executor"]
+    checkpointed = [f"{b['data_id']}@{b['episode_seed']}" for b in saved["buffered"]]
+
+    out = _run(tiny_model_dir, tmp_path, eta=2)
+    assert f"recovered from {latest}" in out
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == list(range(STEPS + 1))  # each step once
+    assert max(r.get("rollout/staleness_max", 0) for r in records) <= 2
+    episodes = _records(run_dir, "episodes.jsonl")
+    restored = [e["restored"] for e in episodes if "restored" in e]
+    assert restored == [checkpointed]  # exactly the buffered trajectories checkpointed
+    trained = [i for e in episodes if "trained" in e for i in e["trained"]]
+    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+    assert len([e for e in episodes if "trained" in e]) == STEPS
+    resume_step = next(e["step"] for e in episodes if "restored" in e)
+    after = {i for e in episodes if e.get("step", 0) > resume_step for i in e.get("trained", [])}
+    assert set(checkpointed) <= after  # none of them lost

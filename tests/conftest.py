@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,13 @@ def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
                         log_dir=tmp_path_factory.mktemp("sglang_logs"))
     with fleet:
         yield fleet
+
+
+@pytest.fixture
+def busy_machine():
+    """Two CPU-bound processes beside the test (the machine has two cores)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait(timeout=30)

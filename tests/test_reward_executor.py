@@ -103,16 +103,6 @@ async def test_a_crashed_worker_fails_only_its_own_call(executor_factory):
     assert results[1:] == [1.0] * 6
 
 
-@pytest.fixture
-def busy_machine():
-    """Two CPU-bound processes beside the test (the machine has two cores)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for p in procs:
-        p.kill()
-        p.wait(timeout=30)
-
-
 async def test_200_calls_under_load_with_one_hanging(executor_factory, busy_machine):
     """200 reward calls while two CPU-bound processes load the machine, one of them hanging:
     exactly one failure (its timeout), 199 right answers; the hang stops only itself."""

@@ -5,8 +5,6 @@ estimator allows), every exclusion is counted, evaluation excludes rather than s
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,15 +72,6 @@ def test_raising_reward_never_becomes_a_reward(engine, tokenizer, executor_facto
     else:
         assert batch.batch_size[0] == groups * GCONFIG.n_samples
         assert groups + stats["failed_reward"] == 8 and stats["failed_reward"] >= 1
-
-
-@pytest.fixture
-def busy_machine():
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for p in procs:
-        p.kill()
-        p.wait(timeout=30)
 
 
 def test_hanging_reward_costs_only_its_group_on_a_busy_machine(engine, tokenizer,

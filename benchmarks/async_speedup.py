@@ -1,15 +1,19 @@
 """Asynchronous vs synchronous RL: the same GRPO recipe, seed and allocation (one SGLang server,
 one trainer process, one thread each) run with eta = 0 (synchronous) and eta = 1, 2, 4.
 
-    python benchmarks/async_speedup.py [--steps 40] [--etas 0 1 2 4] [--model DIR]
+    python benchmarks/async_speedup.py [--steps 40] [--etas 0 1 2 4] [--model DIR] [key=value]
 
-Each mode is a real run through the local launcher. Per mode it prints: wall time per step,
-the trainer's wait for rollouts and its training + weight-sync time per step, the trainer's
-idle fraction (waiting for data) and the rollout side's idle fraction, final held-out greedy
-accuracy, and the speedup against eta = 0. Rollout idleness is estimated from the synchronous
-run: there the trainer waits for the whole generation of a batch, which gives the generation
-time g per batch, and the rollout side of a mode whose step takes s seconds is idle 1 - g/s.
-Steps 0 and the last (evaluations) and the first 3 (pipeline fill) are left out of the means.
+Each mode is a real run through the local launcher (extra `key=value` overrides go to every
+mode). Per mode it prints, per step: wall time, the trainer's wait for rollouts, its training
+time and weight-sync time, the trainer's slowdown against the synchronous run (its own work
+with rollouts overlapping / alone), the trainer's and the rollout side's idle fractions, final
+held-out greedy accuracy, the speedup against eta = 0 and that speedup as a fraction of the
+pipeline limit. Stage times come from the synchronous run: there the trainer waits for the
+whole generation of a batch (T_gen) and then trains and syncs alone (T_train), so two
+overlapped stages can at best give (T_gen + T_train) / max(T_gen, T_train); the rollout side
+of a mode whose step takes s seconds is idle 1 - T_gen / s. A second table gives the CPU
+seconds per step of every process by role (`process_cpu.py`), so a reader sees who takes the
+cores. Steps 0..3 (pipeline fill) and the last are left out of the means.
 """
 
 from __future__ import annotations
@@ -25,9 +29,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from process_cpu import ProcessCPU  # noqa: E402
+
+from areal_like.utils.metrics_logger import read_metrics  # noqa: E402
+
+ROLES = ["trainer", "rollout controller", "reward workers", "server scheduler",
+         "server HTTP/tokenizer", "server detokenizer", "server (other)", "launcher/torchrun"]
 
 
-def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int) -> dict[str, float]:
+def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int,
+             extra: list[str]) -> dict[str, float]:
     trial = f"eta{eta}"
     cmd = [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={model}",
            f"rollout.max_head_offpolicyness={eta}", f"total_train_steps={steps}",
@@ -35,22 +47,44 @@ def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int) -> dic
            "checkpoint.freq_steps=0", f"logging.log_dir={log_dir}", f"logging.trial_name={trial}",
            "logging.tensorboard=false", "logging.plot=false", f"seed={seed}",
            # the optimizer these results were measured with (the main job now decays its lr)
-           "actor.optimizer.lr=5e-5", "actor.optimizer.lr_scheduler_type=constant"]
+           "actor.optimizer.lr=5e-5", "actor.optimizer.lr_scheduler_type=constant", *extra]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True)
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+        metrics = log_dir / "grpo_addition" / trial / "metrics.jsonl"
+        marks: dict[int, dict[str, float]] = {}  # CPU by role when step 4 / the last is logged
+        with ProcessCPU(proc.pid) as cpu:
+            while proc.poll() is None:
+                logged = _last_step(metrics)
+                for mark in (4, steps - 1):
+                    if logged >= mark and mark not in marks:
+                        cpu.sample()
+                        marks[mark] = cpu.by_role()
+                time.sleep(0.2)
+            code = proc.returncode
+        out.seek(0)
+        if code != 0:
+            raise RuntimeError(f"eta={eta} failed:\n{out.read()[-4000:]}")
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"eta={eta} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    path = log_dir / "grpo_addition" / trial / "metrics.jsonl"
-    records = [json.loads(line) for line in path.open()]
-    body = [r for r in records if 3 < r["step"] < steps]  # no fill-up, no evaluation steps
+    records = read_metrics(log_dir / "grpo_addition" / trial / "metrics.jsonl")
+    body = [r for r in records if 3 < r["step"] < steps]  # no fill-up, no last step
     mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in body)  # noqa: E731
     accuracy = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
     return {"eta": eta, "step_s": mean("timeperf/step"), "wait_s": mean("timeperf/rollout"),
-            "train_s": mean("timeperf/train") + mean("timeperf/weight_sync"),
+            "train_s": mean("timeperf/train"), "sync_s": mean("timeperf/weight_sync"),
             "acc0": accuracy[0], "acc": accuracy[-1], "wall_s": wall,
-            "staleness_max": max(r.get("rollout/staleness_max", 0) for r in records)}
+            "staleness_max": max(r.get("rollout/staleness_max", 0) for r in records),
+            "cpu": {role: (marks[steps - 1].get(role, 0.0) - marks[4].get(role, 0.0))
+                    / (steps - 1 - 4) for role in marks[steps - 1]}}
+
+
+def _last_step(path: Path) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return -1
+    return max((json.loads(line)["step"] for line in lines if line.strip()), default=-1)
 
 
 def main() -> None:
@@ -58,6 +92,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="key=value for every mode's recipe")
     parser.add_argument("--model", type=Path, default=REPO / ".cache/models/addition-sft",
                         help="warm-start model (scripts/main.sh writes the default one)")
     args = parser.parse_args()
@@ -67,25 +102,34 @@ def main() -> None:
     if 0 not in args.etas:
         sys.exit("--etas must include 0: the synchronous run is the baseline")
     with tempfile.TemporaryDirectory(prefix="async_speedup_") as tmp:
-        rows = [run_mode(eta, args.steps, args.model, Path(tmp), args.seed)
+        rows = [run_mode(eta, args.steps, args.model, Path(tmp), args.seed, args.overrides)
                 for eta in sorted(args.etas)]
     sync = rows[0]
     gen_s = sync["wait_s"]  # synchronous: the trainer waits for the whole generation
+    alone_s = sync["train_s"] + sync["sync_s"]  # ... and then trains and syncs alone
+    limit = (gen_s + alone_s) / max(gen_s, alone_s)
     print(f"\nGRPO on 2-digit addition, {args.steps} steps per mode, 1 SGLang server + 1 trainer "
-          f"process (1 thread each); means over steps 4..{args.steps - 1}")
-    print("| eta | s/step | trainer wait s/step | train+sync s/step | trainer idle | "
-          "rollout idle | max staleness | accuracy start -> end | speedup vs sync |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"process (1 thread each); means over steps 4..{args.steps - 1}; "
+          f"overrides: {' '.join(args.overrides) or 'none'}")
+    print(f"stages (sync run): T_gen {gen_s:.3f} s, T_train {sync['train_s']:.3f} s + weight "
+          f"sync {sync['sync_s']:.3f} s; pipeline limit (T_gen + T_train) / max = {limit:.2f}x")
+    print("| eta | s/step | wait | train | weight sync | trainer slowdown | trainer idle | "
+          "rollout idle | max staleness | accuracy start -> end | wall s | speedup | "
+          "of limit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        trainer_idle = r["wait_s"] / r["step_s"]
-        rollout_idle = max(0.0, 1.0 - gen_s / r["step_s"])
+        speedup = sync["step_s"] / r["step_s"]
         print(f"| {r['eta']} | {r['step_s']:.3f} | {r['wait_s']:.3f} | {r['train_s']:.3f} | "
-              f"{trainer_idle:.0%} | {rollout_idle:.0%} | {r['staleness_max']:.0f} | "
-              f"{r['acc0']:.3f} -> {r['acc']:.3f} | {sync['step_s'] / r['step_s']:.2f}x |")
-    ideal = (gen_s + sync["train_s"]) / max(gen_s, sync["train_s"])
-    print(f"\ngeneration per batch (sync wait) {gen_s:.3f} s, training + weight sync "
-          f"{sync['train_s']:.3f} s: the ideal overlap speedup for these two stages is "
-          f"{ideal:.2f}x")
+              f"{r['sync_s']:.3f} | {(r['train_s'] + r['sync_s']) / alone_s:.2f}x | "
+              f"{r['wait_s'] / r['step_s']:.0%} | {max(0.0, 1.0 - gen_s / r['step_s']):.0%} | "
+              f"{r['staleness_max']:.0f} | {r['acc0']:.3f} -> {r['acc']:.3f} | "
+              f"{r['wall_s']:.0f} | {speedup:.2f}x | {speedup / limit:.0%} |")
+    print("\nCPU seconds per step, by process (between the records of step 4 and the last)")
+    print("| eta | " + " | ".join(ROLES) + " | total |")
+    print("|---|" + "---|" * (len(ROLES) + 1))
+    for r in rows:
+        cells = [f"{r['cpu'].get(role, 0.0):.3f}" for role in ROLES]
+        print(f"| {r['eta']} | " + " | ".join(cells) + f" | {sum(r['cpu'].values()):.3f} |")
 
 
 if __name__ == "__main__":

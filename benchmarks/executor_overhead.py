@@ -237,6 +237,7 @@ def part2(args: argparse.Namespace) -> None:
     from areal_like.api import GenerationHyperparameters
     from areal_like.api.config import SGLangServerConfig
     from areal_like.models.tiny import build_tiny_model
+    from areal_like.rollout.controller import RolloutController
     from engines.remote_sglang import RemoteSGLangEngine
     from engines.sglang_server import SGLangFleet
     from workflows.rlvr import RLVRWorkflow
@@ -261,8 +262,8 @@ def part2(args: argparse.Namespace) -> None:
         config = RolloutConfig(server_addrs=[addr], max_concurrent_rollouts=args.concurrency // k,
                                consumer_batch_size=n_groups, max_head_offpolicyness=0)
 
-        def new_engine() -> RemoteSGLangEngine:
-            engine = RemoteSGLangEngine(config)
+        def new_engine() -> RolloutController:
+            engine = RolloutController(config, RemoteSGLangEngine(config))
             engine.initialize()
             return engine
 

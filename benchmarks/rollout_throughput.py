@@ -116,7 +116,6 @@ def main() -> None:
                                                   max_concurrent_rollouts=args.concurrency))
         engine.initialize()
         stack.callback(engine.destroy)
-        assert engine.executor is not None
         g = GenerationHyperparameters(max_new_tokens=args.new_tokens,
                                       min_new_tokens=args.new_tokens, temperature=1.0)
         prompts = make_prompts(args.requests, vocab, seed=0)
@@ -124,7 +123,7 @@ def main() -> None:
         clients: dict[str, Callable[[], int]] = {
             "bare aiohttp (baseline)": lambda: asyncio.run(
                 bare_client(addr, prompts, g, args.concurrency)),
-            "RemoteSGLangEngine (rollout loop)": lambda: engine.executor.run_coroutine(
+            "RemoteSGLangEngine (rollout loop)": lambda: engine.run_coroutine(
                 engine_client(engine, prompts, g, args.concurrency), timeout),
             "RemoteSGLangEngine (foreign loop)": lambda: asyncio.run(
                 engine_client(engine, prompts, g, args.concurrency)),

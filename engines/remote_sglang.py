@@ -1,14 +1,16 @@
-"""RemoteSGLangEngine: the InferenceEngine that talks to a fleet of SGLang servers over HTTP.
+"""RemoteSGLangEngine: the HTTP client of a fleet of SGLang servers (a thin InferenceEngine).
+
+It generates, pauses, resumes and loads weights; it does not run workflows — the
+`WorkflowExecutor` (inside a `RolloutController`) drives workflows and calls `agenerate`.
 
 Threading model. All HTTP traffic goes through one `aiohttp.ClientSession`, which belongs to
-the event loop it was created on: the *rollout loop*, i.e. the loop thread of the attached
-`WorkflowExecutor` (`engine.executor.loop`), where episodes run and call `agenerate` directly.
-`agenerate` awaited on any other loop (a script's `asyncio.run`, a test) is forwarded to the
-rollout loop and awaited there, so the session is never touched from a foreign loop. Trainer
-code is synchronous: `update_weights`, `pause`, `resume` run their async twins (`aupdate_weights`,
-`apause`, `aresume`) on the rollout loop and block the calling thread, bounded by timeouts;
-calling a sync method from the rollout loop itself raises (it would deadlock) — await the async
-twin there instead.
+the event loop it was created on: the loop thread given to `initialize` (the rollout
+controller's, where episodes run and call `agenerate` directly), or one the engine starts for
+itself. `agenerate` awaited on any other loop (a script's `asyncio.run`, a test) is forwarded
+to that loop and awaited there, so the session is never touched from a foreign loop.
+Synchronous callers use `update_weights`, `pause`, `resume`, which run their async twins
+(`aupdate_weights`, `apause`, `aresume`) on the loop and block, bounded by timeouts; calling a
+sync method from the loop itself raises (it would deadlock) — await the async twin there.
 
 Requests: `agenerate(req)` generates one sample (`req.gconfig.n_samples` must be 1);
 `agenerate_n(req)` fans `n_samples` samples out concurrently and returns a list. Servers are
@@ -18,11 +20,11 @@ timeouts, HTTP 5xx, malformed JSON and impossible replies are retried with expon
 on another server when one exists; after `request_retries` tries the error names the server
 and the cause. A server that stops answering leaves service (no request or weight update goes
 to it) and comes back only after loading the current weights (`engines/sglang_membership.py`);
-while no server is in service, requests wait for one up to `server_down_timeout` s. Every
-token's version is the one the server reports (`meta_info.weight_versions` spans), not a
-client-side guess. If a request is aborted because this engine paused the fleet in "abort"
-mode, it is continued from the tokens it already has once generation resumes, so callers never
-see that abort.
+while no server is in service, requests wait for one up to `server_down_timeout` s, and past
+that every `on_fleet_failure` callback gets the error. Every token's version is the one the
+server reports (`meta_info.weight_versions` spans), not a client-side guess. If a request is
+aborted because this engine paused the fleet in "abort" mode, it is continued from the tokens
+it already has once generation resumes, so callers never see that abort.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
 
@@ -39,6 +41,7 @@ from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
 from areal_like.api.seeding import derive_seed, request_seed
+from areal_like.utils.loop_thread import EventLoopThread
 from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
     MalformedReplyError,
@@ -59,13 +62,6 @@ from engines.sglang_protocol import (
 from engines.sglang_routing import ServerPool
 
 __all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
-
-if TYPE_CHECKING:
-    from tensordict import TensorDict
-
-    from areal_like.api.workflow_api import RolloutWorkflow
-    from areal_like.rollout import WorkflowExecutor
-    from areal_like.rollout.executor_state import ShouldAccept
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +85,10 @@ class RemoteSGLangEngine(InferenceEngine):
         if config.min_servers > len(self.addresses):
             raise ValueError(f"RolloutConfig.min_servers={config.min_servers} but the fleet has "
                              f"{len(self.addresses)} server(s): {self.addresses}")
-        self.executor: Optional[WorkflowExecutor] = None
-        self._owns_executor = False
+        self._loop_thread: Optional[EventLoopThread] = None
+        self._owns_loop = False
+        # called with the error when no server came back within server_down_timeout
+        self.on_fleet_failure: list[Callable[[BaseException], None]] = []
         self._session: Optional[aiohttp.ClientSession] = None
         self._version = 0
         self._version_lock = threading.Lock()
@@ -103,25 +101,23 @@ class RemoteSGLangEngine(InferenceEngine):
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(
-        self, executor: Optional[WorkflowExecutor] = None, check_health: bool = True
+        self, loop_thread: Optional[EventLoopThread] = None, check_health: bool = True
     ) -> None:
-        """Attach `executor` (default: a new `WorkflowExecutor(config, self)`), open the HTTP
-        session on its loop and (unless `check_health=False`) wait up to
-        `config.setup_timeout` s until every server answers `/health`."""
+        """Open the HTTP session on `loop_thread` (default: a loop thread of the engine's own)
+        and (unless `check_health=False`) wait up to `config.setup_timeout` s until every
+        server answers `/health`."""
         if self._session is not None:
             return
-        if executor is None:
-            from areal_like.rollout import WorkflowExecutor
-
-            executor, self._owns_executor = WorkflowExecutor(self.config, self), True
-        self.executor = executor
+        if loop_thread is None:
+            loop_thread, self._owns_loop = EventLoopThread("sglang-client"), True
+            loop_thread.start()
+        self._loop_thread = loop_thread
         try:
-            executor.initialize()
-            executor.run_coroutine(self._open_session(), timeout=CONTROL_TIMEOUT_S)
+            loop_thread.run_coroutine(self._open_session(), timeout=CONTROL_TIMEOUT_S)
             if check_health:
-                executor.run_coroutine(self.await_healthy(self.config.setup_timeout),
-                                       timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
-            executor.run_coroutine(self._start_watch(), timeout=CONTROL_TIMEOUT_S)
+                loop_thread.run_coroutine(self.await_healthy(self.config.setup_timeout),
+                                          timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
+            loop_thread.run_coroutine(self._start_watch(), timeout=CONTROL_TIMEOUT_S)
         except BaseException:
             self.destroy()
             raise
@@ -131,8 +127,8 @@ class RemoteSGLangEngine(InferenceEngine):
 
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)
-        if self.executor is not None:
-            self.executor.fail(error)
+        for callback in self.on_fleet_failure:
+            callback(error)
 
     async def _open_session(self) -> None:
         # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
@@ -140,16 +136,19 @@ class RemoteSGLangEngine(InferenceEngine):
         self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
 
     def destroy(self) -> None:
-        """Close the session and, if this engine created it, the executor. Safe to call twice."""
-        executor, self.executor = self.executor, None
-        if executor is None:
+        """Close the session and, if the engine started it, its loop thread. Safe to call
+        twice; allowed after the fleet failed (clean-up still runs on the loop)."""
+        loop_thread, self._loop_thread = self._loop_thread, None
+        if loop_thread is None:
             return
-        if self._session is not None:
-            executor.run_coroutine(self.membership.stop(), timeout=CONTROL_TIMEOUT_S)
-            session, self._session = self._session, None
-            executor.run_coroutine(session.close(), timeout=CONTROL_TIMEOUT_S)
-        if self._owns_executor:
-            executor.destroy()
+        try:
+            if self._session is not None:
+                loop_thread.run_coroutine(self.membership.stop(), timeout=CONTROL_TIMEOUT_S)
+                session, self._session = self._session, None
+                loop_thread.run_coroutine(session.close(), timeout=CONTROL_TIMEOUT_S)
+        finally:
+            if self._owns_loop:
+                loop_thread.stop()
 
     async def await_healthy(self, timeout: float) -> None:
         """Poll `/health` of every server until all answer 200; error after `timeout` s.
@@ -193,9 +192,14 @@ class RemoteSGLangEngine(InferenceEngine):
         return self._session
 
     def _rollout_loop(self) -> asyncio.AbstractEventLoop:
-        if self.executor is None:
+        if self._loop_thread is None:
             raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
-        return self.executor.loop
+        return self._loop_thread.loop
+
+    def run_coroutine(self, coro: Awaitable[Any], timeout: float) -> Any:
+        """Run `coro` on the engine's loop from another thread (TimeoutError after
+        `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`."""
+        return self._run_sync(coro, timeout, "run_coroutine")
 
     async def _on_rollout_loop(self, coro: Awaitable[Any]) -> Any:
         """Await `coro` on the rollout loop, wherever we are called from."""
@@ -222,8 +226,8 @@ class RemoteSGLangEngine(InferenceEngine):
             coro.close()  # type: ignore[attr-defined]
             raise RuntimeError(f"RemoteSGLangEngine.{what}() would block the rollout loop it "
                                f"runs on; await a{what}() there instead")
-        assert self.executor is not None
-        return self.executor.run_coroutine(coro, timeout=timeout)
+        assert self._loop_thread is not None
+        return self._loop_thread.run_coroutine(coro, timeout)  # type: ignore[arg-type]
 
     # ---- generation ---------------------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -385,15 +389,11 @@ class RemoteSGLangEngine(InferenceEngine):
         await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
 
     async def apause(self) -> None:
-        """Pause generation on every server (`config.pause_mode`); also stop admitting."""
-        if self.executor is not None:
-            self.executor.pause()
+        """Pause generation on every server (`config.pause_mode`)."""
         await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
 
     async def aresume(self) -> None:
         await self._on_rollout_loop(self._on_all("/continue_generation", {}, CONTROL_TIMEOUT_S))
-        if self.executor is not None:
-            self.executor.resume()
 
     def pause(self) -> None:
         self._run_sync(self.apause(), 2 * CONTROL_TIMEOUT_S, "pause")
@@ -447,26 +447,3 @@ class RemoteSGLangEngine(InferenceEngine):
     def fleet_stats(self) -> dict[str, float]:
         """Servers in service, and how many times servers left, came back or joined."""
         return {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
-
-    # ---- rollout API: delegated to the attached WorkflowExecutor ------------------------
-    def _executor(self) -> WorkflowExecutor:
-        if self.executor is None:
-            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
-        return self.executor
-
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
-               should_accept: Optional[ShouldAccept] = None) -> None:
-        self._executor().submit(data, workflow, should_accept)
-
-    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
-        return self._executor().wait(count, timeout)
-
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        return self._executor().rollout_batch(data, workflow, should_accept, timeout)
-
-    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        return self._executor().prepare_batch(dataloader, workflow, should_accept, timeout)

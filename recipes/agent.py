@@ -18,13 +18,13 @@ from workflows import MemoryAgentWorkflow
 def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(AgentConfig, "agent_memory.yaml", argv)
 
-    def workflow(greedy: bool = False) -> MemoryAgentWorkflow:
+    def workflow(rl: RLSetup, greedy: bool = False) -> MemoryAgentWorkflow:
         return MemoryAgentWorkflow(config.gconfig.new(greedy=greedy), rl.tokenizer,
                                    config.max_steps, config.beta, config.gamma)
 
-    rl = RLSetup(config, eval_workflow=lambda: workflow(greedy=True))
+    rl = RLSetup(config, eval_workflow=lambda rl: workflow(rl, greedy=True))
     actor = PPOActor(rl.actor_engine, config.algorithm)  # dense action rewards + outcome
-    train_workflow = workflow()
+    train_workflow = workflow(rl)
 
     for step in rl.steps():
         with rl.timing("rollout"):

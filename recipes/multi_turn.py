@@ -15,14 +15,14 @@ from workflows import MultiTurnWorkflow
 def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(MultiTurnConfig, "multi_turn_addition.yaml", argv)
 
-    def workflow(greedy: bool = False) -> MultiTurnWorkflow:
+    def workflow(rl: RLSetup, greedy: bool = False) -> MultiTurnWorkflow:
         return MultiTurnWorkflow(rl.task.reward_fn, config.gconfig.new(greedy=greedy),
                                  rl.tokenizer, config.max_turns, config.turn_discount,
                                  config.feedback)
 
-    rl = RLSetup(config, eval_workflow=lambda: workflow(greedy=True))
+    rl = RLSetup(config, eval_workflow=lambda rl: workflow(rl, greedy=True))
     actor = PPOActor(rl.actor_engine, config.algorithm)
-    train_workflow = workflow()
+    train_workflow = workflow(rl)
 
     for step in rl.steps():
         with rl.timing("rollout"):  # one conversation per prompt, token-in/token-out

@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 from areal_like.api import GenerationHyperparameters
 from areal_like.api.config import RewardConfig, RolloutConfig
 from areal_like.rewards.executor import RewardExecutor
+from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.main_rank import MainRankError, run_on_main
 from areal_like.utils.distributed import ensure_process_group
 from engines.remote_sglang import RemoteSGLangEngine
@@ -82,10 +83,11 @@ def main() -> None:
 
     engine = rewards = None
     if rank == 0:
-        engine = RemoteSGLangEngine(RolloutConfig(
+        rollout = RolloutConfig(
             server_addrs=[args.addr], api_key=args.api_key, seed=1, request_retries=2,
             retry_backoff=0.1, request_timeout=60, server_down_timeout=5.0,
-            health_check_interval=0.5))  # the only server dies: stop 5 s later
+            health_check_interval=0.5)  # the only server dies: stop 5 s later
+        engine = RolloutController(rollout, RemoteSGLangEngine(rollout))
         engine.initialize()
         rewards = RewardExecutor(RewardConfig(max_workers=1, timeout=120))
         workflow = RLVRWorkflow(reward_fns.sleeps_briefly, GCONFIG,

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from areal_like.api.config import RolloutConfig
+from areal_like.rollout.controller import RolloutController
 from engines.remote_sglang import RemoteSGLangEngine
 
 # SGLang computes in float32; the reference runs the same weights in float64. Measured max
@@ -40,6 +41,16 @@ def make_engine(addresses: list[str], api_key: str | None, **config: object) -> 
                                               **config))  # type: ignore[arg-type]
     engine.initialize()
     return engine
+
+
+def make_controller(addresses: list[str], api_key: str | None,
+                    **config: object) -> RolloutController:
+    """A real fleet client with the executor that runs workflows on it (in this process)."""
+    rollout = RolloutConfig(server_addrs=list(addresses), api_key=api_key,
+                            **config)  # type: ignore[arg-type]
+    controller = RolloutController(rollout, RemoteSGLangEngine(rollout))
+    controller.initialize()
+    return controller
 
 
 @lru_cache(maxsize=4)

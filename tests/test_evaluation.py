@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
 from reward_fns import starts_with_any
-from sglang_helpers import _reference_model, make_engine
+from sglang_helpers import _reference_model, make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api.io_struct import GenerationHyperparameters
@@ -84,7 +84,7 @@ def test_greedy_accuracy_and_pass_at_k_match_the_model(sglang_fleet, tiny_model_
     assert 0.1 < p_t.mean() < 0.6  # a test with room on both sides
 
     def run(seed: int) -> dict[str, float]:
-        engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY, seed=seed)
+        engine = make_controller(sglang_fleet.addresses, SGLANG_TEST_API_KEY, seed=seed)
         try:
             return evaluate(engine, items, starts_with_any, tokenizer, gconfig, pass_k=K,
                             temperature=1.0, pass_n=N_SAMPLES)

@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 from conftest import SGLANG_TEST_API_KEY
 from fake_server import MisbehavingServer
-from sglang_helpers import fleet_version, hf_logprobs, make_engine, perturbed_copy, server_pgid
+from sglang_helpers import (
+    fleet_version,
+    hf_logprobs,
+    make_controller,
+    make_engine,
+    perturbed_copy,
+    server_pgid,
+)
 
 from areal_like.api.config import SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
@@ -96,7 +103,7 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
         version = engine.get_version() + 1
         g = GenerationHyperparameters(max_new_tokens=64, min_new_tokens=64, temperature=1.0)
         in_flight = [asyncio.run_coroutine_threadsafe(
-            engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine.executor.loop)
+            engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine._rollout_loop())
             for i in range(6)]
         engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
         assert engine.get_version() == version
@@ -224,8 +231,9 @@ def test_a_new_client_continues_a_server_left_paused(sglang_fleet):
 
 def test_last_server_dead_stops_with_a_clear_bounded_error(spare):
     addr = spare.addresses[0]
-    engine = make_engine([addr], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         server_down_timeout=5.0, health_check_interval=0.5)
+    controller = make_controller([addr], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                                 server_down_timeout=5.0, health_check_interval=0.5)
+    engine = controller.engine
     try:
         spare.kill_server(0)
         spare.processes[0].wait(timeout=60)
@@ -238,9 +246,9 @@ def test_last_server_dead_stops_with_a_clear_bounded_error(spare):
         # the executor stops too: every wait raises the same error, naming the server
         _until(lambda: engine.membership.fatal is not None, "the fleet watch to give up")
         with pytest.raises(FleetUnavailableError, match=addr):
-            engine.wait(1, timeout=BOUND_S)
+            controller.wait(1, timeout=BOUND_S)
     finally:
-        engine.destroy()
+        controller.destroy()
 
 
 # ---- servers that misbehave -----------------------------------------------------------------

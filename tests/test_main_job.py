@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from sglang_helpers import listening_sockets, server_pgid
 
+from areal_like.utils.metrics_logger import read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -68,7 +70,7 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     assert "SGLang server 1" in out and "killed by SIGKILL" in out
     assert "restarting SGLang server 1 (restart 1 of 3)" in out
     assert "eval/accuracy:" in out and "curves:" in out
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(61))  # training went on, every step
     assert records[-1]["fleet/taken_out_total"] >= 1
     assert records[-1]["fleet/readmitted_total"] >= 1  # back with the current weights

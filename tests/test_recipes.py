@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import fleet_version, make_engine
 
 from areal_like.api import WeightUpdateMeta
+from areal_like.utils.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -41,7 +41,7 @@ def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     run_dir = next(log_dir.glob("*/trial0"))
     assert (run_dir / "curves.png").stat().st_size > 0
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 SMALL = ["gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2", "train_dataset.batch_size=2"]

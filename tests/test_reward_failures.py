@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import reward_fns
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import make_engine
+from sglang_helpers import make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters
 from areal_like.rewards.errors import RewardBudgetExceeded, RewardFunctionError
+from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import evaluate
-from engines.remote_sglang import RemoteSGLangEngine
 from workflows import RLVRWorkflow
 
 pytestmark = pytest.mark.sglang
@@ -35,8 +35,8 @@ def tokenizer(tiny_model_dir: Path):
 
 
 @pytest.fixture
-def engine(sglang_fleet) -> Iterator[RemoteSGLangEngine]:
-    engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY, seed=5,
+def engine(sglang_fleet) -> Iterator[RolloutController]:
+    engine = make_controller(sglang_fleet.addresses, SGLANG_TEST_API_KEY, seed=5,
                          max_concurrent_rollouts=16)
     yield engine
     engine.destroy()

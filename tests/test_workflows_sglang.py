@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import fleet_version, make_engine
+from sglang_helpers import fleet_version, make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
@@ -17,6 +17,7 @@ from areal_like.api.config import RewardConfig
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.rewards import exact_match_reward, extract_final_answer
 from areal_like.rewards.executor import RewardExecutor
+from areal_like.rollout.controller import RolloutController
 from areal_like.rollout.errors import RolloutTimeoutError, RolloutWorkflowError
 from engines.remote_sglang import RemoteSGLangEngine
 from workflows import (
@@ -49,14 +50,14 @@ def rewards() -> Iterator[RewardExecutor]:
     executor.shutdown()
 
 
-def _engine(fleet, **config) -> RemoteSGLangEngine:
-    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY, **config)
+def _engine(fleet, **config) -> RolloutController:
+    engine = make_controller(fleet.addresses, SGLANG_TEST_API_KEY, **config)
     engine.set_version(fleet_version(fleet.addresses, SGLANG_TEST_API_KEY))
     return engine
 
 
 @pytest.fixture
-def engine(sglang_fleet) -> Iterator[RemoteSGLangEngine]:
+def engine(sglang_fleet) -> Iterator[RolloutController]:
     engine = _engine(sglang_fleet, consumer_batch_size=2, max_concurrent_rollouts=8)
     yield engine
     engine.destroy()

@@ -84,6 +84,12 @@ class RewardExecutor:
                     self.config.max_workers, thread_name_prefix="reward")
             return self._threads
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to another process (a workflow going to the rollout controller): there it is
+        # that process's shared executor when it is the shared one here, else a new one with
+        # the same settings. Pools, locks and budgets never cross a process boundary.
+        return _executor_in_this_process, (self.config, self is _default)
+
     def shutdown(self) -> None:
         """Stop the workers (running calls are terminated). Safe to call twice."""
         with self._lock:
@@ -255,6 +261,10 @@ def default_reward_executor() -> RewardExecutor:
         if _default is None:
             _default = RewardExecutor()
         return _default
+
+
+def _executor_in_this_process(config: RewardConfig, shared: bool) -> RewardExecutor:
+    return default_reward_executor() if shared else RewardExecutor(config)
 
 
 def configure_rewards(config: RewardConfig) -> RewardExecutor:

@@ -58,8 +58,8 @@ from areal_like.rollout.executor_state import (
     Ticket,
     workflow_error,
 )
-from areal_like.rollout.loop_thread import EventLoopThread
 from areal_like.rollout.stats import assemble_batch
+from areal_like.utils.loop_thread import EventLoopThread
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,11 @@ class WorkflowExecutor:
     def loop(self) -> asyncio.AbstractEventLoop:
         """The rollout event loop (create the engine's aiohttp session on it)."""
         return self._loop_thread.loop
+
+    @property
+    def loop_thread(self) -> EventLoopThread:
+        """The thread that runs the rollout loop (hand it to the engine's `initialize`)."""
+        return self._loop_thread
 
     def run_coroutine(self, coro: Any, timeout: float) -> Any:
         """Run `coro` on the rollout loop from another thread; TimeoutError after `timeout` s.

@@ -25,7 +25,7 @@ from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
-from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, run_dir, truncate_jsonl
+from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
 
 logger = logging.getLogger("areal_like")
@@ -113,6 +113,12 @@ class RunContext:
             self.metrics.log(step, metrics)
         return metrics
 
+    def log_late(self, step: int, metrics: dict[str, float]) -> None:
+        """Write `metrics` that belong to an earlier `step` (an evaluation of the weights of
+        that step, finished later), as a record of their own (rank 0)."""
+        if self.metrics is not None:
+            self.metrics.log(step, metrics)
+
     def log_episodes(self, step: int, **ids: list[str]) -> None:
         """Append `{"step": step, <kind>: [episode ids]}` to `episodes.jsonl` (rank 0)."""
         if self.metrics is None:
@@ -124,7 +130,7 @@ class RunContext:
         """Print the first and last logged value of `key` (rank 0), e.g. before/after RL."""
         if self.metrics is None:
             return
-        values = [r[key] for r in read_jsonl(self.metrics.jsonl_path) if key in r]
+        values = [r[key] for r in read_metrics(self.metrics.jsonl_path) if key in r]
         if values:
             print(f"{key}: {values[0]:.3f} before -> {values[-1]:.3f} after "
                   f"({len(values)} evaluations; metrics in {self.metrics.jsonl_path})", flush=True)

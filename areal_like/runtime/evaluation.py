@@ -69,7 +69,64 @@ async def _episode(rollout: InferenceEngine, wf: RolloutWorkflow, item: dict[str
         return e
 
 
-def evaluate(rollout: InferenceEngine, items: list[dict[str, Any]],
+class Evaluator:
+    """Held-out evaluation of one policy version (see `evaluate` for the metrics).
+
+    `draw_seeds` takes the episodes' seeds from the executor (in a fixed order, so a run
+    repeats exactly); `arun` then runs the episodes on the rollout loop, where it can run
+    beside training rollouts (`RolloutController.run_at_version`)."""
+
+    def __init__(self, items: list[dict[str, Any]], reward_fn: Callable[..., Any],
+                 tokenizer: PreTrainedTokenizerBase, gconfig: GenerationHyperparameters,
+                 pass_k: int = 1, temperature: float = 1.0,
+                 reward_executor: RewardExecutor | None = None,
+                 workflow: RolloutWorkflow | None = None, pass_n: int = 0) -> None:
+        self.items = items
+        reward_executor = reward_executor or default_reward_executor()
+        self.greedy = workflow or RLVRWorkflow(reward_fn, gconfig.new(greedy=True, n_samples=1),
+                                               tokenizer, reward_executor)
+        self.pass_k, self.pass_n = pass_k, pass_n or pass_k
+        self.sampled = None
+        if pass_k > 1:
+            self.sampled = RLVRWorkflow(reward_fn, gconfig.new(n_samples=self.pass_n,
+                                                               greedy=False,
+                                                               temperature=temperature),
+                                        tokenizer, reward_executor)
+
+    def draw_seeds(self, rollout: Any) -> list[list[int]]:
+        """One seed per item and workflow (greedy, then sampled), from `rollout.episode_seed`."""
+        runs = [self.greedy] + ([self.sampled] if self.sampled is not None else [])
+        return [[rollout.episode_seed(item) for item in self.items] for _ in runs]
+
+    async def _episodes(self, engine: InferenceEngine, wf: RolloutWorkflow,
+                        seeds: list[int]) -> tuple[list[Any], int]:
+        pairs = zip(self.items, seeds, strict=True)
+        results = await asyncio.gather(*[_episode(engine, wf, it, seed) for it, seed in pairs])
+        done = [r for r in results if not isinstance(r, BaseException)]
+        return done, len(results) - len(done)
+
+    async def arun(self, engine: InferenceEngine, seeds: list[list[int]]) -> dict[str, float]:
+        results, failed = await self._episodes(engine, self.greedy, seeds[0])
+        out = {"eval/n": float(len(results)), "eval/reward_failed": float(failed)}
+        if not results:
+            return out
+        rewards = [float(td["rewards"].max()) for td in results]
+        out["eval/accuracy"] = sum(map(episode_accuracy, results)) / len(results)
+        out["eval/reward"] = sum(rewards) / len(rewards)
+        keys = tuple(getattr(self.greedy, "metric_keys", ()))
+        out |= {f"eval/{k}": v for k, v in episode_metrics(results, keys).items()}
+        if self.sampled is not None:
+            groups, failed = await self._episodes(engine, self.sampled, seeds[1])
+            out["eval/reward_failed"] += failed
+            if groups:
+                n, k = self.pass_n, self.pass_k
+                correct = [int((td["rewards"] > 0.5).sum()) for td in groups]
+                out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+                out["eval/pass@1"] = sum(correct) / (n * len(correct))
+        return out
+
+
+def evaluate(rollout: Any, items: list[dict[str, Any]],
              reward_fn: Callable[..., Any], tokenizer: PreTrainedTokenizerBase,
              gconfig: GenerationHyperparameters, pass_k: int = 1, temperature: float = 1.0,
              timeout: float = 600.0, reward_executor: RewardExecutor | None = None,
@@ -83,45 +140,12 @@ def evaluate(rollout: InferenceEngine, items: list[dict[str, Any]],
     run repeats exactly. Items whose reward failed are excluded and counted
     (`eval/reward_failed`): a failed reward is not a wrong answer.
 
-    Episodes run on the rollout engine's loop next to training rollouts, but outside the
-    executor, so they neither count against the staleness budget nor enter training batches.
+    `rollout` is a `RolloutController`: episodes run on its loop next to training rollouts,
+    but outside its executor, so they neither count against the staleness budget nor enter
+    training batches. This call blocks until they are done (see `Evaluator` to run them in
+    the background).
     """
-    executor = getattr(rollout, "executor", None)
-    if executor is None:
-        raise RuntimeError("evaluate() needs an initialized rollout engine with an executor")
-    reward_executor = reward_executor or default_reward_executor()
-    greedy = workflow or RLVRWorkflow(reward_fn, gconfig.new(greedy=True, n_samples=1),
-                                      tokenizer, reward_executor)
-
-    async def episodes(wf: RolloutWorkflow, seeds: list[int]) -> list[Any]:
-        pairs = zip(items, seeds, strict=True)
-        return await asyncio.gather(*[_episode(rollout, wf, it, seed) for it, seed in pairs])
-
-    def run(wf: RolloutWorkflow) -> tuple[list[Any], int]:
-        seeds = [executor.episode_seed(it) for it in items]  # reproducible samples
-        results = executor.run_coroutine(episodes(wf, seeds), timeout=timeout)
-        done = [r for r in results if not isinstance(r, BaseException)]
-        return done, len(results) - len(done)
-
-    results, failed = run(greedy)
-    out = {"eval/n": float(len(results)), "eval/reward_failed": float(failed)}
-    if not results:
-        return out
-    rewards = [float(td["rewards"].max()) for td in results]
-    out["eval/accuracy"] = sum(map(episode_accuracy, results)) / len(results)
-    out["eval/reward"] = sum(rewards) / len(rewards)
-    keys = tuple(getattr(greedy, "metric_keys", ()))
-    out |= {f"eval/{k}": v for k, v in episode_metrics(results, keys).items()}
-    if pass_k > 1:
-        n = pass_n or pass_k
-        sampled = RLVRWorkflow(reward_fn, gconfig.new(n_samples=n, greedy=False,
-                                                      temperature=temperature),
-                               tokenizer, reward_executor)
-        groups, failed = run(sampled)
-        out["eval/reward_failed"] += failed
-        if groups:
-            correct = [int((td["rewards"] > 0.5).sum()) for td in groups]
-            out[f"eval/pass@{pass_k}"] = (sum(pass_at_k(n, c, pass_k) for c in correct)
-                                          / len(correct))
-            out["eval/pass@1"] = sum(correct) / (n * len(correct))
-    return out
+    evaluator = Evaluator(items, reward_fn, tokenizer, gconfig, pass_k, temperature,
+                          reward_executor, workflow, pass_n)
+    seeds = evaluator.draw_seeds(rollout)
+    return rollout.run_coroutine(evaluator.arun(rollout.engine, seeds), timeout=timeout)

@@ -5,25 +5,25 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from areal_like.api import InferenceEngine, TrainEngine
+from areal_like.api import TrainEngine
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
+from areal_like.runtime.rollout_process import RolloutProcess
 from areal_like.runtime.weight_sync import push_weights
 
 logger = logging.getLogger(__name__)
 
 
 def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
-                    rollout: Optional[InferenceEngine]) -> None:
+                    rollout: Optional[RolloutProcess]) -> None:
     """Train state on every rank; executor state (data position, buffered trajectories,
     counters) from rank 0."""
-    executor = getattr(rollout, "executor", None)
-    state: dict[str, Any] = {"executor": executor.state_dict() if executor else None}
+    state: dict[str, Any] = {"executor": rollout.state_dict() if rollout else None}
     ckpt.save(step, engine, state)
 
 
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
-                  rollout: Optional[InferenceEngine]) -> int:
+                  rollout: Optional[RolloutProcess]) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.
 
     On recover the engine gets its weights, optimizer, scheduler, RNG and version back, the
@@ -36,9 +36,8 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
         return 0
     state = ckpt.load(path, engine)
     version = engine.get_version()
-    executor = getattr(rollout, "executor", None)
-    if executor is not None and state.get("executor") is not None:
-        executor.load_state_dict(state["executor"], restore_version=False)
+    if rollout is not None and state.get("executor") is not None:
+        rollout.load_state_dict(state["executor"], restore_version=False)
     push_weights(engine, rollout, version, run.weights_dir,
                  collective_timeout_s=run.config.actor.collective_timeout)
     logger.info("recovered from %s: step %d, version %d", path, state["step"], version)

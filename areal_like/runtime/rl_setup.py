@@ -9,6 +9,10 @@ A recipe keeps only the algorithm in view:
         stats |= rl.push_weights(step)                   # pause -> load v+1 -> resume
         rl.end_step(step, stats)                         # evaluate, checkpoint, log
     rl.finish()
+
+Rollouts run in a separate process, the rollout controller (`runtime/rollout_process.py`):
+rank 0 holds its handle (`rl.rollout`). Held-out evaluations run there beside training
+rollouts; each is logged against the version it evaluated when it is done.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from areal_like.rewards.errors import RewardFunctionError
 from areal_like.rewards.executor import configure_rewards
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
-from areal_like.runtime.evaluation import evaluate
+from areal_like.runtime.evaluation import Evaluator
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
+from areal_like.runtime.rollout_process import RolloutProcess, RolloutSetup
 from areal_like.runtime.weight_sync import push_weights
 from areal_like.utils.plotting import plot_run
-from engines import FSDPEngine, RemoteSGLangEngine
+from engines import FSDPEngine
 
 CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step"]
 
@@ -51,7 +56,9 @@ class RLSetup:
     """Per-process set-up of an RL run; rank 0 also owns the fleet client."""
 
     def __init__(self, config: BaseExperimentConfig,
-                 eval_workflow: Optional[Callable[[], RolloutWorkflow]] = None) -> None:
+                 eval_workflow: Optional[Callable[[RLSetup], RolloutWorkflow]] = None) -> None:
+        """`eval_workflow(rl)` builds the workflow of held-out evaluation (default: greedy
+        RLVR on the valid dataset's reward)."""
         self.config = config
         self.run = RunContext(config, console_keys=CONSOLE)
         self.tokenizer = load_tokenizer(config.model)
@@ -61,29 +68,52 @@ class RLSetup:
             task.dataset, dropped = limit_prompt_length(task.dataset, self.tokenizer,
                                                         getattr(config, name), name)
             self.data_stats[f"data/{name.split('_')[0]}_long_prompts_dropped"] = dropped
-        self.rewards = configure_rewards(config.reward)
+        # the trainer only checks rewards (fast, alike on every rank); they run, and are
+        # loaded in worker processes, inside the rollout controller
+        self.rewards = configure_rewards(dataclasses.replace(config.reward, use_processes=False))
         self.check_rewards()  # before anything slow starts: a broken reward fails the run now
         self.actor_engine = start_engine(config.actor)
-        self.rollout: Optional[RemoteSGLangEngine] = None
+        self.rollout: Optional[RolloutProcess] = None
         group_statistics = uses_group_statistics(config.algorithm)
         # ranks get whole groups; without group statistics a group may be short of its
         # failed samples, so any split is right
         self.shard_group_size = config.algorithm.group_size if group_statistics else 1
-        if self.run.is_main:
-            seed = config.seed if config.rollout.seed is None else config.rollout.seed
-            self.rollout = RemoteSGLangEngine(dataclasses.replace(config.rollout, seed=seed))
-            self.rollout.initialize()
-            assert self.rollout.executor is not None
-            # a group missing a failed sample gives a wrong baseline to group statistics
-            self.rollout.executor.keep_partial_groups = not group_statistics
-        self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
-                                 shuffle=config.train_dataset.shuffle)
-        self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
         valid = config.valid_dataset
         self.eval_items = head_items(self.valid.dataset, config.evaluation.n_prompts,
                                      valid.shuffle, valid.seed)
-        self.eval_workflow = eval_workflow
+        if self.run.is_main:
+            workflow = eval_workflow(self) if eval_workflow is not None else None
+            self.rollout = RolloutProcess(self.rollout_setup(workflow, group_statistics))
+            self.rollout.start()  # from the main thread: the controller lives as long as it
+        # the other ranks wait (with heartbeats) and fail alike if it cannot start
+        self.run.on_main(self._wait_rollout_ready, "starting the rollout controller")
+        self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
+                                 shuffle=config.train_dataset.shuffle)
+        self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
+
+    def _wait_rollout_ready(self) -> None:
+        if self.rollout is not None:
+            self.rollout.wait_ready()
+
+    def rollout_setup(self, eval_workflow: Optional[RolloutWorkflow],
+                      group_statistics: bool) -> RolloutSetup:
+        """What the rollout controller process is built from."""
+        config, ev = self.config, self.config.evaluation
+        seed = config.seed if config.rollout.seed is None else config.rollout.seed
+        evaluator = None
+        if self.eval_items:
+            evaluator = Evaluator(self.eval_items, self.valid.reward_fn, self.tokenizer,
+                                  config.gconfig, ev.pass_k, ev.temperature,
+                                  workflow=eval_workflow, pass_n=ev.pass_n)
+        checks = [(f"{name} (type={getattr(config, name).type})", task.reward_fn,
+                   task.dataset[0] if len(task.dataset) else None)
+                  for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid))]
+        return RolloutSetup(
+            rollout=dataclasses.replace(config.rollout, seed=seed), reward=config.reward,
+            # a group missing a failed sample gives a wrong baseline to group statistics
+            keep_partial_groups=not group_statistics, reward_checks=checks,
+            evaluator=evaluator)
 
     def check_rewards(self) -> None:
         """Fail fast on a reward function that cannot work: wrong signature for the data,
@@ -93,7 +123,7 @@ class RLSetup:
         for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
             example = task.dataset[0] if len(task.dataset) else None
             try:
-                self.rewards.check(task.reward_fn, example, load_in_worker=self.run.is_main)
+                self.rewards.check(task.reward_fn, example, load_in_worker=False)
             except RewardFunctionError as e:
                 kind = getattr(self.config, name).type
                 raise RewardFunctionError(f"{name} (type={kind}): {e}") from None
@@ -103,9 +133,10 @@ class RLSetup:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)
         if start == 0:
-            self.run.log_step(0, {**self.data_stats, **self.held_out()})
-        elif self.rollout is not None and self.rollout.executor is not None:
-            self.run.log_episodes(start, restored=self.rollout.executor.buffered_episode_ids())
+            self.run.log_step(0, self.data_stats)
+            self.start_evaluation(0)
+        elif self.rollout is not None:
+            self.run.log_episodes(start, restored=self.rollout.buffered_episode_ids())
         total = self.config.total_train_steps
         yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
                         disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
@@ -120,8 +151,7 @@ class RLSetup:
             if self.rollout is None:
                 return None
             batch = self.rollout.prepare_batch(self.loader, workflow, should_accept)
-            assert self.rollout.executor is not None
-            self._batch_episode_ids = list(self.rollout.executor.last_episode_ids)
+            self._batch_episode_ids = list(self.rollout.last_episode_ids)
             return batch
 
         batch = self.run.on_main(wait_for_batch, "waiting for a rollout batch")
@@ -132,18 +162,18 @@ class RLSetup:
         return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
                             collective_timeout_s=self.config.actor.collective_timeout)
 
-    def held_out(self) -> dict[str, float]:
-        """Held-out metrics (rank 0 evaluates; the other ranks wait for it and get {})."""
-        def run_eval() -> dict[str, float]:
-            if self.rollout is None or not self.eval_items:
-                return {}
-            workflow = self.eval_workflow() if self.eval_workflow else None
-            ev = self.config.evaluation
-            return evaluate(self.rollout, self.eval_items, self.valid.reward_fn, self.tokenizer,
-                            self.config.gconfig, ev.pass_k, ev.temperature, workflow=workflow,
-                            pass_n=ev.pass_n)
+    def start_evaluation(self, version: int) -> None:
+        """Evaluate the fleet's weights `version` beside training rollouts (rank 0); the
+        result is logged against `version` when it is done."""
+        if self.rollout is not None and self.eval_items:
+            self.rollout.start_evaluation(version)
 
-        return self.run.on_main(run_eval, "evaluating on held-out data") or {}
+    def log_evaluations(self, wait: bool = False) -> None:
+        """Log the evaluations that finished (with `wait`, every one started)."""
+        if self.rollout is None:
+            return
+        for version, metrics in self.rollout.finished_evaluations(wait=wait):
+            self.run.log_late(version, metrics)
 
     def end_step(self, step: int, stats: dict[str, Any],
                  extra_engines: tuple[Any, ...] = ()) -> None:
@@ -155,17 +185,20 @@ class RLSetup:
         last = step + 1 == self.config.total_train_steps
         freq = self.config.evaluation.freq_steps
         if freq and ((step + 1) % freq == 0 or last):
-            stats |= self.held_out()
-        if self.rollout is not None and self.rollout.executor is not None:
-            stats |= self.rollout.fleet_stats()
+            self.start_evaluation(step + 1)  # the fleet holds version step + 1 now
+        if self.rollout is not None:
+            stats |= self.rollout.export_stats()
             self.run.log_episodes(step + 1, trained=self._batch_episode_ids)
         # log first: a checkpoint then always has its step's metrics on record
         self.run.log_step(step + 1, stats)
-        if self.ckpt.should_save(step, last):
+        save = self.ckpt.should_save(step, last)
+        self.log_evaluations(wait=save)  # ... and every evaluation started before it
+        if save:
             save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout)
 
     def finish(self) -> None:
         """Print accuracy before -> after, write the curves PNG, release everything."""
+        self.log_evaluations(wait=True)
         self.run.summarize("eval/accuracy")
         if self.run.metrics is not None and self.config.logging.plot:
             png = plot_run(self.run.metrics.jsonl_path, self.run.dir / "curves.png",

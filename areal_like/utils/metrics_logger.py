@@ -124,3 +124,14 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON record ({e})") from e
     return records
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """One record per step, in step order: the records a step got later (an evaluation of that
+    step's weights, finished while training went on) are merged into it; a later value wins
+    and `time` is the step's first."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl(path):
+        merged = by_step.setdefault(record["step"], {})
+        merged.update({k: v for k, v in record.items() if k != "time" or "time" not in merged})
+    return [by_step[step] for step in sorted(by_step)]

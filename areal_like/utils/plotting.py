@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from areal_like.utils.metrics_logger import read_jsonl  # noqa: E402
+from areal_like.utils.metrics_logger import read_metrics  # noqa: E402
 
 PANELS = [
     ("reward", ["actor/task_reward/avg"]),
@@ -21,7 +21,7 @@ PANELS = [
 
 def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "") -> Path:
     """Plot whichever of the known keys the run logged; one panel per quantity."""
-    records = read_jsonl(metrics_jsonl)
+    records = read_metrics(metrics_jsonl)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (label, keys) in zip(axes.flat, PANELS, strict=True):
         for key in keys:

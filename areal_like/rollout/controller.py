@@ -1,0 +1,162 @@
+"""RolloutController: the rollout side of a run in one object.
+
+It joins an inference engine client (e.g. `RemoteSGLangEngine`, which only talks to servers)
+and the `WorkflowExecutor` that drives workflows on it: the engine's HTTP session lives on the
+executor's event loop, and a fleet the engine loses fails the executor's waits. Everything a
+trainer asks of the rollout side goes through it: batches (`prepare_batch`, `rollout_batch`,
+`submit`/`wait`), weight updates, pause/resume, versions, exact-resume state.
+
+Work that must see one policy version from start to end (held-out evaluation) is started with
+`run_at_version`: it runs on the rollout loop next to training rollouts, and a weight update
+waits for it to finish before it changes the weights. The controller runs in the trainer's
+process (tests, scripts) or in a process of its own (`areal_like.runtime.rollout_process`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Coroutine, Iterable
+from typing import Any, Optional
+
+from tensordict import TensorDict
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.executor import WorkflowExecutor
+from areal_like.rollout.executor_state import ShouldAccept
+
+
+class RolloutController(InferenceEngine):
+    """An engine client plus the executor that runs workflows on it (see module doc)."""
+
+    def __init__(self, config: RolloutConfig, engine: InferenceEngine,
+                 wait_timeout: float = 3600.0) -> None:
+        self.config = config
+        self.engine = engine
+        self.executor = WorkflowExecutor(config, engine, wait_timeout=wait_timeout)
+        self._held: set[concurrent.futures.Future[Any]] = set()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def initialize(self, check_health: bool = True) -> None:
+        """Start the rollout loop and connect the engine on it."""
+        self.executor.initialize()
+        try:
+            callbacks = getattr(self.engine, "on_fleet_failure", None)
+            if callbacks is not None:
+                callbacks.append(self.executor.fail)
+            self.engine.initialize(loop_thread=self.executor.loop_thread,  # type: ignore[call-arg]
+                                   check_health=check_health)
+        except BaseException:
+            self.executor.destroy()
+            raise
+
+    def destroy(self) -> None:
+        """Close the engine's session, then stop the loop. Safe to call twice."""
+        try:
+            self.engine.destroy()
+        finally:
+            self.executor.destroy()
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        """Run `coro` on the rollout loop from another thread (TimeoutError after `timeout`)."""
+        return self.executor.run_coroutine(coro, timeout)
+
+    # ---- generation ---------------------------------------------------------------------
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        return await self.engine.agenerate(req)
+
+    # ---- rollouts (the executor) --------------------------------------------------------
+    @property
+    def keep_partial_groups(self) -> bool:
+        return self.executor.keep_partial_groups
+
+    @keep_partial_groups.setter
+    def keep_partial_groups(self, keep: bool) -> None:
+        # a group missing a failed sample gives a wrong baseline to group statistics
+        self.executor.keep_partial_groups = keep
+
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
+               should_accept: Optional[ShouldAccept] = None) -> None:
+        self.executor.submit(data, workflow, should_accept)
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
+        return self.executor.wait(count, timeout)
+
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self.executor.rollout_batch(data, workflow, should_accept, timeout)
+
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self.executor.prepare_batch(dataloader, workflow, should_accept, timeout)
+
+    @property
+    def last_episode_ids(self) -> list[str]:
+        """Episode ids (`data_id@episode_seed`) of the last batch returned."""
+        return list(self.executor.last_episode_ids)
+
+    def buffered_episode_ids(self) -> list[str]:
+        return self.executor.buffered_episode_ids()
+
+    def episode_seed(self, data: dict[str, Any]) -> int:
+        return self.executor.episode_seed(data)
+
+    def stats(self) -> dict[str, Any]:
+        return self.executor.stats()
+
+    def fleet_stats(self) -> dict[str, float]:
+        fleet_stats = getattr(self.engine, "fleet_stats", None)
+        return fleet_stats() if fleet_stats is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.executor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
+        self.executor.load_state_dict(state, restore_version)
+
+    # ---- versions and weights -----------------------------------------------------------
+    def pause(self) -> None:
+        """Stop admitting episodes, then pause the servers (in-flight requests are kept)."""
+        self.executor.pause()
+        self.engine.pause()
+
+    def resume(self) -> None:
+        self.engine.resume()
+        self.executor.resume()
+
+    def run_at_version(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Start `coro` on the rollout loop now; the next weight update waits until it is done,
+        so every request it makes is served by the current weights."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.executor.loop)
+        self._held.add(future)
+        future.add_done_callback(self._held.discard)
+        return future
+
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        """Wait for the work started with `run_at_version` (within
+        `weight_update_timeout`), then load `meta` on the fleet."""
+        deadline = time.monotonic() + self.config.weight_update_timeout
+        for future in list(self._held):
+            try:
+                future.result(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise TimeoutError(
+                    f"a task pinned to version {self.get_version()} (e.g. an evaluation) did "
+                    f"not finish within RolloutConfig.weight_update_timeout="
+                    f"{self.config.weight_update_timeout} s; weights v{meta.version} not loaded"
+                ) from None
+            except Exception:
+                pass  # its owner reads the error from its future; the update may go on
+        self.engine.update_weights(meta)
+
+    def set_version(self, version: int) -> None:
+        self.engine.set_version(version)
+
+    def get_version(self) -> int:
+        return self.engine.get_version()

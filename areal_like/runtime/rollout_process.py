@@ -1,0 +1,248 @@
+"""The rollout controller in a process of its own, and the trainer's handle on it.
+
+Why a process: the executor's event loop, tokenization, reward calls and batching are Python
+work; run as a thread of the trainer they take its interpreter lock and slow every training
+step that overlaps them. Here they run in a child process (spawned: no fork of a process that
+holds torch threads and sockets) that owns the fleet client, the `WorkflowExecutor`, the
+reward workers and held-out evaluation. The trainer (rank 0) talks to it through
+`RolloutProcess`, an `InferenceEngine` with the same blocking calls as `RolloutController`.
+
+The channel is a `multiprocessing` pipe, one call at a time. Batches come back as
+TensorDicts whose tensors travel through shared memory (torch's multiprocessing reductions:
+a file descriptor per storage, no copy of the data through the pipe). Workflows, dataloaders
+and `should_accept` functions are sent once (by reference afterwards), so they must be
+picklable; the reward executor a workflow holds becomes the controller's own. Every call is
+bounded by a timeout; a controller that dies or stops answering fails the call with its exit
+code, and a failed call inside the controller is re-raised here as the same exception type
+with the controller's traceback attached as a note.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import pickle
+import time
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
+from tensordict import TensorDict
+
+from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.executor_state import ShouldAccept
+from areal_like.runtime.rollout_service import (
+    RolloutProcessError,
+    RolloutSetup,
+    _Ref,
+    serve,
+)
+
+logger = logging.getLogger(__name__)
+CALL_MARGIN_S = 60.0  # on top of a call's own timeout: the controller enforces that one
+
+
+class RolloutProcess(InferenceEngine):
+    """Trainer-side handle of a controller process (see module doc)."""
+
+    def __init__(self, setup: RolloutSetup) -> None:
+        self.setup = setup
+        self.last_episode_ids: list[str] = []
+        self._process: Optional[mp.process.BaseProcess] = None
+        self._conn: Any = None
+        self._sent: dict[int, tuple[int, Any]] = {}  # id(obj) -> (token, obj: kept alive)
+        self._unsent: dict[int, tuple[int, Any]] = {}
+        self._tokens = itertools.count()
+        self._broken: Optional[str] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._process.pid if self._process is not None else None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Start the controller; returns once it reached every server (or raises its error)."""
+        self.start()
+        self.wait_ready()
+
+    def start(self) -> None:
+        """Spawn the controller. Call it from the thread that lives as long as the run (the
+        main thread): the controller stops when that thread ends (it watches its parent)."""
+        if self._process is not None:
+            return
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=True)
+        try:
+            setup_bytes = pickle.dumps(self.setup)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TypeError(f"the rollout controller's set-up (workflows, evaluation data, "
+                            f"reward functions) cannot be pickled: {e}") from e
+        self._process = ctx.Process(target=serve,
+                                    args=(child_conn, self.setup.reward, setup_bytes),
+                                    name="rollout-controller", daemon=False)
+        self._process.start()
+        child_conn.close()
+
+    def wait_ready(self) -> None:
+        """Wait until the started controller reached every server (or raise its error)."""
+        try:
+            self._receive("start-up", self.setup.rollout.setup_timeout + CALL_MARGIN_S)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def destroy(self, timeout: float = 60.0) -> None:
+        """Ask the controller to shut down (it stops its servers' client, reward workers and
+        loop), then reap it; kill it if it does not exit within `timeout` s."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if self._broken is None and process.is_alive():
+                self._conn.send(None)
+        except (OSError, EOFError):
+            pass  # already gone: reaped below
+        process.join(timeout)
+        if process.is_alive():
+            logger.error("rollout controller (pid %d) did not exit within %.0f s; killing it",
+                         process.pid, timeout)
+            process.kill()
+            process.join(10)
+        self._conn.close()
+
+    # ---- the call -----------------------------------------------------------------------
+    def _ref(self, obj: Any) -> Any:
+        if obj is None:
+            return None
+        known = self._sent.get(id(obj))
+        if known is not None:
+            return _Ref(known[0])
+        token = next(self._tokens)
+        self._unsent[id(obj)] = (token, obj)  # known to the controller once the call is sent
+        return _Ref(token, obj)
+
+    def _call(self, name: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:
+        if self._broken is not None:
+            raise RolloutProcessError(f"rollout controller unusable: {self._broken}")
+        if self._process is None:
+            raise RolloutProcessError("RolloutProcess is not initialized: call initialize()")
+        unsent, self._unsent = self._unsent, {}
+        try:
+            self._conn.send((name, args, kwargs))  # pickles whole before it writes a byte
+            self._sent.update(unsent)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TypeError(
+                f"{name}: could not send the call to the rollout controller process ({e}); "
+                f"workflows, dataloaders, data items and should_accept functions must be "
+                f"picklable (module-level functions and classes, no lambdas or open handles)"
+            ) from e
+        except (OSError, EOFError) as e:
+            raise self._died(name, e) from e
+        return self._receive(name, timeout + CALL_MARGIN_S)
+
+    def _receive(self, name: str, timeout: float) -> Any:
+        assert self._process is not None
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive():
+                raise self._died(name, None)
+            if time.monotonic() > deadline:
+                self._broken = f"{name} got no answer within {timeout:.0f} s"
+                raise RolloutProcessError(
+                    f"rollout controller (pid {self._process.pid}) did not answer {name} "
+                    f"within {timeout:.0f} s")
+        try:
+            kind, value = self._conn.recv()
+        except (OSError, EOFError) as e:
+            raise self._died(name, e) from e
+        if kind == "error":
+            raise value
+        return value
+
+    def _died(self, name: str, cause: Optional[BaseException]) -> RolloutProcessError:
+        assert self._process is not None
+        self._process.join(5)
+        code = self._process.exitcode
+        how = (f"killed by signal {-code}" if code is not None and code < 0
+               else f"exit code {code}")
+        self._broken = f"the process died ({how})"
+        return RolloutProcessError(
+            f"rollout controller process (pid {self._process.pid}) died during {name} ({how}"
+            + (f"; {type(cause).__name__}: {cause}" if cause else "") + "); its log lines are "
+            "above, in the trainer's output")
+
+    # ---- InferenceEngine ----------------------------------------------------------------
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        raise NotImplementedError("workflows run inside the rollout controller process; "
+                                  "generate there (RolloutController.agenerate)")
+
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
+               should_accept: Optional[ShouldAccept] = None) -> None:
+        self._call("submit", data, self._ref(workflow), self._ref(should_accept))
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
+        return self._batch("wait", count, timeout=timeout)
+
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self._batch("rollout_batch", data, self._ref(workflow),
+                           self._ref(should_accept), timeout=timeout)
+
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
+        return self._batch("prepare_batch", self._ref(dataloader), self._ref(workflow),
+                           self._ref(should_accept), timeout=timeout)
+
+    def _batch(self, name: str, *args: Any, timeout: Optional[float]) -> TensorDict:
+        wait = self.setup.wait_timeout if timeout is None else timeout
+        batch, self.last_episode_ids = self._call(name, *args, timeout=wait, wait_s=timeout)
+        return batch
+
+    def pause(self) -> None:
+        self._call("pause")
+
+    def resume(self) -> None:
+        self._call("resume")
+
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        self._call("update_weights", meta,
+                   timeout=3 * self.setup.rollout.weight_update_timeout + CALL_MARGIN_S)
+
+    def set_version(self, version: int) -> None:
+        self._call("set_version", version)
+
+    def get_version(self) -> int:
+        return self._call("get_version")
+
+    # ---- state, statistics, evaluation --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
+        self._call("load_state_dict", state, restore_version)
+
+    def buffered_episode_ids(self) -> list[str]:
+        return self._call("buffered_episode_ids")
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def export_stats(self) -> dict[str, float]:
+        """The controller's statistics since the last export (rollout, reward, fleet)."""
+        return self._call("export_stats")
+
+    def start_evaluation(self, version: int) -> None:
+        """Evaluate the fleet's current weights (labelled `version`) beside training; the
+        next weight update waits for it. Results come from `finished_evaluations`."""
+        self._call("start_evaluation", version)
+
+    def finished_evaluations(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]:
+        """(version, metrics) of the evaluations done since the last call; with `wait`, all
+        started ones (bounded by the evaluation timeout). A failed evaluation raises."""
+        timeout = self.setup.eval_timeout if wait else 60.0
+        return self._call("finished_evaluations", wait, timeout=timeout)

@@ -69,18 +69,17 @@ class ProcessCPU:
             self.sample()
 
     def sample(self) -> None:
+        now: dict[int, tuple[int, float, str]] = {}
         children: dict[int, list[int]] = defaultdict(list)
         for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                info = _read(int(entry.name))
-                if info is not None:
-                    children[info[0]].append(int(entry.name))
+            if entry.name.isdigit() and (info := _read(int(entry.name))) is not None:
+                now[int(entry.name)] = info
+                children[info[0]].append(int(entry.name))
         stack = [self.root]
         while stack:
             pid = stack.pop()
-            info = _read(pid)
-            if info is not None:
-                self.seen[pid] = info
+            if pid in now:
+                self.seen[pid] = now[pid]
             stack.extend(children.get(pid, []))
 
     def by_role(self) -> dict[str, float]:

@@ -199,7 +199,10 @@ class RemoteSGLangEngine(InferenceEngine):
     def run_coroutine(self, coro: Awaitable[Any], timeout: float) -> Any:
         """Run `coro` on the engine's loop from another thread (TimeoutError after
         `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`."""
-        return self._run_sync(coro, timeout, "run_coroutine")
+        if self._loop_thread is None:
+            coro.close()  # type: ignore[attr-defined]
+            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+        return self._loop_thread.run_coroutine(coro, timeout)  # type: ignore[arg-type]
 
     async def _on_rollout_loop(self, coro: Awaitable[Any]) -> Any:
         """Await `coro` on the rollout loop, wherever we are called from."""

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from areal_like.utils.metrics_logger import read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -88,7 +90,8 @@ def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir):
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert f"recovered from {run_dir / 'checkpoints' / f'step{saved_step}'}" in out
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").open()]
+    # evaluations finish after their step: their records are merged into it
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
     assert steps[-2:] == [saved_step + 2, saved_step + 3]  # resumed after the saved step
     assert (run_dir / "weights" / f"v{saved_step + 3}").is_dir()  # fleet got the last version
 

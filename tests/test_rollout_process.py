@@ -41,16 +41,18 @@ def _process(fleet, tokenizer, **rollout) -> RolloutProcess:
 
 def test_batches_evaluations_and_errors_cross_the_process(sglang_fleet, tiny_model_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    process = _process(sglang_fleet, tokenizer, consumer_batch_size=2)
+    # eta = 1: two batches at one version (and evaluation does not block, as at eta > 0)
+    process = _process(sglang_fleet, tokenizer, consumer_batch_size=2,
+                       max_head_offpolicyness=1)
     try:
         assert process.pid is not None and process.pid != os.getpid()
         workflow = RLVRWorkflow(exact_match_reward, GCONFIG, tokenizer)
         loader = [ITEMS[i:i + 2] for i in range(0, len(ITEMS), 2)]
-        batch = process.prepare_batch(loader, workflow)
+        batch = process.prepare_batch(loader, workflow, timeout=300)
         assert batch.batch_size[0] == 4  # 2 groups x 2 samples
         assert batch["input_ids"].is_shared()  # through shared memory, not the pipe
         assert len(process.last_episode_ids) == 2
-        second = process.prepare_batch(loader, workflow)  # the same objects: sent once
+        second = process.prepare_batch(loader, workflow, timeout=300)  # objects sent once
         assert set(second["group_id"].tolist()).isdisjoint(batch["group_id"].tolist())
 
         # an evaluation started at version v is served by v: the update waits for it

@@ -169,10 +169,14 @@ class RLSetup:
             self.rollout.start_evaluation(version)
 
     def log_evaluations(self, wait: bool = False) -> None:
-        """Log the evaluations that finished (with `wait`, every one started)."""
-        if self.rollout is None:
-            return
-        for version, metrics in self.rollout.finished_evaluations(wait=wait):
+        """Log the evaluations that finished; with `wait`, every one started (the other
+        ranks wait for rank 0 with heartbeats, so a long one outlasts no collective)."""
+        def finished() -> list[tuple[int, dict[str, float]]]:
+            return [] if self.rollout is None else self.rollout.finished_evaluations(wait)
+
+        done = self.run.on_main(finished, "waiting for held-out evaluations") if wait \
+            else finished()
+        for version, metrics in done or []:
             self.run.log_late(version, metrics)
 
     def end_step(self, step: int, stats: dict[str, Any],

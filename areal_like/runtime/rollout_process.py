@@ -239,7 +239,7 @@ class RolloutProcess(InferenceEngine):
     def start_evaluation(self, version: int) -> None:
         """Evaluate the fleet's current weights (labelled `version`) beside training; the
         next weight update waits for it. Results come from `finished_evaluations`."""
-        self._call("start_evaluation", version)
+        self._call("start_evaluation", version, timeout=self.setup.eval_timeout)
 
     def finished_evaluations(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]:
         """(version, metrics) of the evaluations done since the last call; with `wait`, all

@@ -58,11 +58,15 @@ class _Ref:
     obj: Any = None
 
 
-# the calls the trainer may make (anything else is a bug on its side)
-CALLS = frozenset({
-    "submit", "wait", "rollout_batch", "prepare_batch", "pause", "resume", "update_weights",
-    "set_version", "get_version", "state_dict", "load_state_dict", "buffered_episode_ids",
-    "stats", "export_stats", "start_evaluation", "finished_evaluations",
+# the calls the trainer may make (anything else is a bug on its side): answered by the
+# `RolloutController` as they are, or by the service where it adds something
+CONTROLLER_CALLS = frozenset({
+    "submit", "pause", "resume", "update_weights", "set_version", "get_version",
+    "state_dict", "load_state_dict", "buffered_episode_ids", "stats",
+})
+SERVICE_CALLS = frozenset({
+    "wait", "rollout_batch", "prepare_batch", "export_stats", "start_evaluation",
+    "finished_evaluations",
 })
 
 
@@ -97,10 +101,11 @@ class RolloutService:
             self.rewards.shutdown()
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name not in CALLS:
+        if name not in CONTROLLER_CALLS | SERVICE_CALLS:
             raise AttributeError(f"the rollout controller has no call {name!r}")
         args = tuple(self._resolve(a) for a in args)
-        return getattr(self, name)(*args, **kwargs)
+        target = self.ctl if name in CONTROLLER_CALLS else self
+        return getattr(target, name)(*args, **kwargs)
 
     def _resolve(self, value: Any) -> Any:
         if not isinstance(value, _Ref):
@@ -114,10 +119,7 @@ class RolloutService:
         assert self.controller is not None
         return self.controller
 
-    # ---- batches ------------------------------------------------------------------------
-    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Any) -> None:
-        self.ctl.submit(data, workflow, should_accept)
-
+    # ---- batches (with the episode ids of the batch) -----------------------------------
     def wait(self, count: int, wait_s: Optional[float]) -> tuple[Any, list[str]]:
         return self.ctl.wait(count, wait_s), self.ctl.last_episode_ids
 
@@ -131,34 +133,6 @@ class RolloutService:
         return (self.ctl.prepare_batch(loader, workflow, should_accept, wait_s),
                 self.ctl.last_episode_ids)
 
-    # ---- control ------------------------------------------------------------------------
-    def pause(self) -> None:
-        self.ctl.pause()
-
-    def resume(self) -> None:
-        self.ctl.resume()
-
-    def update_weights(self, meta: Any) -> None:
-        self.ctl.update_weights(meta)
-
-    def set_version(self, version: int) -> None:
-        self.ctl.set_version(version)
-
-    def get_version(self) -> int:
-        return self.ctl.get_version()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.ctl.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], restore_version: bool) -> None:
-        self.ctl.load_state_dict(state, restore_version)
-
-    def buffered_episode_ids(self) -> list[str]:
-        return self.ctl.buffered_episode_ids()
-
-    def stats(self) -> dict[str, Any]:
-        return self.ctl.stats()
-
     def export_stats(self) -> dict[str, float]:
         return {**self.ctl.fleet_stats(), **stats_tracker.export()}
 
@@ -170,6 +144,10 @@ class RolloutService:
         seeds = evaluator.draw_seeds(self.ctl)  # now, in call order: runs repeat exactly
         future = self.ctl.run_at_version(evaluator.arun(self.ctl.engine, seeds))
         self._evaluations.append((version, future))
+        if self.setup.rollout.max_head_offpolicyness == 0:
+            # eta = 0 is the synchronous reference and repeats bit for bit: nothing it
+            # trains on may share the servers with evaluation requests (see docs)
+            concurrent.futures.wait([future], timeout=self.setup.eval_timeout)
 
     def finished_evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
         deadline = time.monotonic() + self.setup.eval_timeout

@@ -22,7 +22,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return run_main(rest)
     if command == "serve":
-        from engines.sglang_server import main as serve_main
+        from engines.sglang_serve import main as serve_main
 
         return serve_main(rest)
     if command == "tiny-model":

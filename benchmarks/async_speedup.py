@@ -7,8 +7,11 @@ Each mode is a real run through the local launcher (extra `key=value` overrides 
 mode). Per mode it prints, per step: wall time, the trainer's wait for rollouts, its training
 time and weight-sync time, the trainer's slowdown against the synchronous run (its own work
 with rollouts overlapping / alone), the trainer's and the rollout side's idle fractions, final
-held-out greedy accuracy, the speedup against eta = 0 and that speedup as a fraction of the
-pipeline limit. Stage times come from the synchronous run: there the trainer waits for the
+held-out greedy accuracy, answer lengths (tokens: the mean, and the mean of each step's
+longest), the speedup against eta = 0 and that speedup as a fraction of the
+pipeline limit (and of the limit the cores set: all processes' CPU seconds per step in the
+synchronous run, divided by the number of cores, is the shortest an overlapped step can be).
+Stage times come from the synchronous run: there the trainer waits for the
 whole generation of a batch (T_gen) and then trains and syncs alone (T_train), so two
 overlapped stages can at best give (T_gen + T_train) / max(T_gen, T_train); the rollout side
 of a mode whose step takes s seconds is idle 1 - T_gen / s. A second table gives the CPU
@@ -74,6 +77,8 @@ def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int,
     return {"eta": eta, "step_s": mean("timeperf/step"), "wait_s": mean("timeperf/rollout"),
             "train_s": mean("timeperf/train"), "sync_s": mean("timeperf/weight_sync"),
             "acc0": accuracy[0], "acc": accuracy[-1], "wall_s": wall,
+            "len_avg": mean("actor/response_length/avg"),
+            "len_max": mean("actor/response_length/max"),
             "staleness_max": max(r.get("rollout/staleness_max", 0) for r in records),
             "cpu": {role: (marks[steps - 1].get(role, 0.0) - marks[4].get(role, 0.0))
                     / (steps - 1 - 4) for role in marks[steps - 1]}}
@@ -108,22 +113,30 @@ def main() -> None:
     gen_s = sync["wait_s"]  # synchronous: the trainer waits for the whole generation
     alone_s = sync["train_s"] + sync["sync_s"]  # ... and then trains and syncs alone
     limit = (gen_s + alone_s) / max(gen_s, alone_s)
+    # Overlap cannot beat the machine either: every process's CPU per step spread over the cores
+    cores = len(os.sched_getaffinity(0))
+    cpu_s = sum(sync["cpu"].values())
+    cpu_limit = sync["step_s"] / max(gen_s, alone_s, cpu_s / cores)
     print(f"\nGRPO on 2-digit addition, {args.steps} steps per mode, 1 SGLang server + 1 trainer "
           f"process (1 thread each); means over steps 4..{args.steps - 1}; "
           f"overrides: {' '.join(args.overrides) or 'none'}")
     print(f"stages (sync run): T_gen {gen_s:.3f} s, T_train {sync['train_s']:.3f} s + weight "
           f"sync {sync['sync_s']:.3f} s; pipeline limit (T_gen + T_train) / max = {limit:.2f}x")
+    print(f"CPU (sync run): {cpu_s:.2f} CPU-s per step on {cores} cores, so an overlapped step "
+          f"takes >= {cpu_s / cores:.3f} s; limit with the cores counted = {cpu_limit:.2f}x")
     print("| eta | s/step | wait | train | weight sync | trainer slowdown | trainer idle | "
-          "rollout idle | max staleness | accuracy start -> end | wall s | speedup | "
-          "of limit |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "rollout idle | max staleness | answer tokens avg / max | accuracy start -> end | "
+          "wall s | speedup | of limit | of limit with cores |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         speedup = sync["step_s"] / r["step_s"]
         print(f"| {r['eta']} | {r['step_s']:.3f} | {r['wait_s']:.3f} | {r['train_s']:.3f} | "
               f"{r['sync_s']:.3f} | {(r['train_s'] + r['sync_s']) / alone_s:.2f}x | "
               f"{r['wait_s'] / r['step_s']:.0%} | {max(0.0, 1.0 - gen_s / r['step_s']):.0%} | "
-              f"{r['staleness_max']:.0f} | {r['acc0']:.3f} -> {r['acc']:.3f} | "
-              f"{r['wall_s']:.0f} | {speedup:.2f}x | {speedup / limit:.0%} |")
+              f"{r['staleness_max']:.0f} | {r['len_avg']:.1f} / {r['len_max']:.1f} | "
+              f"{r['acc0']:.3f} -> {r['acc']:.3f} | "
+              f"{r['wall_s']:.0f} | {speedup:.2f}x | {speedup / limit:.0%} | "
+              f"{speedup / cpu_limit:.0%} |")
     print("\nCPU seconds per step, by process (between the records of step 4 and the last)")
     print("| eta | " + " | ".join(ROLES) + " | total |")
     print("|---|" + "---|" * (len(ROLES) + 1))

@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 import aiohttp
 
 from areal_like.api.config import RolloutConfig
+from areal_like.api.errors import FleetUnavailableError
 from areal_like.api.io_struct import WeightUpdateMeta
-from areal_like.rollout.errors import FleetUnavailableError
 from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, answers, post_json
 from engines.sglang_routing import NoServerInServiceError, ServerPool
 

@@ -1,7 +1,6 @@
 """Launch a local fleet of real SGLang servers (one process each) and shut them down reliably.
 
-    python -m engines.sglang_server --model-path DIR [--n-servers N] [--port P] [--api-key K]
-                                    [--device cpu|cuda] [--venv .venv-sglang] [--log-dir DIR]
+From the command line: `python -m engines.sglang_serve` (`engines/sglang_serve.py`).
 
 From Python (tests use it as a session fixture)::
 
@@ -16,14 +15,12 @@ thread by default (OMP_NUM_THREADS) and a bounded KV cache. Logs go to `<log_dir
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -194,7 +191,9 @@ class SGLangFleet:
         self.base_port = base_port
         self.api_key = api_key
         self.weight_version = weight_version
-        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang_logs_"))
+        # absolute: the servers' process-group store lives here and is named by a file:// URL
+        self.log_dir = (Path(log_dir) if log_dir
+                        else Path(tempfile.mkdtemp(prefix="sglang_logs_"))).resolve()
         self.addresses: list[str] = []
         self.log_paths: list[Path] = []
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -229,7 +228,8 @@ class SGLangFleet:
         if self.host in ("127.0.0.1", "localhost"):
             # The scheduler's process group: a file store instead of a TCP store that would
             # listen on every interface (a new file each start: a killed server leaves its
-            # file behind), and gloo pair sockets on loopback.
+            # file behind), and gloo pair sockets on loopback. (A relative path would read as
+            # file://<host>/... and the rendezvous would wait forever.)
             store = self.log_dir / f".dist_store_{index}_{uuid.uuid4().hex}"
             env["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = f"file://{store}"
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -332,74 +332,3 @@ class SGLangFleet:
         tb: Optional[TracebackType],
     ) -> None:
         self.stop()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--n-servers", type=int, default=1)
-    parser.add_argument("--port", type=int, default=None,
-                        help="first port (server i uses port+i); default: free ports")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--venv", default=SGLangServerConfig.venv)
-    parser.add_argument("--threads-per-server", type=int, default=1)
-    parser.add_argument("--max-total-tokens", type=int, default=SGLangServerConfig.max_total_tokens)
-    parser.add_argument("--startup-timeout", type=float, default=SGLangServerConfig.startup_timeout)
-    parser.add_argument("--log-dir", default=None)
-    parser.add_argument("--max-restarts", type=int, default=SGLangServerConfig.max_restarts,
-                        help="restarts of each server that dies (then it stays down)")
-    parser.add_argument("--min-servers", type=int, default=1,
-                        help="exit when fewer servers than this are alive")
-    parser.add_argument("--addrs-file", default=None,
-                        help="write the addresses here, one per line (a trainer's "
-                             "rollout.server_addrs_file)")
-    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
-                        default=SGLangServerConfig.deterministic,
-                        help="seeded, batch-invariant sampling (default: on)")
-    args, extra = parser.parse_known_args(argv)
-    config = SGLangServerConfig(
-        n_servers=args.n_servers, device=args.device, venv=args.venv,
-        threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
-        startup_timeout=args.startup_timeout, deterministic=args.deterministic,
-        max_restarts=args.max_restarts, extra_args=extra,
-    )
-    def on_signal(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    fleet = SGLangFleet(args.model_path, config, host=args.host, base_port=args.port,
-                        api_key=args.api_key, log_dir=args.log_dir)
-    try:
-        from engines.sglang_supervisor import FleetDownError, FleetSupervisor
-
-        fleet.start()
-        print(f"SGLang servers ready (logs in {fleet.log_dir}):", flush=True)
-        for addr in fleet.addresses:
-            print(addr, flush=True)
-        if args.addrs_file:
-            tmp = Path(f"{args.addrs_file}.tmp")
-            tmp.write_text("".join(f"{a}\n" for a in fleet.addresses))
-            os.replace(tmp, args.addrs_file)
-        # a dead server is restarted; the others keep serving
-        supervisor = FleetSupervisor(fleet, config.max_restarts, args.min_servers,
-                                     prefix="[serve]")
-        while True:
-            time.sleep(1.0)
-            supervisor.check()
-    except KeyboardInterrupt:
-        return 0
-    except (SGLangServerError, FleetDownError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        # A second Ctrl-C / SIGTERM must not interrupt the shutdown itself.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        fleet.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,6 +6,8 @@ answers questions from memory; per-action rewards sit on its action tokens.
 
 from __future__ import annotations
 
+from tensordict import TensorDict
+
 from areal_like.algorithms import PPOActor
 from areal_like.algorithms.rewards import place_at_last_token
 from areal_like.runtime.cli import parse_recipe_args
@@ -26,22 +28,16 @@ def main(argv: list[str] | None = None) -> None:
     actor = PPOActor(rl.actor_engine, config.algorithm)  # dense action rewards + outcome
     train_workflow = workflow(rl)
 
-    for step in rl.steps():
-        with rl.timing("rollout"):
-            batch = rl.next_batch(train_workflow)
-        record_episode_metrics(batch, train_workflow.metric_keys)  # QA accuracy, tool success...
-        with rl.timing("train"):
-            # per-action rewards on action tokens + the episode outcome on the last token
-            loss_mask = batch["loss_mask"].bool()
-            batch["rewards"] = (batch["action_rewards"] * loss_mask
-                                + place_at_last_token(batch["outcome_rewards"], loss_mask))
-            batch["prox_logp"] = actor.compute_logp(batch)
-            batch = actor.compute_advantages(batch)
-            stats = actor.update(batch)
-        with rl.timing("weight_sync"):
-            stats |= rl.push_weights(step)
-        rl.end_step(step, stats)
-    rl.finish()
+    def train_step(batch: TensorDict) -> dict[str, float]:
+        record_episode_metrics(batch, train_workflow.metric_keys)  # QA accuracy, tool success
+        # per-action rewards on action tokens + the episode outcome on the last token
+        loss_mask = batch["loss_mask"].bool()
+        batch["rewards"] = (batch["action_rewards"] * loss_mask
+                            + place_at_last_token(batch["outcome_rewards"], loss_mask))
+        batch["prox_logp"] = actor.compute_logp(batch)
+        return actor.update(actor.compute_advantages(batch))
+
+    rl.train(train_workflow, train_step)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ GRPO, Dr.GRPO, DAPO, RLOO, REINFORCE++ and GSPO differ only in the `algorithm` s
 
 from __future__ import annotations
 
+from tensordict import TensorDict
+
 from areal_like.algorithms import PPOActor, dynamic_sampling_filter
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
@@ -21,21 +23,16 @@ def main(argv: list[str] | None = None) -> None:
     ref = start_engine(config.ref) if config.use_ref_model else None
     actor = PPOActor(rl.actor_engine, config.algorithm, ref=ref)
     workflow = RLVRWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
-    accept = dynamic_sampling_filter(config.algorithm)  # DAPO: drop all-equal-reward groups
 
-    for step in rl.steps():
-        with rl.timing("rollout"):  # waits only if rollout fell behind (it runs <= eta ahead)
-            batch = rl.next_batch(workflow, accept)
-        with rl.timing("train"):
-            if ref is not None:
-                batch["ref_logp"] = actor.compute_ref_logp(batch)
-            batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
-            batch = actor.compute_advantages(batch)
-            stats = actor.update(batch)
-        with rl.timing("weight_sync"):  # pause fleet -> load version step+1 -> resume
-            stats |= rl.push_weights(step)
-        rl.end_step(step, stats)  # lr schedule, evaluation, checkpoint, metrics
-    rl.finish()
+    def train_step(batch: TensorDict) -> dict[str, float]:
+        if ref is not None:
+            batch["ref_logp"] = actor.compute_ref_logp(batch)
+        batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
+        batch = actor.compute_advantages(batch)
+        return actor.update(batch)
+
+    # rollout runs <= eta versions ahead; DAPO's filter drops all-equal-reward groups
+    rl.train(workflow, train_step, should_accept=dynamic_sampling_filter(config.algorithm))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from tensordict import TensorDict
+
 from areal_like.algorithms import PPOActor
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
@@ -24,17 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     actor = PPOActor(rl.actor_engine, config.algorithm)
     train_workflow = workflow(rl)
 
-    for step in rl.steps():
-        with rl.timing("rollout"):  # one conversation per prompt, token-in/token-out
-            batch = rl.next_batch(train_workflow)
-        with rl.timing("train"):
-            batch["prox_logp"] = actor.compute_logp(batch)
-            batch = actor.compute_advantages(batch)
-            stats = actor.update(batch)
-        with rl.timing("weight_sync"):
-            stats |= rl.push_weights(step)
-        rl.end_step(step, stats)
-    rl.finish()
+    def train_step(batch: TensorDict) -> dict[str, float]:  # one conversation per prompt
+        batch["prox_logp"] = actor.compute_logp(batch)
+        return actor.update(actor.compute_advantages(batch))
+
+    rl.train(train_workflow, train_step)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from tensordict import TensorDict
+
 from areal_like.algorithms import CriticActor, PPOActor
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
@@ -19,19 +21,14 @@ def main(argv: list[str] | None = None) -> None:
     critic = CriticActor(start_engine(config.critic), config.algorithm)
     workflow = RLVRWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
 
-    for step in rl.steps():
-        with rl.timing("rollout"):
-            batch = rl.next_batch(workflow)
-        with rl.timing("train"):
-            batch["prox_logp"] = actor.compute_logp(batch)
-            batch["values"] = critic.compute_values(batch)  # V(s_t)
-            batch = actor.compute_advantages(batch)  # GAE(gamma, lambda) and returns
-            stats = actor.update(batch)
-            stats |= {f"critic/{k}": v for k, v in critic.update(batch).items()}
-        with rl.timing("weight_sync"):
-            stats |= rl.push_weights(step)
-        rl.end_step(step, stats, extra_engines=(critic.engine,))
-    rl.finish()
+    def train_step(batch: TensorDict) -> dict[str, float]:
+        batch["prox_logp"] = actor.compute_logp(batch)
+        batch["values"] = critic.compute_values(batch)  # V(s_t)
+        batch = actor.compute_advantages(batch)  # GAE(gamma, lambda) and returns
+        stats = actor.update(batch)
+        return stats | {f"critic/{k}": v for k, v in critic.update(batch).items()}
+
+    rl.train(workflow, train_step, extra_engines=(critic.engine,))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from tensordict import TensorDict
+
 from areal_like.algorithms import PPOActor
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
@@ -18,16 +20,11 @@ def main(argv: list[str] | None = None) -> None:
     actor = PPOActor(rl.actor_engine, config.algorithm)  # remax estimator + reinforce loss
     workflow = ReMaxWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
 
-    for step in rl.steps():
-        with rl.timing("rollout"):  # greedy and sampled completions, concurrently
-            batch = rl.next_batch(workflow)  # rewards r(sample), baseline_rewards r(greedy)
-        with rl.timing("train"):
-            batch = actor.compute_advantages(batch)
-            stats = actor.update(batch)
-        with rl.timing("weight_sync"):
-            stats |= rl.push_weights(step)
-        rl.end_step(step, stats)
-    rl.finish()
+    def train_step(batch: TensorDict) -> dict[str, float]:
+        # the batch holds rewards r(sample) and baseline_rewards r(greedy), generated together
+        return actor.update(actor.compute_advantages(batch))
+
+    rl.train(workflow, train_step)
 
 
 if __name__ == "__main__":

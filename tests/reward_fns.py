@@ -1,6 +1,9 @@
 """Module-level reward functions (picklable) for reward-executor tests."""
 
+import os
 import time
+
+from areal_like.rewards import inline_reward
 
 
 def right_if_42(prompt, completion, answer="42", **_):
@@ -51,3 +54,23 @@ def exits(prompt, completion, **_):
     import os
 
     os._exit(3)
+
+
+@inline_reward
+def inline_pid(prompt, completion, **_):
+    """The process it ran in (a real number, so a valid reward)."""
+    return float(os.getpid())
+
+
+@inline_reward
+def inline_raises(prompt, completion, **_):
+    raise ValueError("inline verifier exploded on " + completion)
+
+
+@inline_reward
+def inline_burns_cpu(prompt, completion, seconds="0.5", **_):
+    """Spends `seconds` of its own CPU time (a reward wrongly marked cheap)."""
+    end = time.thread_time() + float(seconds)
+    while time.thread_time() < end:
+        pass
+    return 1.0

@@ -76,12 +76,12 @@ def test_doc_example_runs(path: Path, line: int, marker: str, code: str,
 
 
 def test_configuration_reference_is_current() -> None:
-    from areal_like.api.config_docs import render
+    from recipes.config_docs import render
 
     committed = (DOCS / "configuration.md").read_text()
     assert committed == render(), (
         "docs/configuration.md is stale: run "
-        "`python -m areal_like.api.config_docs --write docs/configuration.md`")
+        "`python -m recipes.config_docs --write docs/configuration.md`")
 
 
 def test_block_parser_reads_markers(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from areal_like.rollout import concat_padded, min_generated_version
-from areal_like.rollout.batching import trajectory_from_state, trajectory_to_state
+from areal_like.utils.batching import trajectory_from_state, trajectory_to_state
 
 
 def group(ids: list[list[int]], version: int, reward: float, tag: str) -> TensorDict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,27 @@ async def test_sync_rewards_run_in_processes_and_async_rewards_directly(executor
     )
     assert values == [1.0, 0.0, 1.0, 3.0]
     assert (executor.n_calls, executor.n_failed) == (4, 0)
+
+
+async def test_marked_rewards_run_inline_and_fail_like_the_others(executor_factory,
+                                                                   busy_machine):
+    """@inline_reward functions run in the caller's process (no worker is started); raising
+    is a failure, and so is CPU time past the timeout -- CPU time, so a busy machine that
+    slows the call down in wall time does not fail it."""
+    executor = executor_factory(timeout=1.0, max_failure_rate=1.0)
+    assert await executor(reward_fns.inline_pid, "q", "x") == float(os.getpid())
+    assert await executor(reward_fns.inline_burns_cpu, "q", "x", seconds="0.3") == 1.0
+    with pytest.raises(RewardFailure) as raised:
+        await executor(reward_fns.inline_raises, "q", "boom")
+    assert raised.value.kind == "raised" and "exploded on boom" in str(raised.value)
+    with pytest.raises(RewardFailure) as slow:
+        await executor(reward_fns.inline_burns_cpu, "q", "x", seconds="1.5")
+    assert slow.value.kind == "timeout" and "of CPU inline" in str(slow.value)
+    assert executor._pool is None  # no worker process was needed
+    assert (executor.n_calls, executor.failures) == (4, {"raised": 1, "timeout": 1})
+
+    in_workers = executor_factory(timeout=60, run_inline=False)
+    assert await in_workers(reward_fns.inline_pid, "q", "x") != float(os.getpid())
 
 
 @pytest.mark.parametrize("use_processes", [True, False])

@@ -100,12 +100,21 @@ def test_free_ports_are_below_the_ephemeral_range_and_never_repeat():
 
 @pytest.fixture(scope="module")
 def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One extra server the failover test may kill (the session fleet stays intact)."""
+    """One extra server the failover test may kill (the session fleet stays intact). Its log
+    dir is given relative to the working directory, as the default `logging.log_dir=runs`
+    gives it: the servers' process-group store must still be found (it once waited forever)."""
     require_sglang_venv()
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
-                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("spare"))
-    with fleet:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("cwd"))
+        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024,
+                                                               startup_timeout=300),
+                            api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
+        fleet.start()
+    try:
+        assert fleet.log_dir.is_absolute() and (fleet.log_dir / "server_0.log").is_file()
         yield fleet
+    finally:
+        fleet.stop()
 
 
 @pytest.mark.sglang

@@ -14,11 +14,11 @@ from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.api.config import RewardConfig
+from areal_like.api.errors import RolloutTimeoutError, RolloutWorkflowError
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.rewards import exact_match_reward, extract_final_answer
 from areal_like.rewards.executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
-from areal_like.rollout.errors import RolloutTimeoutError, RolloutWorkflowError
 from engines.remote_sglang import RemoteSGLangEngine
 from workflows import (
     MemoryAgentWorkflow,

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from areal_like.api import GenerationHyperparameters, InferenceEngine, validate_trajectory
 from areal_like.data.memory_episodes import make_memory_episodes  # noqa: F401 (re-export)
 from areal_like.rewards.exact_match import extract_final_answer
-from areal_like.rollout.batching import concat_padded
+from areal_like.utils.batching import concat_padded
 from workflows.common import stable_id
 from workflows.tool_agent import ToolAgentWorkflow
 from workflows.tools import ToolCall, ToolRegistry, ToolResult

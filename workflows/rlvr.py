@@ -18,7 +18,7 @@ from areal_like.api import (
 )
 from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
 from areal_like.rewards.executor import RewardExecutor, default_reward_executor
-from areal_like.rollout.batching import concat_padded
+from areal_like.utils.batching import concat_padded
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,

@@ -1,19 +1,16 @@
-"""The two engine contracts: an inference engine (rollout side) and a train engine."""
+"""The engine contracts: an inference engine (rollout side) and a train engine."""
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     import torch
     from tensordict import TensorDict
 
     from areal_like.api.io_struct import ModelRequest, ModelResponse, SaveLoadMeta, WeightUpdateMeta
-    from areal_like.api.workflow_api import RolloutWorkflow
 
-# should_accept(trajectory) -> keep it? (e.g. drop groups whose rewards are all equal)
-ShouldAccept = Callable[["TensorDict"], bool]
 # loss_fn(logits, micro_batch) -> scalar loss. `logits` is [T, V] for the packed 1-D tokens of
 # the micro-batch; `micro_batch` holds the same packed 1-D layout (plus `cu_seqlens`).
 LossFn = Callable[["torch.Tensor", "TensorDict"], "torch.Tensor"]
@@ -21,12 +18,9 @@ LossFn = Callable[["torch.Tensor", "TensorDict"], "torch.Tensor"]
 LossWeightFn = Callable[["TensorDict"], "torch.Tensor | float"]
 
 
-class InferenceEngine(abc.ABC):
-    """Generates tokens for workflows and runs rollouts asynchronously.
-
-    `agenerate` is the primitive workflows call. `submit` / `wait` / `rollout_batch` /
-    `prepare_batch` drive workflows through a rollout executor with staleness control.
-    """
+class FleetClient(abc.ABC):
+    """What every client of an inference fleet offers the trainer: lifecycle, pausing, and the
+    fleet's weights with their version."""
 
     @abc.abstractmethod
     def initialize(self) -> None:
@@ -35,32 +29,6 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def destroy(self) -> None:
         """Release every resource; safe to call twice."""
-
-    @abc.abstractmethod
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
-
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
-               should_accept: Optional[ShouldAccept] = None) -> None:
-        """Queue one data item to be turned into a trajectory by `workflow`; a trajectory for
-        which `should_accept` returns False is rejected (e.g. dynamic sampling)."""
-        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
-
-    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
-        """Block until `count` accepted trajectories exist; return them concatenated."""
-        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
-
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        """Submit every item of `data` and wait for all of them (synchronous rollout)."""
-        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
-
-    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        """Keep the pipeline full from `dataloader` and return the next consumer batch."""
-        raise NotImplementedError(f"{type(self).__name__} does not run workflows")
 
     @abc.abstractmethod
     def pause(self) -> None:
@@ -79,6 +47,18 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     def get_version(self) -> int: ...
+
+
+class InferenceEngine(FleetClient):
+    """Generates tokens for workflows: `agenerate` is the primitive a workflow calls.
+
+    Running workflows into batches (submit / wait / prepare_batch) is the job of a
+    `areal_like.api.rollout_api.RolloutAPI` built on an engine, not of the engine itself.
+    """
+
+    @abc.abstractmethod
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
 
 
 class TrainEngine(abc.ABC):

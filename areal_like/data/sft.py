@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
-from areal_like.rollout.batching import concat_padded
+from areal_like.utils.batching import concat_padded
 from areal_like.utils.functional import next_token_labels
 
 

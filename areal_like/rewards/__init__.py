@@ -15,6 +15,7 @@ from typing import Any
 _LAZY = {
     "exact_match_reward": "areal_like.rewards.exact_match",
     "extract_final_answer": "areal_like.rewards.exact_match",
+    "inline_reward": "areal_like.rewards.inline",
     "math_verify_reward": "areal_like.rewards.math_equivalence",
     "reasoning_gym_reward": "areal_like.rewards.reasoning_gym_verifier",
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from areal_like.rewards.inline import inline_reward
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -22,6 +24,7 @@ def extract_final_answer(completion: str) -> str:
     return completion.strip()
 
 
+@inline_reward  # a regex over a short completion: microseconds
 def exact_match_reward(prompt: str, completion: str, answer: str, **_: Any) -> float:
     """1.0 when the completion's final answer equals `answer` exactly (after stripping)."""
     return 1.0 if extract_final_answer(completion) == str(answer).strip() else 0.0

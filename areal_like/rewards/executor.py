@@ -5,7 +5,8 @@ hang or hold the GIL for seconds): a call's timeout clock starts when a worker s
 while it queues, and a call that overruns is stopped by terminating its worker alone — the
 calls running beside it are not affected and the pool replaces the worker. Async reward
 functions are awaited directly; with `use_processes=False` sync functions run in threads
-(the timeout then marks the sample failed, but a hung thread cannot be stopped).
+(the timeout then marks the sample failed, but a hung thread cannot be stopped). Functions
+marked `@inline_reward` (cheap, cannot hang) run in the caller's thread (`run_inline`).
 
 A call that raises, times out, crashes its worker or returns something other than a finite
 real number raises `RewardFailure` — never a 0.0 — and is counted (`reward/failed`,
@@ -27,6 +28,7 @@ import inspect
 import logging
 import multiprocessing
 import threading
+import time
 import traceback
 from collections import Counter
 from typing import Any, Callable, Optional
@@ -44,6 +46,7 @@ from areal_like.rewards.checks import (
     worker_load_hint,
 )
 from areal_like.rewards.errors import RewardFailure, RewardFunctionError
+from areal_like.rewards.inline import is_inline
 from areal_like.utils import stats_tracker
 
 logger = logging.getLogger(__name__)
@@ -106,7 +109,7 @@ class RewardExecutor:
         """The checks that need no data and no worker (cheap; workflows run them when they
         are built): `fn` takes (prompt, completion, ...) and can be sent to workers."""
         check_signature(fn, None)
-        if self.config.use_processes and not inspect.iscoroutinefunction(fn):
+        if self._in_workers(fn):
             check_picklable(fn)
 
     def check(self, fn: Callable[..., Any], data: Optional[dict[str, Any]] = None,
@@ -116,7 +119,7 @@ class RewardExecutor:
         sent to one and (with `load_in_worker`) loaded there, bounded by `startup_timeout`.
         Blocks; call it before training starts, not from the event loop."""
         check_signature(fn, data)
-        if inspect.iscoroutinefunction(fn) or not self.config.use_processes:
+        if not self._in_workers(fn):
             return
         check_picklable(fn)
         if not load_in_worker:
@@ -136,6 +139,13 @@ class RewardExecutor:
                 f"(from {where_defined(fn)}): {type(e).__name__}: {e}; {worker_load_hint(fn)}"
             ) from e
 
+    def _inline(self, fn: Callable[..., Any]) -> bool:
+        return self.config.run_inline and is_inline(fn)
+
+    def _in_workers(self, fn: Callable[..., Any]) -> bool:
+        return (self.config.use_processes and not inspect.iscoroutinefunction(fn)
+                and not self._inline(fn))
+
     # ---- calls --------------------------------------------------------------------------
     async def __call__(self, reward_fn: Callable[..., Any], prompt: str, completion: str,
                        **data: Any) -> float:
@@ -144,6 +154,8 @@ class RewardExecutor:
         try:
             if inspect.iscoroutinefunction(reward_fn):
                 value = await self._call_async(reward_fn, prompt, completion, data)
+            elif self._inline(reward_fn):
+                value = self._call_inline(reward_fn, prompt, completion, data)
             elif self.config.use_processes:
                 value = await self._call_in_process(reward_fn, prompt, completion, data)
             else:
@@ -169,6 +181,19 @@ class RewardExecutor:
             raise RewardFailure(reward_name(fn), "raised", f"{type(e).__name__}: {e}",
                                 traceback.format_exc()) from e
         return self._coerce(fn, value)
+
+    def _call_inline(self, fn: Callable[..., Any], prompt: str, completion: str,
+                     data: dict[str, Any]) -> float:
+        start = time.thread_time()  # the work itself: waiting for the CPU does not count
+        outcome = pool_worker.call_reward(fn, prompt, completion, data)
+        used = time.thread_time() - start
+        if used > self.config.timeout:  # in a worker it would have been stopped: same verdict
+            raise RewardFailure(reward_name(fn), "timeout",
+                                f"took {used:.2f} s of CPU inline, more than reward.timeout="
+                                f"{self.config.timeout} s (is it really @inline_reward?)")
+        if outcome[0] != "ok":
+            raise self._failure(fn, outcome)
+        return float(outcome[1])
 
     async def _call_in_process(self, fn: Callable[..., Any], prompt: str, completion: str,
                                data: dict[str, Any]) -> float:

@@ -1,8 +1,6 @@
 """Rollout runtime: the WorkflowExecutor, staleness control and trajectory batching."""
 
-from areal_like.rollout.batching import concat_padded, min_generated_version
-from areal_like.rollout.data_cursor import DataCursor
-from areal_like.rollout.errors import (
+from areal_like.api.errors import (
     ExecutorClosedError,
     FleetUnavailableError,
     NoTrajectoriesError,
@@ -11,8 +9,10 @@ from areal_like.rollout.errors import (
     RolloutTimeoutError,
     RolloutWorkflowError,
 )
+from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.executor import WorkflowExecutor
 from areal_like.rollout.staleness import admission_capacity, is_stale, staleness_bound
+from areal_like.utils.batching import concat_padded, min_generated_version
 
 __all__ = [
     "DataCursor",

@@ -25,12 +25,12 @@ from tensordict import TensorDict
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.executor import WorkflowExecutor
-from areal_like.rollout.executor_state import ShouldAccept
 
 
-class RolloutController(InferenceEngine):
+class RolloutController(InferenceEngine, RolloutAPI):
     """An engine client plus the executor that runs workflows on it (see module doc)."""
 
     def __init__(self, config: RolloutConfig, engine: InferenceEngine,

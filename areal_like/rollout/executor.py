@@ -34,22 +34,17 @@ from tensordict import TensorDict
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
-from areal_like.api.seeding import begin_episode
-from areal_like.api.trajectory import validate_trajectory
-from areal_like.api.workflow_api import RolloutWorkflow
-from areal_like.rewards.errors import RewardBudgetExceeded, failures_of
-from areal_like.rollout.batching import (
-    min_generated_version,
-    trajectory_from_state,
-    trajectory_to_state,
-)
-from areal_like.rollout.data_cursor import DataCursor
-from areal_like.rollout.errors import (
+from areal_like.api.errors import (
     ExecutorClosedError,
     FleetUnavailableError,
     NoTrajectoriesError,
     RolloutTimeoutError,
 )
+from areal_like.api.seeding import begin_episode
+from areal_like.api.trajectory import validate_trajectory
+from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rewards.errors import RewardBudgetExceeded, failures_of
+from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.executor_state import (
     EpisodeResult,
     ExecutorState,
@@ -59,6 +54,11 @@ from areal_like.rollout.executor_state import (
     workflow_error,
 )
 from areal_like.rollout.stats import assemble_batch
+from areal_like.utils.batching import (
+    min_generated_version,
+    trajectory_from_state,
+    trajectory_to_state,
+)
 from areal_like.utils.loop_thread import EventLoopThread
 
 logger = logging.getLogger(__name__)

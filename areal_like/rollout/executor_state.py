@@ -16,23 +16,22 @@ from typing import Any, Callable, Optional
 from tensordict import TensorDict
 
 from areal_like.api.config import RolloutConfig
-from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_seed
-from areal_like.api.workflow_api import RolloutWorkflow
-from areal_like.rollout.errors import (
+from areal_like.api.errors import (
     ExecutorClosedError,
     FleetUnavailableError,
     RolloutError,
     RolloutQueueFullError,
     RolloutWorkflowError,
 )
+from areal_like.api.rollout_api import ShouldAccept
+from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_seed
+from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.staleness import (
     RolloutCounters,
     admission_capacity,
     is_stale,
     staleness_bound,
 )
-
-ShouldAccept = Callable[[TensorDict], bool]
 
 
 def data_id_of(data: dict[str, Any], seq: int) -> str:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import TensorDict
 
-from areal_like.rollout.batching import concat_padded
 from areal_like.utils import stats_tracker
+from areal_like.utils.batching import concat_padded
 
 if TYPE_CHECKING:
     from areal_like.rollout.executor_state import EpisodeResult

@@ -1,14 +1,17 @@
 """Everything around an RL recipe's loop: engines, fleet client, data, evaluation, checkpoints.
 
-A recipe keeps only the algorithm in view:
+A recipe keeps only the algorithm in view: it builds its actor and workflow and hands
+`rl.train` the step that turns a batch into an update. `rl.train` is the loop every recipe
+shares:
 
-    rl = RLSetup(config)
-    for step in rl.steps():
+    for step in rl.steps():                              # resumes after a checkpoint
         batch = rl.next_batch(workflow, should_accept)   # rank 0 rolls out, every rank trains
-        ... actor.compute_logp / compute_advantages / update ...
+        stats = train_step(batch)                        # the algorithm: logp, advantages, update
         stats |= rl.push_weights(step)                   # pause -> load v+1 -> resume
         rl.end_step(step, stats)                         # evaluate, checkpoint, log
     rl.finish()
+
+A loop of another shape (e.g. the synchronous reference in the tests) uses the same pieces.
 
 Rollouts run in a separate process, the rollout controller (`runtime/rollout_process.py`):
 rank 0 holds its handle (`rl.rollout`). Held-out evaluations run there beside training
@@ -129,6 +132,23 @@ class RLSetup:
                 raise RewardFunctionError(f"{name} (type={kind}): {e}") from None
 
     # ---- the loop ---------------------------------------------------------------------------
+    def train(self, workflow: RolloutWorkflow,
+              train_step: Callable[[TensorDict], dict[str, Any]],
+              should_accept: Optional[Callable[[TensorDict], bool]] = None,
+              extra_engines: tuple[Any, ...] = ()) -> None:
+        """Run the RL loop to `total_train_steps`, then `finish`. `train_step(batch)` trains on
+        one batch and returns its stats; `extra_engines` (e.g. a critic's) step their LR
+        schedules with the actor's."""
+        for step in self.steps():
+            with self.timing("rollout"):  # waits only if rollout fell behind (<= eta ahead)
+                batch = self.next_batch(workflow, should_accept)
+            with self.timing("train"):
+                stats = train_step(batch)
+            with self.timing("weight_sync"):  # pause fleet -> load version step+1 -> resume
+                stats |= self.push_weights(step)
+            self.end_step(step, stats, extra_engines)  # lr, evaluation, checkpoint, metrics
+        self.finish()
+
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)

@@ -30,10 +30,9 @@ from typing import Any, Optional
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 from tensordict import TensorDict
 
-from areal_like.api.engine_api import InferenceEngine
-from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.io_struct import WeightUpdateMeta
+from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
 from areal_like.api.workflow_api import RolloutWorkflow
-from areal_like.rollout.executor_state import ShouldAccept
 from areal_like.runtime.rollout_service import (
     RolloutProcessError,
     RolloutSetup,
@@ -45,7 +44,7 @@ logger = logging.getLogger(__name__)
 CALL_MARGIN_S = 60.0  # on top of a call's own timeout: the controller enforces that one
 
 
-class RolloutProcess(InferenceEngine):
+class RolloutProcess(RolloutAPI):
     """Trainer-side handle of a controller process (see module doc)."""
 
     def __init__(self, setup: RolloutSetup) -> None:
@@ -174,11 +173,7 @@ class RolloutProcess(InferenceEngine):
             + (f"; {type(cause).__name__}: {cause}" if cause else "") + "); its log lines are "
             "above, in the trainer's output")
 
-    # ---- InferenceEngine ----------------------------------------------------------------
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        raise NotImplementedError("workflows run inside the rollout controller process; "
-                                  "generate there (RolloutController.agenerate)")
-
+    # ---- RolloutAPI ---------------------------------------------------------------------
     def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
                should_accept: Optional[ShouldAccept] = None) -> None:
         self._call("submit", data, self._ref(workflow), self._ref(should_accept))

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from areal_like.api import InferenceEngine, TrainEngine, WeightUpdateMeta
+from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
 from areal_like.runtime.main_rank import run_on_main
 
 
-def push_weights(engine: TrainEngine, rollout: Optional[InferenceEngine], version: int,
+def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
                  root: Path, keep: int = 2,
                  collective_timeout_s: float = 600.0) -> dict[str, float]:
     """Export `engine`'s weights as version `version` and load them on every server.

@@ -24,20 +24,10 @@ from areal_like.algorithms.actors.base import (
     require_keys,
     train_minibatches,
 )
-from areal_like.algorithms.actors.loss_fns import make_value_loss_fn
+from areal_like.algorithms.actors.loss_fns import as_values, make_value_loss_fn
 from areal_like.algorithms.aggregation import loss_weight
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
-
-
-def as_values(logits: torch.Tensor) -> torch.Tensor:
-    """Critic output [T] or [T, 1] -> [T] float values."""
-    if logits.dim() == 2 and logits.shape[-1] == 1:
-        logits = logits[:, 0]
-    if logits.dim() != 1:
-        raise ValueError(f"critic output has shape {tuple(logits.shape)}; expected [T] or "
-                         "[T, 1] (a scalar value head: ModelConfig.is_critic=True)")
-    return logits.float()
 
 
 def value_post_hook(logits: torch.Tensor, micro_batch: TensorDict) -> torch.Tensor:

@@ -104,9 +104,18 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
     return loss_fn
 
 
+def as_values(logits: torch.Tensor) -> torch.Tensor:
+    """Critic output [T] or [T, 1] -> [T] float values."""
+    if logits.dim() == 2 and logits.shape[-1] == 1:
+        logits = logits[:, 0]
+    if logits.dim() != 1:
+        raise ValueError(f"critic output has shape {tuple(logits.shape)}; expected [T] or "
+                         "[T, 1] (a scalar value head: ModelConfig.is_critic=True)")
+    return logits.float()
+
+
 def make_value_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
     """Clipped value loss (token-mean) for a critic engine whose output is [T] (or [T, 1])."""
-    from areal_like.algorithms.actors.critic import as_values
 
     def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
         values = as_values(logits)

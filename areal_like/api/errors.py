@@ -1,4 +1,4 @@
-"""Errors raised to the caller of the rollout executor."""
+"""Errors raised to the caller of rollout: by the executor, and by an engine without a fleet."""
 
 from __future__ import annotations
 

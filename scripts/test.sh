@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m ruff check .
-"$PYTHON" -c "from importlinter.cli import lint_imports_command as c; c()"  # layers (pyproject.toml)
+"$PYTHON" -c "from importlinter.cli import lint_imports_command as c; c(['--no-logo'])"  # layers
 OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs "$@"

@@ -353,9 +353,7 @@ class RewardConfig:
     timeout: float = 15.0  # seconds of execution per call (queueing time does not count)
     max_workers: int = 2  # worker processes for sync reward functions
     use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
-    # rewards marked @inline_reward (cheap, pure: e.g. exact match) run in the caller's thread,
-    # sparing a worker round trip per sample; their timeout is measured in CPU time
-    run_inline: bool = True
+    run_inline: bool = True  # @inline_reward functions (e.g. exact match) run in this thread
     startup_timeout: float = 120.0  # for starting workers and sending them the function
     on_failure: str = "exclude"  # exclude | constant
     failure_reward: float = 0.0  # the reward of a failed sample when on_failure=constant

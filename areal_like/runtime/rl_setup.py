@@ -30,7 +30,7 @@ from tensordict import TensorDict
 from tqdm import tqdm
 
 from areal_like.algorithms import uses_group_statistics
-from areal_like.api import RolloutWorkflow
+from areal_like.api import RolloutWorkflow, ShouldAccept
 from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
 from areal_like.data.loader import ItemLoader, head_items
 from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
@@ -134,7 +134,7 @@ class RLSetup:
     # ---- the loop ---------------------------------------------------------------------------
     def train(self, workflow: RolloutWorkflow,
               train_step: Callable[[TensorDict], dict[str, Any]],
-              should_accept: Optional[Callable[[TensorDict], bool]] = None,
+              should_accept: Optional[ShouldAccept] = None,
               extra_engines: tuple[Any, ...] = ()) -> None:
         """Run the RL loop to `total_train_steps`, then `finish`. `train_step(batch)` trains on
         one batch and returns its stats; `extra_engines` (e.g. a critic's) step their LR
@@ -165,7 +165,7 @@ class RLSetup:
         return self.run.timing(name)
 
     def next_batch(self, workflow: RolloutWorkflow,
-                   should_accept: Optional[Callable[[TensorDict], bool]] = None) -> TensorDict:
+                   should_accept: Optional[ShouldAccept] = None) -> TensorDict:
         """The next consumer batch (waits only when rollout fell behind), this rank's share."""
         def wait_for_batch() -> Optional[TensorDict]:
             if self.rollout is None:

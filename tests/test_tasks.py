@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from areal_like.api.config import DatasetConfig
-from areal_like.data.addition import load_addition
+from areal_like.data.addition import load_addition, worked_addition
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
 from areal_like.data.tasks import build_task
@@ -34,11 +34,32 @@ def test_addition_is_deterministic_correct_and_split():
         assert row["messages"] == [{"role": "user", "content": row["question"]}]
 
 
+def test_addition_worked_targets_are_a_hashed_share_and_verify():
+    plain = load_addition(2, 2000, "train", seed=3)
+    mixed = load_addition(2, 2000, "train", seed=3, worked_fraction=0.25)
+    assert plain["question"] == mixed["question"]  # the share changes targets, not problems
+    assert plain["target"] == plain["answer"]
+    worked = [row for row in mixed if row["target"] != row["answer"]]
+    assert 0.2 < len(worked) / len(mixed) < 0.3
+    for row in worked:
+        x, y = (int(t) for t in row["question"].removeprefix("What is ").rstrip("?").split(" + "))
+        assert row["target"].startswith(f"{x} + {y}: ")
+        assert exact_match_reward("", row["target"], row["answer"]) == 1.0
+        # the columns, least significant first, are the schoolbook sums with carries
+        columns = row["target"].split(": ", 1)[1].split(" #### ")[0].split("; ")
+        assert int(columns[0].split(" = ")[1].split(",")[0]) == x % 10 + y % 10
+    assert worked_addition(99, 99) == ("99 + 99: 9 + 9 = 18, write 8, carry 1; "
+                                       "9 + 9 + 1 = 19, write 19 #### 198")
+    assert worked_addition(5, 7) == "5 + 7: 5 + 7 = 12, write 12 #### 12"
+
+
 def test_addition_rejects_bad_arguments():
     with pytest.raises(ValueError, match="split='val'"):
         load_addition(2, 10, "val")
     with pytest.raises(ValueError, match="too large"):
         load_addition(1, 1000, "train")
+    with pytest.raises(ValueError, match="worked_fraction=1.5"):
+        load_addition(2, 10, "train", worked_fraction=1.5)
 
 
 @pytest.mark.parametrize("completion, reward", [

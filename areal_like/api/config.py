@@ -315,6 +315,7 @@ class DatasetConfig:
     split: str = "train"
     size: int = 10000  # number of items (gsm8k: 0 = every row of the file)
     num_digits: int = 2  # addition: digits per operand
+    worked_fraction: float = 0.0  # addition: share of SFT targets written out column by column
     seed: int = 1
     batch_size: int = 8  # prompts per rollout batch
     shuffle: bool = True

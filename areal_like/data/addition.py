@@ -3,6 +3,11 @@
 Operands have exactly `num_digits` digits. Every (a, b) pair belongs to one split by a hash,
 so train and test never share a problem; items are drawn with a seeded RNG, so a
 (split, size, seed) triple always gives the same dataset.
+
+Every item has a `target`, the completion SFT teaches: the bare sum, or for a `worked_fraction`
+of the problems (chosen by a hash, so the model cannot tell which) the column-by-column work
+and then `#### <sum>`, 10-15x longer. A model warm-started on that mix samples long answers
+now and then, at any prompt: the heavy-tailed output lengths of reasoning RL, in miniature.
 """
 
 from __future__ import annotations
@@ -20,12 +25,34 @@ def _split_of(a: int, b: int) -> str:
     return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
 
 
+def _hash_share(a: int, b: int, salt: str) -> float:
+    digest = hashlib.blake2b(f"{salt}{a}+{b}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") / 2**32
+
+
 def addition_question(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-def make_addition_items(num_digits: int, size: int, split: str, seed: int) -> list[dict]:
+def worked_addition(a: int, b: int) -> str:
+    """`a + b:`, the work column by column (least significant digit first), `#### <sum>`."""
+    steps, carry, x, y = [], 0, a, b
+    while x or y or not steps:
+        terms = f"{x % 10} + {y % 10}" + (f" + {carry}" if carry else "")
+        total = x % 10 + y % 10 + carry
+        x, y = x // 10, y // 10
+        last = not (x or y)
+        carry = 0 if last else total // 10
+        steps.append(f"{terms} = {total}, write {total if last else total % 10}"
+                     + (", carry 1" if carry else ""))
+    return f"{a} + {b}: " + "; ".join(steps) + f" #### {a + b}"
+
+
+def make_addition_items(num_digits: int, size: int, split: str, seed: int,
+                        worked_fraction: float = 0.0) -> list[dict]:
     """`size` distinct problems of `split` ('train' or 'test'), in seeded random order."""
+    if not 0.0 <= worked_fraction <= 1.0:
+        raise ValueError(f"addition task: worked_fraction={worked_fraction}; expected 0..1")
     if split not in ("train", "test"):
         raise ValueError(f"addition task: split={split!r}; expected 'train' or 'test'")
     if not 1 <= num_digits <= 18:
@@ -51,12 +78,16 @@ def make_addition_items(num_digits: int, size: int, split: str, seed: int) -> li
             "id": f"add{num_digits}-{split}-{len(items)}",
             "question": question,
             "answer": str(a + b),
+            "target": (worked_addition(a, b) if _hash_share(a, b, "worked") < worked_fraction
+                       else str(a + b)),
             "messages": [{"role": "user", "content": question}],
         })
     return items
 
 
 def load_addition(num_digits: int = 2, size: int = 1000, split: str = "train",
-                  seed: int = 1) -> Dataset:
-    """The addition task as an HF dataset with `id`, `question`, `answer`, `messages`."""
-    return Dataset.from_list(make_addition_items(num_digits, size, split, seed))
+                  seed: int = 1, worked_fraction: float = 0.0) -> Dataset:
+    """The addition task as an HF dataset with `id`, `question`, `answer`, `target`,
+    `messages`."""
+    return Dataset.from_list(make_addition_items(num_digits, size, split, seed,
+                                                 worked_fraction))

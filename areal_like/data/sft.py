@@ -13,13 +13,15 @@ from areal_like.utils.functional import next_token_labels
 
 
 def build_sft_batch(items: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> TensorDict:
-    """Chat prompt + `answer` + EOS per item; `loss_mask` marks the answer and EOS tokens."""
+    """Chat prompt + `target` (else `answer`) + EOS per item; `loss_mask` marks the completion
+    and EOS tokens."""
     rows = []
     for item in items:
         text = tokenizer.apply_chat_template(item["messages"], tokenize=False,
                                              add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        answer = tokenizer.encode(str(item["answer"]), add_special_tokens=False)
+        answer = tokenizer.encode(str(item.get("target", item["answer"])),
+                                  add_special_tokens=False)
         ids = prompt + answer + [tokenizer.eos_token_id]
         loss = [0] * len(prompt) + [1] * (len(answer) + 1)
         rows.append(TensorDict({

@@ -26,8 +26,8 @@ class Task:
 def build_task(config: DatasetConfig) -> Task:
     """The dataset and verifier that `config.type` names."""
     if config.type == "addition":
-        return Task(load_addition(config.num_digits, config.size, config.split, config.seed),
-                    exact_match_reward)
+        return Task(load_addition(config.num_digits, config.size, config.split, config.seed,
+                                  config.worked_fraction), exact_match_reward)
     if config.type == "gsm8k":
         if not config.path:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")

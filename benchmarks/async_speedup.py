@@ -130,7 +130,7 @@ def main() -> None:
                  f"--model DIR")
     if 0 not in args.etas:
         sys.exit("--etas must include 0: the synchronous run is the baseline")
-    speedups: dict[int, list[tuple[float, float, float]]] = {}
+    speedups: dict[int, list[tuple[float, float, float, float]]] = {}
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="async_speedup_") as tmp:
             rows = [run_mode(eta, args.steps, args.model, Path(tmp), seed, args.overrides)

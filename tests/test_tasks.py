@@ -60,6 +60,8 @@ def test_addition_rejects_bad_arguments():
         load_addition(1, 1000, "train")
     with pytest.raises(ValueError, match="worked_fraction=1.5"):
         load_addition(2, 10, "train", worked_fraction=1.5)
+    with pytest.raises(ValueError, match=r"DatasetConfig.worked_fraction=-0.1"):
+        DatasetConfig(worked_fraction=-0.1)
 
 
 @pytest.mark.parametrize("completion, reward", [

@@ -20,14 +20,14 @@ from datasets import Dataset
 TEST_FRACTION = 10  # one pair in TEST_FRACTION belongs to the test split
 
 
-def _split_of(a: int, b: int) -> str:
-    digest = hashlib.blake2b(f"{a}+{b}".encode(), digest_size=4).digest()
-    return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
-
-
-def _hash_share(a: int, b: int, salt: str) -> float:
+def _pair_hash(a: int, b: int, salt: str = "") -> int:
+    """A 32-bit hash of the pair, the same in every process and run."""
     digest = hashlib.blake2b(f"{salt}{a}+{b}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") / 2**32
+    return int.from_bytes(digest, "little")
+
+
+def _split_of(a: int, b: int) -> str:
+    return "test" if _pair_hash(a, b) % TEST_FRACTION == 0 else "train"
 
 
 def addition_question(a: int, b: int) -> str:
@@ -78,7 +78,7 @@ def make_addition_items(num_digits: int, size: int, split: str, seed: int,
             "id": f"add{num_digits}-{split}-{len(items)}",
             "question": question,
             "answer": str(a + b),
-            "target": (worked_addition(a, b) if _hash_share(a, b, "worked") < worked_fraction
+            "target": (worked_addition(a, b) if _pair_hash(a, b, "worked") < worked_fraction * 2**32
                        else str(a + b)),
             "messages": [{"role": "user", "content": question}],
         })

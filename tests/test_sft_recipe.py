@@ -13,8 +13,10 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from areal_like.api.config import DatasetConfig
+from areal_like.data.addition import make_addition_items
 from areal_like.data.loader import ItemLoader
 from areal_like.data.prompt_limits import limit_prompt_length, prompt_lengths
+from areal_like.data.sft import build_sft_batch
 from areal_like.utils.metrics_logger import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +86,19 @@ def test_long_prompts_are_dropped_and_counted_or_an_error(tiny_model_dir):
         limit_prompt_length(data, tokenizer,
                             DatasetConfig(max_prompt_len=limit, on_long_prompt="error"),
                             "train_dataset")
+
+
+def test_sft_teaches_an_items_target_and_eos(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    items = make_addition_items(2, 400, "train", seed=1, worked_fraction=0.5)
+    worked = next(i for i in items if i["target"] != i["answer"])
+    plain = next(i for i in items if i["target"] == i["answer"])
+    batch = build_sft_batch([worked, plain], tokenizer)
+    for row, item in enumerate((worked, plain)):
+        ids = batch["input_ids"][row][batch["loss_mask"][row]].tolist()
+        assert ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(ids[:-1]) == item["target"]
+    assert "####" in worked["target"]
 
 
 def test_loader_resumes_after_the_batches_already_drawn():

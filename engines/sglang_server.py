@@ -141,14 +141,25 @@ def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     return env
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def _die_with_parent(parent_pid: int, nice: int = 0) -> Callable[[], None]:
     def preexec() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
+        if nice:
+            os.nice(nice)  # the scheduler and detokenizer it starts inherit it
 
     return preexec
+
+
+def _nice_session(pid: int, nice: int) -> None:
+    """Linux's autogroup scheduling shares the CPU between sessions first, whatever the
+    niceness of their processes: the server's new session gets the same niceness as a group
+    (the scheduler and detokenizer it starts are in it)."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():  # absent: no autogroups, the processes' niceness is what counts
+        autogroup.write_text(str(nice))
 
 
 def _bind_failed(log_path: Path) -> bool:
@@ -236,10 +247,14 @@ class SGLangFleet:
         with open(self.log_dir / f"server_{index}.log", mode) as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
-            return subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+            process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid(), self.config.nice),
             )
+        if self.config.nice:
+            _nice_session(process.pid, self.config.nice)
+        return process
 
     def _remove_dist_stores(self) -> None:
         for store in self.log_dir.glob(".dist_store_*"):

@@ -5,6 +5,7 @@ Uses the instant in-process engine from test_executor_fakes (a unit test of one 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import traceback
 
@@ -293,3 +294,44 @@ def test_blocking_call_inside_a_workflow_is_an_error(make_engine):
     ex.submit(items(0, 1)[0], WaitsInside())
     with pytest.raises(RolloutWorkflowError, match="deadlock"):
         ex.wait(1, timeout=10)
+
+
+class HoldItem(GroupWorkflow):
+    """GroupWorkflow whose episode of item `held` waits (after generating) for `release`."""
+
+    def __init__(self, held: int, release: threading.Event) -> None:
+        super().__init__(n=2)
+        self.held, self.release = held, release
+
+    async def arun_episode(self, engine, data):
+        traj = await super().arun_episode(engine, data)
+        while data["id"] == self.held and not self.release.is_set():
+            await asyncio.sleep(0.002)
+        return traj
+
+
+def test_a_slow_group_is_waited_for_when_it_would_go_stale(make_engine):
+    # eta 1, B 1: items 0 (held) and 1 are admitted at version 0. Item 1 is trained at
+    # version 0; at version 1 item 0 is due (stale at version 2), so the batch waits for it
+    # rather than taking the newer item 2 and later dropping the long one.
+    engine = make_engine(max_head_offpolicyness=1, consumer_batch_size=1,
+                         max_concurrent_rollouts=16)
+    ex = engine.executor
+    release = threading.Event()
+    wf = HoldItem(held=0, release=release)
+    for item in items(0, 2):
+        ex.submit(item, wf)
+    assert group_ids(ex.wait(1, timeout=10)) == [1]
+    engine.set_version(1)
+    ex.submit(items(2, 3)[0], wf)
+    eventually(lambda: ex.stats()["buffered"] == 1, what="item 2 finished at version 1")
+    with pytest.raises(RolloutTimeoutError, match=r"waits for submission\(s\) #\[0\]"):
+        ex.wait(1, timeout=0.2)  # item 2 is ready, but item 0 must go first
+    release.set()
+    batch = ex.wait(1, timeout=10)
+    assert group_ids(batch) == [0]
+    assert (batch["versions"][batch["loss_mask"]] == 0).all()  # staleness 1 <= eta
+    engine.set_version(2)
+    assert group_ids(ex.wait(1, timeout=10)) == [2]
+    s = ex.stats()
+    assert s["dropped_stale"] == 0 and s["consumed"] == 3

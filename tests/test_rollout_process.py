@@ -43,9 +43,12 @@ def test_batches_evaluations_and_errors_cross_the_process(sglang_fleet, tiny_mod
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     # eta = 1: two batches at one version (and evaluation does not block, as at eta > 0)
     process = _process(sglang_fleet, tokenizer, consumer_batch_size=2,
-                       max_head_offpolicyness=1)
+                       max_head_offpolicyness=1, controller_nice=2)
     try:
         assert process.pid is not None and process.pid != os.getpid()
+        # controller_nice: it yields the cores to the trainer (niceness relative to ours)
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) == min(
+            19, os.getpriority(os.PRIO_PROCESS, 0) + 2)
         workflow = RLVRWorkflow(exact_match_reward, GCONFIG, tokenizer)
         loader = [ITEMS[i:i + 2] for i in range(0, len(ITEMS), 2)]
         batch = process.prepare_batch(loader, workflow, timeout=300)

@@ -5,6 +5,7 @@ no request; an unreachable server fails within the timeout, naming the server.""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 import subprocess
@@ -107,7 +108,7 @@ def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path_factory.mktemp("cwd"))
         fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024,
-                                                               startup_timeout=300),
+                                                               startup_timeout=300, nice=3),
                             api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
         fleet.start()
     try:
@@ -115,6 +116,20 @@ def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         yield fleet
     finally:
         fleet.stop()
+
+
+@pytest.mark.sglang
+def test_server_processes_run_at_the_configured_niceness(spare_server):
+    # nice=3: the server and the scheduler/detokenizer it started, relative to ours
+    server_pid = spare_server.processes[0].pid
+    pids = _live_pids_in_group(server_pid)
+    assert server_pid in pids and len(pids) >= 3, pids
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == {
+        pid: min(19, ours + 3) for pid in pids}
+    autogroup = Path(f"/proc/{server_pid}/autogroup")
+    if autogroup.exists():  # its own session's scheduling group is niced too
+        assert autogroup.read_text().split()[-2:] == ["nice", "3"]
 
 
 @pytest.mark.sglang

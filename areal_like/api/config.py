@@ -118,6 +118,9 @@ class SGLangServerConfig:
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
     startup_timeout: float = 300.0
     max_restarts: int = 3  # per server: the launcher restarts a dead server this many times
+    # Niceness (0-19) of the server processes. Where they share cores with the trainer, a
+    # positive value lets the trainer (the critical path) run first; rollouts fill the gaps.
+    nice: int = 0
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -137,6 +140,7 @@ class SGLangServerConfig:
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
                "> 0 seconds")
         _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
+        _check(name, "nice", 0 <= self.nice <= 19, self.nice, "in 0..19")
 
 
 @dataclass
@@ -164,6 +168,9 @@ class RolloutConfig:
     server_down_timeout: float = 300.0
     health_check_interval: float = 2.0  # how often servers out of service are probed
     server_addrs_file: str = ""  # host:port per line, re-read: servers added there join
+    # Niceness (0-19) of the rollout controller process and its reward workers (see
+    # SGLangServerConfig.nice): a positive value yields the cores to the trainer first.
+    controller_nice: int = 0
 
     def __post_init__(self) -> None:
         _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
@@ -192,6 +199,8 @@ class RolloutConfig:
                    "> 0 seconds")
         _check("RolloutConfig", "seed", self.seed is None or self.seed >= 0, self.seed,
                "None or >= 0")
+        _check("RolloutConfig", "controller_nice", 0 <= self.controller_nice <= 19,
+               self.controller_nice, "in 0..19")
         for addr in self.server_addrs:
             host, _, port = str(addr).rpartition(":")
             _check("RolloutConfig", "server_addrs", bool(host) and port.isdigit(), addr,

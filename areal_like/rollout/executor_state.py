@@ -61,6 +61,7 @@ class Submission:
     episode_seed: int
     ticket: Optional[Ticket] = None
     start: float = 0.0  # monotonic time the episode was admitted
+    admit_version: int = -1  # policy version when admitted (its tokens are no older)
 
 
 @dataclass
@@ -230,6 +231,7 @@ class ExecutorState:
                 free -= 1
                 capacity -= 1
             for sub in started:
+                sub.admit_version = version
                 self.running[sub.seq] = sub
         return started
 
@@ -292,6 +294,29 @@ class ExecutorState:
             self.counters.staleness_accepted -= stale_bounded  # frees admission budget
         return dropped
 
+    def _due_running_locked(self, count: int, version: int) -> bool:
+        """True if a batch at `version` must wait for a running group: one admitted at
+        v - η or earlier is stale at the next version, so it goes into this batch (the long
+        answers of a heavy-tailed workload would otherwise be overtaken and dropped). The
+        admission bound keeps such groups at most one batch's worth."""
+        eta = self.config.max_head_offpolicyness
+        due_ready = sum(1 for r in self.ready
+                        if r.min_version is not None and r.min_version <= version - eta)
+        if due_ready >= count:
+            return False
+        return any(sub.bounded and sub.admit_version <= version - eta
+                   for sub in self.running.values())
+
+    def _take_oldest_locked(self, count: int) -> list[EpisodeResult]:
+        """The `count` ready groups from the oldest policy (then the earliest admitted):
+        the ones closest to going stale are trained first."""
+        order = sorted(self.ready, key=lambda r: (
+            math.inf if r.min_version is None else r.min_version, r.seq))
+        taken = order[:count]
+        chosen = {id(r) for r in taken}
+        self.ready = deque(r for r in self.ready if id(r) not in chosen)
+        return taken
+
     def refill_need(self, version: int) -> int:
         """How many more items prepare_batch should draw: enough that everything the bound
         admits at `version` is queued, plus one consumer batch of slack so rejected groups
@@ -320,8 +345,8 @@ class ExecutorState:
                     return None, need
             if self._drop_stale_locked(version):
                 on_drop()
-            if len(self.ready) >= count:
-                taken = [self.ready.popleft() for _ in range(count)]
+            if len(self.ready) >= count and not self._due_running_locked(count, version):
+                taken = self._take_oldest_locked(count)
                 self._recompute_oldest_locked()
                 self.counters.consumed += count
                 return taken, 0
@@ -397,6 +422,12 @@ class ExecutorState:
                     f"version {version} + 1) x consumer_batch_size {b}); advance the version "
                     f"after each consumed batch or raise max_head_offpolicyness"
                 )
+            due = sorted(s.seq for s in self.running.values()
+                         if s.bounded and s.admit_version <= version - eta)
+            if due:
+                hints.append(
+                    f"the batch waits for submission(s) #{due[:5]} admitted at version <= "
+                    f"{version - eta}: they would be stale at the next version")
             if queued == 0 and not self.running:
                 hints.append("nothing is running or queued: submit more data")
             return text + ("".join(f" Hint: {h}." for h in hints))

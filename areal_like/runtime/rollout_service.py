@@ -176,6 +176,8 @@ def serve(conn: Any, reward: RewardConfig, setup_bytes: bytes) -> None:
     _stop_with_parent()
     configure_rewards(reward)
     setup: RolloutSetup = pickle.loads(setup_bytes)
+    if setup.rollout.controller_nice:  # before the reward workers start: they inherit it
+        os.nice(setup.rollout.controller_nice)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s [rollout-controller] %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

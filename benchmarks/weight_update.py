@@ -1,81 +1,162 @@
-"""Weight-update latency: the fleet's pause -> load -> resume against the bare cost of writing
-and reading the same safetensors.
+"""Weight-update latency, disk vs the distributed transport, against the bare broadcast.
 
-    python benchmarks/weight_update.py [--sizes 1m 10m 50m] [--rounds 3]
+    python benchmarks/weight_update.py [--sizes 1m 10m 50m 100m] [--rounds 3] [--bucket-mb 256]
 
-Per model size (tiny Qwen2 models built offline) one real SGLang server is started. Measured,
-median over rounds: `write` = `save_pretrained` of the weights as safetensors (what the trainer's
-export costs at minimum), `read` = `safetensors.torch.load_file` of that file, and `update` =
-`RemoteSGLangEngine.update_weights` from that folder, i.e. pause (retract) + the server loading
-the folder + continue, as the trainer sees it. The ratio update / (write + read) shows what the
-HTTP round trips and SGLang's own loading add over the bare file I/O.
+Per model size (tiny Qwen2 models built offline) one real SGLang server is started and an
+FSDPEngine (one rank, in this process) holds the trainer's copy. Measured, median over rounds,
+as the trainer sees it (`areal_like.runtime.weight_sync.push_weights`):
+- `disk`: gather the weights, write the HF folder, then pause (retract) -> the server loads
+  the folder -> continue (generation pauses only for the last part, shown in brackets);
+- `distributed`: pause -> per bucket gather + broadcast over the server's gloo group while the
+  server receives and loads it -> continue (the group is formed once, before the rounds;
+  generation pauses for all of it);
+- `floor`: a bare gloo broadcast of the same buckets from this process to a child process
+  (no SGLang, no HTTP, nothing loaded): what moving the bytes costs at minimum.
+The ratios show what the transport adds over the floor, and how much faster than disk it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import statistics
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
-from areal_like.api import WeightUpdateMeta  # noqa: E402
-from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
+from areal_like.api.config import (  # noqa: E402
+    ModelConfig,
+    OptimizerConfig,
+    RolloutConfig,
+    SGLangServerConfig,
+    TrainEngineConfig,
+)
 from areal_like.models.tiny import build_tiny_model  # noqa: E402
+from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
+from areal_like.runtime.weight_sync import push_weights  # noqa: E402
+from engines import FSDPEngine  # noqa: E402
 from engines.remote_sglang import RemoteSGLangEngine  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.weight_group import (  # noqa: E402
+    WeightUpdateGroup,
+    flatten_bucket,
+    host_store,
+    plan_buckets,
+)
 
 
-def measure(size: str, rounds: int, tmp: Path) -> dict[str, float]:
+def _receiver(port: int, sizes: list[int], rounds: int) -> None:
+    """The floor's other end: join like an SGLang server does, receive every bucket."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    store, _, _ = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2,
+                                  timeout=timedelta(seconds=120)))
+    pg, _ = _new_process_group_helper(2, 1, [], Backend("gloo"), PrefixStore("floor", store),
+                                      group_name="floor", backend_options=None,
+                                      timeout=timedelta(seconds=120))
+    _world.pg_group_ranks[pg] = {0: 0, 1: 1}
+    for _ in range(rounds):
+        for n in sizes:
+            dist.broadcast(torch.empty(n, dtype=torch.uint8), src=0, group=pg)
+
+
+def floor_seconds(engine: FSDPEngine, bucket_bytes: int, rounds: int) -> float:
+    buckets = plan_buckets(engine.weight_specs(), bucket_bytes)
+    flats = [flatten_bucket(t, torch.device("cpu"))
+             for t in engine.iter_weight_buckets(buckets) if t is not None]
+    store, port = host_store("127.0.0.1", 120)
+    child = mp.get_context("spawn").Process(
+        target=_receiver, args=(port, [f.numel() for f in flats], rounds))
+    child.start()
+    group = WeightUpdateGroup("floor", store, 2, "gloo", 120)
+    group.connect()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for flat in flats:
+            group.start_broadcast(flat).wait()
+        times.append(time.perf_counter() - start)
+    child.join(60)
+    group.destroy()
+    return statistics.median(times)
+
+
+def measure(size: str, rounds: int, bucket_mb: float, tmp: Path) -> dict[str, float]:
     base = build_tiny_model(tmp / f"{size}-base", size, seed=1)
-    model = AutoModelForCausalLM.from_pretrained(base)
-    n_params = sum(p.numel() for p in model.parameters())
-    writes, reads, updates = [], [], []
-    with SGLangFleet(base, SGLangServerConfig(n_servers=1), log_dir=tmp / f"{size}-logs") as fleet:
-        engine = RemoteSGLangEngine(RolloutConfig(server_addrs=fleet.addresses))
-        engine.initialize()
-        try:
-            for r in range(rounds):
-                out = tmp / f"{size}-v{r + 1}"
-                start = time.perf_counter()
-                model.save_pretrained(out, safe_serialization=True)
-                writes.append(time.perf_counter() - start)
-                for name in ("tokenizer.json", "tokenizer_config.json"):
-                    (out / name).write_bytes((base / name).read_bytes())
-                start = time.perf_counter()
-                load_file(out / "model.safetensors")
-                reads.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                engine.update_weights(WeightUpdateMeta.from_disk(str(out), r + 1))
-                updates.append(time.perf_counter() - start)
-        finally:
-            engine.destroy()
-    size_mb = (tmp / f"{size}-v1" / "model.safetensors").stat().st_size / 2**20
-    return {"size": size, "params_m": n_params / 1e6, "mb": size_mb,
-            "write": statistics.median(writes), "read": statistics.median(reads),
-            "update": statistics.median(updates)}
+    engine = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(base)),
+                                          optimizer=OptimizerConfig(lr=1e-4)))
+    engine.initialize()
+    n_params = sum(p.numel() for p in engine.model.parameters())
+    nbytes = sum(p.nbytes for p in engine.weight_specs())
+    config = RolloutConfig(weight_transport="distributed", weight_bucket_mb=bucket_mb)
+    result: dict[str, float] = {"size": size, "params_m": n_params / 1e6, "mb": nbytes / 2**20}
+    try:
+        with SGLangFleet(base, SGLangServerConfig(n_servers=1, max_total_tokens=4096),
+                         log_dir=tmp / f"{size}-logs") as fleet:
+            config.server_addrs = fleet.addresses
+            client = RemoteSGLangEngine(config)
+            client.initialize()
+            broadcaster = WeightBroadcaster(config)
+            try:
+                version = 0
+                broadcaster.push(engine, client, version := version + 1)  # forms the group
+                disk, disk_paused, distributed = [], [], []
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    stats = push_weights(engine, client, version := version + 1,
+                                         tmp / f"{size}-w")
+                    disk.append(time.perf_counter() - start)
+                    disk_paused.append(stats["weight_sync/load_s"])
+                    start = time.perf_counter()
+                    broadcaster.push(engine, client, version := version + 1)
+                    distributed.append(time.perf_counter() - start)
+            finally:
+                broadcaster.close()
+                client.destroy()
+        result |= {"disk": statistics.median(disk),
+                   "disk_paused": statistics.median(disk_paused),
+                   "distributed": statistics.median(distributed),
+                   "buckets": float(len(plan_buckets(engine.weight_specs(),
+                                                     int(bucket_mb * 2**20))))}
+        result["floor"] = floor_seconds(engine, int(bucket_mb * 2**20), rounds)
+    finally:
+        engine.destroy()
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["1m", "10m", "50m"])
+    parser.add_argument("--sizes", nargs="+", default=["1m", "10m", "50m", "100m"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=256.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weight_update_") as tmp:
-        rows = [measure(size, args.rounds, Path(tmp)) for size in args.sizes]
-    print("| model | params | safetensors | write s | read s | write+read s (baseline) | "
-          "pause->load->resume s | vs baseline |")
-    print("|---|---|---|---|---|---|---|---|")
+        rows = [measure(size, args.rounds, args.bucket_mb, Path(tmp)) for size in args.sizes]
+    print(f"bucket {args.bucket_mb:g} MB, median of {args.rounds} rounds, seconds from the "
+          f"trainer's call to the fleet resuming")
+    print("| model | params | fp32 weights | buckets | floor: bare gloo broadcast s | "
+          "distributed s | vs floor | disk s (of which fleet paused) | disk / distributed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        bare = r["write"] + r["read"]
-        print(f"| {r['size']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | {r['write']:.3f} | "
-              f"{r['read']:.3f} | {bare:.3f} | {r['update']:.3f} | {r['update'] / bare:.2f}x |")
+        print(f"| {r['size']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | {r['buckets']:.0f} | "
+              f"{r['floor']:.3f} | {r['distributed']:.3f} | "
+              f"{r['distributed'] / r['floor']:.2f}x | {r['disk']:.3f} "
+              f"({r['disk_paused']:.3f}) | "
+              f"{r['disk'] / r['distributed']:.1f}x |")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
 import torch
@@ -43,7 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from areal_like.api.config import TrainEngineConfig
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
-from areal_like.api.io_struct import SaveLoadMeta, WeightUpdateMeta
+from areal_like.api.io_struct import ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal_like.data.packing import (
     count_micro_batches,
     pack_sequences,
@@ -341,10 +342,36 @@ class FSDPEngine(TrainEngine):
         Returns {"update_weights_seconds": wall time of the export}."""
         self._require_initialized()
         if meta.type != "disk":
-            raise NotImplementedError(f"WeightUpdateMeta.type={meta.type!r}: only 'disk' exists")
+            raise ValueError(f"WeightUpdateMeta.type={meta.type!r}: the engine exports only "
+                             f"'disk'; the distributed transport streams iter_weight_buckets "
+                             f"(areal_like.runtime.weight_sync.push_weights)")
         start = time.perf_counter()
         self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
         return {"update_weights_seconds": time.perf_counter() - start}
+
+    def _served_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        if self.config.model.is_critic:
+            raise ValueError("a critic's weights are not served: nothing to send to the fleet")
+        return list(self.model.named_parameters())  # tied weights once, as in the HF folder
+
+    def weight_specs(self) -> list[ParamSpec]:
+        self._require_initialized()
+        return [ParamSpec(name, str(p.dtype).removeprefix("torch."), tuple(p.shape))
+                for name, p in self._served_parameters()]
+
+    def iter_weight_buckets(self, buckets: Sequence[Sequence[ParamSpec]]
+                            ) -> Iterator[Optional[list[torch.Tensor]]]:
+        self._require_initialized()
+        params = dict(self._served_parameters())
+        for bucket in buckets:
+            tensors = []
+            for spec in bucket:
+                if spec.name not in params:
+                    raise KeyError(f"weight bucket names {spec.name!r}, which the model lacks")
+                p = params[spec.name].detach()
+                tensors.append(p.full_tensor() if isinstance(p, DTensor) else p)  # collective
+            yield tensors if self.rank == 0 else None
+            del tensors
 
     def _export_hf(self, path: Optional[str], tokenizer: Any, copy_tokenizer: bool) -> None:
         if not path:

@@ -39,7 +39,13 @@ import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
-from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.io_struct import (
+    ModelRequest,
+    ModelResponse,
+    WeightGroupLayout,
+    WeightGroupSpec,
+    WeightUpdateMeta,
+)
 from areal_like.api.seeding import derive_seed, request_seed
 from areal_like.utils.loop_thread import EventLoopThread
 from engines.sglang_http import (
@@ -60,6 +66,7 @@ from engines.sglang_protocol import (
     parse_generate_reply,
 )
 from engines.sglang_routing import ServerPool
+from engines.sglang_weight_group import FleetWeightGroup
 
 __all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
 
@@ -95,6 +102,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail)
+        self.weight_group = FleetWeightGroup(config, self.membership, self._require_session)
         self._abort_epoch = 0  # bumped whenever this engine pauses the fleet in "abort" mode
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -411,8 +419,9 @@ class RemoteSGLangEngine(InferenceEngine):
         by `config.weight_update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
         if meta.type != "disk":
-            raise NotImplementedError(
-                f"WeightUpdateMeta.type={meta.type!r}: only 'disk' updates are implemented")
+            raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: "
+                             "trainer rank 0 drives form_weight_group ... end_weight_broadcast "
+                             "(areal_like.runtime.weight_sync.push_weights)")
         await self._on_rollout_loop(self._update_from_disk(meta))
 
     async def _update_from_disk(self, meta: WeightUpdateMeta) -> None:
@@ -424,6 +433,35 @@ class RemoteSGLangEngine(InferenceEngine):
         self._run_sync(self.aupdate_weights(meta),
                        2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S,
                        "update_weights")
+
+    # ---- the distributed transport (see engines.sglang_weight_group) --------------------
+    def _group_call(self, coro: Awaitable[Any], what: str) -> Any:
+        return self._run_sync(self._on_rollout_loop(coro),
+                              self.config.weight_update_timeout + 2 * CONTROL_TIMEOUT_S, what)
+
+    def form_weight_group(self, spec: WeightGroupSpec,
+                          force: bool = False) -> WeightGroupLayout:
+        return self._group_call(self.weight_group.form(spec, force), "form_weight_group")
+
+    def join_weight_group(self) -> dict[str, str]:
+        return self._group_call(self.weight_group.join(), "join_weight_group")
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        return self._group_call(self.weight_group.begin(meta), "begin_weight_broadcast")
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        return self._group_call(self.weight_group.receive(meta, index, members),
+                                "receive_weight_bucket")
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> dict[str, str]:
+        dropped = self._group_call(self.weight_group.end(meta, failed), "end_weight_broadcast")
+        if self.membership.current is meta or (
+                self.membership.current is not None
+                and self.membership.current.version == meta.version):
+            self.set_version(meta.version)
+        return dropped
 
     def set_version(self, version: int) -> None:
         with self._version_lock:

@@ -49,11 +49,12 @@ RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.
 
 
 async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: dict[str, Any],
-                    timeout: float) -> Any:
+                    timeout: float, retries: int = CONTROL_RETRIES) -> Any:
     """POST a control call. Every control call is idempotent (pause, continue, load the
     same folder under the same version), so a dropped connection is retried: a pooled
-    keep-alive connection can be closed by the server just as it is reused."""
-    for attempt in range(CONTROL_RETRIES + 1):
+    keep-alive connection can be closed by the server just as it is reused. Calls that are
+    not idempotent (a bucket received over a process group) pass `retries=0`."""
+    for attempt in range(retries + 1):
         try:
             async with session.post(f"http://{addr}{path}", json=body,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
@@ -67,7 +68,7 @@ async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: 
                 f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                 MalformedReplyError) as e:
-            if attempt == CONTROL_RETRIES:
+            if attempt == retries:
                 raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
                                         f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
             logger.warning("%s on %s: %s; retrying", path, addr, e)

@@ -52,6 +52,9 @@ class FleetMembership:
         self._probes: set[asyncio.Task[None]] = set()
         self._watch_task: Optional[asyncio.Task[None]] = None
         self._addrs_file_mtime: Optional[float] = None
+        # distributed transport: servers out of service that join the weight-update group at
+        # the next broadcast (they cannot load the current weights on their own)
+        self.awaiting_broadcast: set[str] = set()
         self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
         self.fatal: Optional[FleetUnavailableError] = None
 
@@ -73,12 +76,35 @@ class FleetMembership:
             raise RuntimeError("FleetMembership.start() was not called")
         return self._lock
 
+    def lock(self) -> asyncio.Lock:
+        """Held by a weight update or a readmission (one at a time)."""
+        return self._require_lock()
+
     # ---- service ------------------------------------------------------------------------
     def take_out(self, addr: str, reason: str) -> None:
         if self.pool.take_out(addr, reason):
             self.counts["taken_out"] += 1
             logger.warning("SGLang server %s taken out of service: %s (%d of %d in service)",
                            addr, reason, len(self.pool.in_service()), len(self.pool.addresses))
+
+    def await_broadcast(self, addr: str, reason: str) -> None:
+        """Out of service until the next weight broadcast includes `addr`."""
+        self.take_out(addr, reason)
+        self.pool.out_of_service[addr] = reason
+        if addr not in self.awaiting_broadcast:
+            self.awaiting_broadcast.add(addr)
+            logger.warning("SGLang server %s joins the weight-update group at the next "
+                           "update: %s", addr, reason)
+
+    def joined_broadcast(self, addr: str, version: int) -> None:
+        """`addr` received a whole broadcast of `version`: back in service if it was out."""
+        if addr in self.awaiting_broadcast:
+            self.awaiting_broadcast.discard(addr)
+            self.pool.put_back(addr)
+            self.counts["readmitted"] += 1
+            logger.warning("SGLang server %s back in service: joined the weight-update group "
+                           "and received weights version %d (%d of %d in service)", addr,
+                           version, len(self.pool.in_service()), len(self.pool.addresses))
 
     def check_soon(self, addr: str, error: BaseException) -> None:
         """A request to `addr` failed: probe it now, and take it out if it does not answer."""
@@ -180,6 +206,10 @@ class FleetMembership:
         async with self._require_lock():
             if addr not in self.pool.out_of_service:
                 return True
+            if self.current is not None and self.current.type == "distributed":
+                self.await_broadcast(addr, f"answers again; receives weights (now version "
+                                           f"{self.current.version}) at the next broadcast")
+                return False
             try:
                 await self.update_one(addr, self.current)
             except Exception as e:  # noqa: BLE001 - stays out; the next probe tries again

@@ -171,6 +171,18 @@ class RolloutConfig:
     # Niceness (0-19) of the rollout controller process and its reward workers (see
     # SGLangServerConfig.nice): a positive value yields the cores to the trainer first.
     controller_nice: int = 0
+    # How weights reach the fleet: "disk" (an HF folder every server reads) or "distributed"
+    # (trainer rank 0 broadcasts them over a process group the servers join; no shared disk)
+    weight_transport: str = "disk"
+    weight_bucket_mb: float = 256.0  # distributed: bytes gathered and sent per broadcast
+    weight_group_backend: str = "auto"  # distributed: gloo | nccl | auto (nccl on GPU)
+    weight_group_addr: str = "127.0.0.1"  # distributed: trainer rank 0's address, as servers see it
+    # distributed: the group's collective timeout; a server that dies mid-broadcast ends the
+    # update after at most this long (a bucket must reach every server within it)
+    weight_broadcast_timeout: float = 120.0
+    # distributed: after a failed broadcast, "retry" once with the servers that still answer,
+    # or "stop" the run
+    on_weight_broadcast_failure: str = "retry"
 
     def __post_init__(self) -> None:
         _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
@@ -194,13 +206,23 @@ class RolloutConfig:
                ">= 0 (0: unbounded)")
         _check("RolloutConfig", "retry_backoff", self.retry_backoff >= 0, self.retry_backoff,
                ">= 0 seconds")
-        for key in ("setup_timeout", "weight_update_timeout"):
+        for key in ("setup_timeout", "weight_update_timeout", "weight_broadcast_timeout"):
             _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
                    "> 0 seconds")
         _check("RolloutConfig", "seed", self.seed is None or self.seed >= 0, self.seed,
                "None or >= 0")
         _check("RolloutConfig", "controller_nice", 0 <= self.controller_nice <= 19,
                self.controller_nice, "in 0..19")
+        _one_of("RolloutConfig", "weight_transport", self.weight_transport,
+                ("disk", "distributed"))
+        _check("RolloutConfig", "weight_bucket_mb", self.weight_bucket_mb > 0,
+               self.weight_bucket_mb, "> 0")
+        _one_of("RolloutConfig", "weight_group_backend", self.weight_group_backend,
+                ("auto", "gloo", "nccl"))
+        _one_of("RolloutConfig", "on_weight_broadcast_failure",
+                self.on_weight_broadcast_failure, ("retry", "stop"))
+        _check("RolloutConfig", "weight_group_addr", bool(self.weight_group_addr),
+               self.weight_group_addr, "a host name or IP address the servers can reach")
         for addr in self.server_addrs:
             host, _, port = str(addr).rpartition(":")
             _check("RolloutConfig", "server_addrs", bool(host) and port.isdigit(), addr,

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     import torch
     from tensordict import TensorDict
 
-    from areal_like.api.io_struct import ModelRequest, ModelResponse, SaveLoadMeta, WeightUpdateMeta
+    from areal_like.api.io_struct import (
+        ModelRequest,
+        ModelResponse,
+        ParamSpec,
+        SaveLoadMeta,
+        WeightGroupLayout,
+        WeightGroupSpec,
+        WeightUpdateMeta,
+    )
 
 # loss_fn(logits, micro_batch) -> scalar loss. `logits` is [T, V] for the packed 1-D tokens of
 # the micro-batch; `micro_batch` holds the same packed 1-D layout (plus `cu_seqlens`).
@@ -47,6 +56,38 @@ class FleetClient(abc.ABC):
 
     @abc.abstractmethod
     def get_version(self) -> int: ...
+
+    # ---- the distributed transport: trainer rank 0 drives these in order ----------------
+    # form_weight_group -> [trainer joins each new group] -> join_weight_group ->
+    # begin_weight_broadcast -> (receive_weight_bucket i || trainer sends bucket i)* ->
+    # end_weight_broadcast. A server that fails a step is dropped from the broadcast.
+    def form_weight_group(self, spec: WeightGroupSpec,
+                          force: bool = False) -> WeightGroupLayout:
+        """Decide which servers receive the next broadcast and ask those without a group
+        (new, restarted, or all with `force`) to join one at `spec` (returns at once)."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+
+    def join_weight_group(self) -> dict[str, str]:
+        """Wait for the servers asked to join; returns those that failed, and why."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        """Pause the servers (in-flight requests retracted, not lost); returns those that
+        will receive the broadcast."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        """Have each of `members` receive bucket `index` (blocks until they have, while the
+        trainer sends it); returns those that failed, and why."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> dict[str, str]:
+        """The servers that received every bucket serve `meta.version` and continue; those
+        in `failed` (or failing now) leave service, paused, until a later broadcast includes
+        them. Returns every server dropped, and why."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
 
 
 class InferenceEngine(FleetClient):
@@ -115,6 +156,17 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
         """Export the current weights for the inference fleet; returns timing stats."""
+
+    def weight_specs(self) -> list[ParamSpec]:
+        """Name, dtype and full shape of every weight the fleet serves, in a fixed order
+        (for the distributed transport; no data moves)."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed weight export")
+
+    def iter_weight_buckets(self, buckets: Sequence[Sequence[ParamSpec]]
+                            ) -> Iterator[Optional[list[torch.Tensor]]]:
+        """Collective (every rank iterates): the full tensors of each bucket in turn, on
+        rank 0 (None elsewhere); no rank holds more than one gathered bucket at a time."""
+        raise NotImplementedError(f"{type(self).__name__} has no distributed weight export")
 
     @abc.abstractmethod
     def step_lr_scheduler(self) -> None: ...

@@ -113,27 +113,94 @@ class ModelResponse:
         return len(self.output_tokens)
 
 
+_ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
+             "int8": 1, "uint8": 1, "bool": 1}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One tensor of a weight bucket, as a server allocates it before the bytes arrive."""
+
+    name: str
+    dtype: str  # torch dtype name without the "torch." prefix ("float32")
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _ITEMSIZE:
+            raise ValueError(f"ParamSpec {self.name!r}: dtype {self.dtype!r} is not one of "
+                             f"{sorted(_ITEMSIZE)}")
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel * self.itemsize
+
+
 @dataclass
 class WeightUpdateMeta:
     """How new weights reach the inference fleet, and the version they carry.
 
     `type="disk"`: the trainer writes an HF folder at `path`; servers load it from there.
-    `type="distributed"` is reserved for a collective broadcast (not implemented yet).
+    `type="distributed"`: trainer rank 0 broadcasts the weights over the process group
+    `group_name` that it and the servers joined, one flattened bucket per entry of `buckets`
+    (names, dtypes, shapes in order); the last bucket carries the version label.
     """
 
     version: int
     path: Optional[str] = None
     type: Literal["disk", "distributed"] = "disk"
+    buckets: tuple[tuple[ParamSpec, ...], ...] = ()
+    group_name: str = ""
 
     def __post_init__(self) -> None:
         if self.type == "disk" and not self.path:
             raise ValueError("WeightUpdateMeta(type='disk') needs a `path`")
+        if self.type == "distributed" and not (self.buckets and self.group_name):
+            raise ValueError("WeightUpdateMeta(type='distributed') needs `buckets` and a "
+                             "`group_name`")
+        if self.type not in ("disk", "distributed"):
+            raise ValueError(f"WeightUpdateMeta.type={self.type!r}: use 'disk' or "
+                             f"'distributed'")
         if self.version < 0:
             raise ValueError(f"WeightUpdateMeta.version={self.version} must be >= 0")
 
     @classmethod
     def from_disk(cls, path: str, version: int) -> WeightUpdateMeta:
         return cls(version=version, path=path, type="disk")
+
+    @classmethod
+    def from_distributed(cls, buckets: list[list[ParamSpec]], group_name: str,
+                         version: int) -> WeightUpdateMeta:
+        return cls(version=version, type="distributed", group_name=group_name,
+                   buckets=tuple(tuple(b) for b in buckets))
+
+
+@dataclass(frozen=True)
+class WeightGroupSpec:
+    """Where the servers meet trainer rank 0: one TCP store at `master_addr:master_port`,
+    one process group per server, named `group_name` + a per-server suffix."""
+
+    group_name: str
+    master_addr: str
+    master_port: int
+    backend: str  # gloo | nccl
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class WeightGroupLayout:
+    """The servers that receive the next broadcast (`members`), and those among them that
+    join a new group now: (address, group name, world size = 1 + its tensor-parallel
+    ranks; the trainer is rank 0 of each)."""
+
+    members: tuple[str, ...]
+    joining: tuple[tuple[str, str, int], ...]
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Build tiny Qwen2 models with a byte-level BPE tokenizer, fully offline.
 
-    python -m areal_like.models.tiny --out DIR --size 1m [--seed N]
+    python -m areal_like.models.tiny --out DIR --size 1m|10m|50m|100m [--seed N]
 
 The tokenizer splits every digit into its own token (so arithmetic is learnable by a tiny
 model) before a byte-level BPE, and carries a ChatML chat template. The folder is a standard
@@ -37,6 +37,7 @@ SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
     "1m": (512, 128, 4, 4, 2, 384),
     "10m": (1024, 256, 12, 4, 2, 768),
     "50m": (2048, 512, 16, 8, 4, 1536),
+    "100m": (2048, 768, 14, 12, 4, 2304),
 }
 
 _WORDS = (

@@ -24,7 +24,13 @@ from tensordict import TensorDict
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
-from areal_like.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal_like.api.io_struct import (
+    ModelRequest,
+    ModelResponse,
+    WeightGroupLayout,
+    WeightGroupSpec,
+    WeightUpdateMeta,
+)
 from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rollout.executor import WorkflowExecutor
@@ -141,6 +147,30 @@ class RolloutController(InferenceEngine, RolloutAPI):
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Wait for the work started with `run_at_version` (within
         `weight_update_timeout`), then load `meta` on the fleet."""
+        self._wait_for_pinned(meta)
+        self.engine.update_weights(meta)
+
+    # the distributed transport: the same wait before the fleet pauses, then the engine's
+    def form_weight_group(self, spec: WeightGroupSpec,
+                          force: bool = False) -> WeightGroupLayout:
+        return self.engine.form_weight_group(spec, force)
+
+    def join_weight_group(self) -> dict[str, str]:
+        return self.engine.join_weight_group()
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        self._wait_for_pinned(meta)
+        return self.engine.begin_weight_broadcast(meta)
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        return self.engine.receive_weight_bucket(meta, index, members)
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> dict[str, str]:
+        return self.engine.end_weight_broadcast(meta, failed)
+
+    def _wait_for_pinned(self, meta: WeightUpdateMeta) -> None:
         deadline = time.monotonic() + self.config.weight_update_timeout
         for future in list(self._held):
             try:
@@ -153,7 +183,6 @@ class RolloutController(InferenceEngine, RolloutAPI):
                 ) from None
             except Exception:
                 pass  # its owner reads the error from its future; the update may go on
-        self.engine.update_weights(meta)
 
     def set_version(self, version: int) -> None:
         self.engine.set_version(version)

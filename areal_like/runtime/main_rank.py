@@ -86,3 +86,10 @@ def _broadcast_status(status: Optional[dict]) -> dict:
 
 def _describe(what: str, e: BaseException) -> str:
     return f"rank 0 failed while {what}: {type(e).__name__}: {e}"[:4000]
+
+
+def share_from_main(value: T) -> T:
+    """Rank 0's `value` on every rank (itself in a single-process run)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    return _broadcast_status(value)  # type: ignore[arg-type,return-value]

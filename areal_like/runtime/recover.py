@@ -9,6 +9,7 @@ from areal_like.api import TrainEngine
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.rollout_process import RolloutProcess
+from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,8 @@ def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
 
 
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
-                  rollout: Optional[RolloutProcess]) -> int:
+                  rollout: Optional[RolloutProcess],
+                  broadcaster: Optional[WeightBroadcaster] = None) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.
 
     On recover the engine gets its weights, optimizer, scheduler, RNG and version back, the
@@ -39,6 +41,7 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
     if rollout is not None and state.get("executor") is not None:
         rollout.load_state_dict(state["executor"], restore_version=False)
     push_weights(engine, rollout, version, run.weights_dir,
-                 collective_timeout_s=run.config.actor.collective_timeout)
+                 collective_timeout_s=run.config.actor.collective_timeout,
+                 broadcaster=broadcaster)
     logger.info("recovered from %s: step %d, version %d", path, state["step"], version)
     return int(state["step"]) + 1

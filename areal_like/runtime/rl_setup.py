@@ -42,6 +42,7 @@ from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import Evaluator
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.rollout_process import RolloutProcess, RolloutSetup
+from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
 from areal_like.utils.plotting import plot_run
 from engines import FSDPEngine
@@ -93,6 +94,8 @@ class RLSetup:
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
+        self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
+                            if config.rollout.weight_transport == "distributed" else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
 
     def _wait_rollout_ready(self) -> None:
@@ -151,7 +154,8 @@ class RLSetup:
 
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
-        start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout)
+        start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout,
+                              self.broadcaster)
         if start == 0:
             self.run.log_step(0, self.data_stats)
             self.start_evaluation(0)
@@ -180,7 +184,8 @@ class RLSetup:
     def push_weights(self, step: int) -> dict[str, float]:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""
         return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
-                            collective_timeout_s=self.config.actor.collective_timeout)
+                            collective_timeout_s=self.config.actor.collective_timeout,
+                            broadcaster=self.broadcaster)
 
     def start_evaluation(self, version: int) -> None:
         """Evaluate the fleet's weights `version` beside training rollouts (rank 0); the
@@ -230,5 +235,7 @@ class RLSetup:
             print(f"curves: {png}", flush=True)
         if self.rollout is not None:
             self.rollout.destroy()
+        if self.broadcaster is not None:
+            self.broadcaster.close()
         self.rewards.shutdown()
         self.run.close()

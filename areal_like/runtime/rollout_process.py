@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 from tensordict import TensorDict
 
-from areal_like.api.io_struct import WeightUpdateMeta
+from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
 from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.runtime.rollout_service import (
@@ -207,6 +207,29 @@ class RolloutProcess(RolloutAPI):
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         self._call("update_weights", meta,
                    timeout=3 * self.setup.rollout.weight_update_timeout + CALL_MARGIN_S)
+
+    # the distributed transport (see FleetClient): each bounded like a weight update
+    def form_weight_group(self, spec: WeightGroupSpec,
+                          force: bool = False) -> WeightGroupLayout:
+        return self._call("form_weight_group", spec, force, timeout=self._update_timeout())
+
+    def join_weight_group(self) -> dict[str, str]:
+        return self._call("join_weight_group", timeout=self._update_timeout())
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        return self._call("begin_weight_broadcast", meta, timeout=2 * self._update_timeout())
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        return self._call("receive_weight_bucket", meta, index, members,
+                          timeout=self._update_timeout())
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> dict[str, str]:
+        return self._call("end_weight_broadcast", meta, failed, timeout=self._update_timeout())
+
+    def _update_timeout(self) -> float:
+        return self.setup.rollout.weight_update_timeout
 
     def set_version(self, version: int) -> None:
         self._call("set_version", version)

@@ -63,6 +63,8 @@ class _Ref:
 CONTROLLER_CALLS = frozenset({
     "submit", "pause", "resume", "update_weights", "set_version", "get_version",
     "state_dict", "load_state_dict", "buffered_episode_ids", "stats",
+    "form_weight_group", "join_weight_group", "begin_weight_broadcast",
+    "receive_weight_bucket", "end_weight_broadcast",
 })
 SERVICE_CALLS = frozenset({
     "wait", "rollout_batch", "prepare_batch", "export_stats", "start_evaluation",

@@ -9,12 +9,15 @@ from typing import Optional
 
 from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
 from areal_like.runtime.main_rank import run_on_main
+from areal_like.runtime.weight_broadcast import WeightBroadcaster
 
 
 def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
-                 root: Path, keep: int = 2,
-                 collective_timeout_s: float = 600.0) -> dict[str, float]:
-    """Export `engine`'s weights as version `version` and load them on every server.
+                 root: Path, keep: int = 2, collective_timeout_s: float = 600.0,
+                 broadcaster: Optional[WeightBroadcaster] = None) -> dict[str, float]:
+    """Send `engine`'s weights to every server as version `version`: over the process group
+    of `broadcaster` when one is given (the distributed transport, see
+    `areal_like.runtime.weight_broadcast`), else through a folder under `root`.
 
     Every trainer rank calls this; only rank 0 passes `rollout`. Rollouts keep running while
     the trainer writes the folder; the fleet is then paused (in-flight requests retracted,
@@ -23,6 +26,8 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     The other ranks wait for the fleet with heartbeats (`run_on_main`), so a slow load does
     not outlast their `collective_timeout_s`, and a failed one fails every rank alike.
     """
+    if broadcaster is not None:
+        return broadcaster.push(engine, rollout, version)
     # absolute: servers started elsewhere resolve relative paths against their own cwd
     meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
     start = time.perf_counter()

@@ -1,0 +1,211 @@
+"""The fleet's end of the distributed weight transport: each server's weight-update group
+with trainer rank 0, and the HTTP calls that make the servers receive a broadcast.
+
+One process group per server (trainer = rank 0, the server's tensor-parallel workers the
+others), all meeting at one TCP store the trainer hosts. Per-server groups keep failures
+apart: a server that dies mid-broadcast breaks only its own group, so the others receive
+every bucket and finish the update; a server that joins later (restarted, added) forms its
+own group without disturbing the rest.
+
+Runs on the client's rollout loop; trainer rank 0 drives it through `FleetClient`'s
+`form_weight_group` ... `end_weight_broadcast` (see `areal_like.runtime.weight_broadcast`).
+From `begin` to `end` the fleet's membership lock is held, so no server is readmitted halfway
+through a broadcast. A server that fails any step is dropped from the broadcast; at `end` it
+leaves service (paused: it may hold partial weights) until a later broadcast includes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import aiohttp
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
+from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, answers, post_json
+
+logger = logging.getLogger("engines.remote_sglang")
+
+PROBE_TIMEOUT_S = 10.0
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+async def _tp_size(session: aiohttp.ClientSession, addr: str) -> int:
+    async with session.get(f"http://{addr}/get_server_info",
+                           timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
+        if resp.status != 200:
+            raise RemoteSGLangError(f"SGLang server {addr}: /get_server_info returned HTTP "
+                                    f"{resp.status}")
+        info = await resp.json(content_type=None)
+    return int(info.get("tp_size", 1) or 1)
+
+
+class FleetWeightGroup:
+    def __init__(self, config: RolloutConfig, membership: Any,
+                 session: Callable[[], aiohttp.ClientSession]) -> None:
+        self.config = config
+        self.membership = membership  # engines.sglang_membership.FleetMembership
+        self._session = session
+        self.groups: dict[str, str] = {}  # server -> name of its joined group
+        self._joining: dict[str, tuple[str, asyncio.Task[Any]]] = {}
+        self.failed: dict[str, str] = {}  # servers dropped from the current broadcast, why
+        self._members: tuple[str, ...] = ()
+        self._locked = False
+
+    # ---- forming ------------------------------------------------------------------------
+    async def form(self, spec: WeightGroupSpec, force: bool = False) -> WeightGroupLayout:
+        awaiting = self.membership.awaiting_broadcast
+        waiting = [a for a in sorted(awaiting)
+                   if not await answers(self._session(), a, PROBE_TIMEOUT_S)]
+        wanted = tuple(sorted(set(self.membership.pool.in_service()) | set(waiting)))
+        if not wanted:
+            raise RemoteSGLangError("no SGLang server in service or waiting for weights to "
+                                    "broadcast to; out of service: "
+                                    f"{self.membership.pool.describe_out_of_service()}")
+        for addr in [a for a in self.groups if a not in wanted]:
+            await self._leave(addr)
+        # a restarted server answers at its old address but left its group with its process
+        new = [a for a in wanted if force or a not in self.groups or a in awaiting]
+        for addr in new:
+            await self._leave(addr)
+        session = self._session()
+        sizes = await asyncio.gather(*(_tp_size(session, a) for a in new),
+                                     return_exceptions=True)
+        joining = []
+        for addr, size in zip(new, sizes, strict=True):
+            if isinstance(size, BaseException):
+                self.failed[addr] = f"could not be asked for its tensor-parallel size: " \
+                                    f"{_describe(size)}"
+                continue
+            name = f"{spec.group_name}_{addr.replace(':', '_').replace('.', '_')}"
+            world_size = 1 + int(size)
+            body = {"master_address": spec.master_addr, "master_port": spec.master_port,
+                    "rank_offset": 1, "world_size": world_size, "group_name": name,
+                    "backend": spec.backend}
+            task = asyncio.get_running_loop().create_task(post_json(
+                session, addr, "/init_weights_update_group", body, spec.timeout_s + 30,
+                retries=0))
+            self._joining[addr] = (name, task)
+            joining.append((addr, name, world_size))
+        if joining:
+            logger.info("SGLang servers joining weight-update groups (%s): %s", spec.backend,
+                        ", ".join(a for a, _, _ in joining))
+        members = tuple(a for a in wanted if a not in self.failed)
+        return WeightGroupLayout(members=members, joining=tuple(joining))
+
+    async def join(self) -> dict[str, str]:
+        """Wait for the servers asked to join; returns those that failed, and why."""
+        pending, self._joining = self._joining, {}
+        results = await asyncio.gather(*(task for _, task in pending.values()),
+                                       return_exceptions=True)
+        for (addr, (name, _)), result in zip(pending.items(), results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                self.failed[addr] = f"failed to join the weight-update group: " \
+                                    f"{_describe(result)}"
+            else:
+                self.groups[addr] = name
+        return dict(self.failed)
+
+    async def _leave(self, addr: str) -> None:
+        """`addr` leaves its group (best effort: a dead or stuck server is left behind)."""
+        name = self.groups.pop(addr, None)
+        if name is None:
+            return
+        try:
+            await post_json(self._session(), addr, "/destroy_weights_update_group",
+                            {"group_name": name}, CONTROL_TIMEOUT_S, retries=0)
+        except Exception as e:  # noqa: BLE001
+            logger.info("SGLang server %s: leaving weight-update group %s: %s", addr, name, e)
+
+    async def dissolve(self) -> None:
+        for addr in list(self.groups):
+            await self._leave(addr)
+
+    # ---- one broadcast ------------------------------------------------------------------
+    async def _each(self, members: tuple[str, ...],
+                    call: Callable[[str], Any]) -> dict[str, str]:
+        results = await asyncio.gather(*(call(a) for a in members), return_exceptions=True)
+        failures = {}
+        for addr, result in zip(members, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancellation
+                failures[addr] = _describe(result)
+        self.failed.update(failures)
+        return failures
+
+    async def begin(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        """Pause the members that joined; returns those that will receive the broadcast."""
+        await asyncio.wait_for(self.membership.lock().acquire(),
+                               self.config.weight_update_timeout)
+        self._locked = True
+        members = tuple(a for a in self.groups if a not in self.failed)
+        session = self._session()
+
+        async def begin_one(addr: str) -> None:
+            await post_json(session, addr, "/pause_generation", {"mode": "retract"},
+                            CONTROL_TIMEOUT_S)
+            await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+
+        failures = await self._each(members, begin_one)
+        self._members = tuple(a for a in members if a not in failures)
+        return self._members
+
+    async def receive(self, meta: WeightUpdateMeta, index: int,
+                      members: tuple[str, ...]) -> dict[str, str]:
+        """Each of `members` receives bucket `index` on its group; returns those that
+        failed, and why."""
+        bucket = meta.buckets[index]
+        last = index == len(meta.buckets) - 1
+        session = self._session()
+
+        def post(addr: str) -> Any:
+            body = {"names": [p.name for p in bucket], "dtypes": [p.dtype for p in bucket],
+                    "shapes": [list(p.shape) for p in bucket], "group_name": self.groups[addr],
+                    "load_format": "flattened_bucket", "flush_cache": last,
+                    "weight_version": str(meta.version) if last else None}
+            return post_json(session, addr, "/update_weights_from_distributed", body,
+                             self.config.weight_update_timeout, retries=0)
+
+        return await self._each(members, post)
+
+    async def end(self, meta: WeightUpdateMeta, failed: dict[str, str]) -> dict[str, str]:
+        """The members not in `failed` (nor failed here) serve `meta.version` and continue;
+        the others leave service, paused. Returns every server dropped, and why."""
+        self.failed.update(failed)
+        session = self._session()
+        done = tuple(a for a in self._members if a not in self.failed)
+        try:
+            async def end_one(addr: str) -> None:
+                try:
+                    await post_json(session, addr, "/end_weight_update", {}, CONTROL_TIMEOUT_S)
+                finally:
+                    await post_json(session, addr, "/continue_generation", {},
+                                    CONTROL_TIMEOUT_S)
+
+            await self._each(done, end_one)
+            received = [a for a in done if a not in self.failed]
+            if received:
+                self.membership.current = meta
+            for addr in received:
+                self.membership.joined_broadcast(addr, meta.version)
+            for addr, why in self.failed.items():
+                if addr in self.groups:
+                    self.groups.pop(addr)  # its group is broken; it joins a new one later
+                self.membership.await_broadcast(
+                    addr, f"dropped from the broadcast of weights version {meta.version} "
+                          f"({why}); paused until a later broadcast includes it")
+            return dict(self.failed)
+        finally:
+            self.failed = {}
+            self._members = ()
+            if self._locked:
+                self._locked = False
+                self.membership.lock().release()

@@ -1,0 +1,300 @@
+"""The distributed weight transport against real SGLang servers on CPU (gloo): the trainer (an
+in-process FSDPEngine) broadcasts its weights bucket by bucket over a process group the
+servers joined. Checked: the servers then compute with exactly the trainer's weights (log-probs
+against a float64 reference of the trainer's exported weights), report the new version, a
+request in flight carries both versions, both servers get every update, and a server killed
+before or during a broadcast ends the update within its timeout with an error naming it —
+then the run goes on with the survivor (`retry`) or stops (`stop`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SGLANG_TEST_API_KEY
+from sglang_helpers import LOGPROB_ATOL, eos_token_id, fleet_version, hf_logprobs, make_engine
+
+from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
+from areal_like.api.io_struct import (
+    GenerationHyperparameters,
+    ModelRequest,
+    SaveLoadMeta,
+    WeightUpdateMeta,
+)
+from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadcastFailed
+from engines import FSDPEngine, sglang_weight_group
+from engines.remote_sglang import RemoteSGLangEngine
+from engines.sglang_server import SGLangFleet
+
+pytestmark = pytest.mark.sglang
+PROMPT = [11, 22, 33, 44, 55]
+TIMEOUT_S = 60.0  # rollout.weight_update_timeout of these tests: a failure ends well inside it
+# rollout.weight_broadcast_timeout: a peer killed mid-broadcast is noticed by gloo only when
+# this runs out (gloo's sender waits for the dead receiver's notice until its timeout)
+BROADCAST_TIMEOUT_S = 15.0
+BUCKET_MB = 0.25  # the 1m model (~4 MB) goes in many buckets
+
+
+@pytest.fixture
+def trainer(tiny_model_dir: Path) -> Iterator[FSDPEngine]:
+    engine = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                                          optimizer=OptimizerConfig(lr=1e-3)))
+    engine.initialize()
+    yield engine
+    engine.destroy()
+
+
+def _fleet_client(addresses: list[str], **config: object) -> RemoteSGLangEngine:
+    config = {"weight_transport": "distributed", "weight_bucket_mb": BUCKET_MB,
+              "weight_update_timeout": TIMEOUT_S, "retry_backoff": 0.1,
+              "weight_broadcast_timeout": BROADCAST_TIMEOUT_S,
+              "health_check_interval": 0.5, **config}
+    client = make_engine(addresses, SGLANG_TEST_API_KEY, **config)
+    client.set_version(max(fleet_version([a], SGLANG_TEST_API_KEY) for a in addresses))
+    return client
+
+
+def _perturb(engine: FSDPEngine, seed: int) -> None:
+    """New trainer weights (as an optimizer step would make)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.add_(0.05 * torch.randn(local.shape, generator=gen))
+
+
+def _export(engine: FSDPEngine, path: Path) -> Path:
+    engine.save(SaveLoadMeta(path=str(path), weight_format="hf"))
+    return path
+
+
+def _assert_serves(client: RemoteSGLangEngine, weights: Path, version: int,
+                   servers: set[str]) -> None:
+    """Concurrent requests reach every server in `servers`, carry `version`, and their
+    log-probs are those of `weights` (float64 reference)."""
+    g = GenerationHyperparameters(max_new_tokens=12, temperature=1.0)
+
+    async def many() -> list:
+        return await asyncio.gather(*(client.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
+                                      for _ in range(6)))
+
+    responses = asyncio.run(many())
+    assert {r.metadata["server"] for r in responses} == servers
+    for r in responses:
+        assert r.output_versions == [version] * len(r.output_tokens)
+        ref = hf_logprobs(weights, PROMPT, r.output_tokens)
+        torch.testing.assert_close(torch.tensor(r.output_logprobs, dtype=torch.float64), ref,
+                                   atol=LOGPROB_ATOL, rtol=0)
+
+
+def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
+    client.run_coroutine(client.weight_group.dissolve(), TIMEOUT_S)
+    broadcaster.close()
+    client.destroy()
+
+
+def _restore(fleet: SGLangFleet, model_dir: Path) -> None:
+    """The shared servers back on the session weights, under one fresh version."""
+    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
+    version = max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses)
+    try:
+        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version + 1))
+    finally:
+        engine.destroy()
+
+
+def test_servers_serve_the_trainers_weights_after_each_broadcast(
+        trainer, sglang_fleet, tiny_model_dir, tmp_path):
+    client = _fleet_client(sglang_fleet.addresses)
+    broadcaster = WeightBroadcaster(client.config)
+    try:
+        for step in range(3):
+            _perturb(trainer, seed=step)
+            version = client.get_version() + 1
+            stats = broadcaster.push(trainer, client, version)
+            assert stats["weight_sync/buckets"] > 1
+            assert client.get_version() == trainer.get_version() == version
+            assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == version
+            _assert_serves(client, _export(trainer, tmp_path / f"v{version}"), version,
+                           set(sglang_fleet.addresses))
+        assert broadcaster.formations == 2  # a group per server, formed once, then reused
+    finally:
+        _leave(client, broadcaster)
+        _restore(sglang_fleet, tiny_model_dir)
+
+
+def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_model_dir,
+                                                   tmp_path):
+    client = _fleet_client(sglang_fleet.addresses[:1])
+    broadcaster = WeightBroadcaster(client.config)
+    old_weights = _export(trainer, tmp_path / "old")
+    try:
+        for attempt, n_tokens in enumerate((600, 900, 1000)):  # longer if the update missed it
+            old = client.get_version()
+            g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                                          temperature=1.0)
+            future = asyncio.run_coroutine_threadsafe(
+                client.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)),
+                client._rollout_loop())
+            while sum(client.inflight().values()) == 0:  # it reached the server
+                time.sleep(0.01)
+            time.sleep(0.3)  # some tokens with the old weights
+            _perturb(trainer, seed=100 + attempt)
+            broadcaster.push(trainer, client, old + 1)
+            resp = future.result(timeout=300)
+            if len(set(resp.output_versions)) == 2:
+                break
+            old_weights = _export(trainer, tmp_path / f"old{attempt}")
+        else:
+            pytest.fail("the broadcast never landed while a request was generating")
+        new_weights = _export(trainer, tmp_path / "new")
+        first = resp.output_versions.index(old + 1)
+        assert first > 0
+        assert resp.output_versions == [old] * first + [old + 1] * (n_tokens - first)
+        banned = (eos_token_id(tiny_model_dir),)  # min_new_tokens: EOS was not allowed
+        for weights, span in ((old_weights, slice(0, first)), (new_weights, slice(first, None))):
+            ref = hf_logprobs(weights, PROMPT, resp.output_tokens, banned)[span]
+            torch.testing.assert_close(
+                torch.tensor(resp.output_logprobs[span], dtype=torch.float64), ref,
+                atol=LOGPROB_ATOL, rtol=0)
+    finally:
+        _leave(client, broadcaster)
+        _restore(sglang_fleet, tiny_model_dir)
+
+
+@pytest.fixture
+def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
+    """One extra real server that a test kills (the session fleet stays intact)."""
+    from areal_like.api.config import SGLangServerConfig
+
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "spare")
+    with fleet:
+        yield fleet
+
+
+def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
+        trainer, sglang_fleet, spare, tiny_model_dir, tmp_path):
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    client = _fleet_client([survivor, victim])
+    broadcaster = WeightBroadcaster(client.config)
+    try:
+        _perturb(trainer, seed=1)
+        broadcaster.push(trainer, client, client.get_version() + 1)
+        assert broadcaster.formations == 2
+        spare.kill_server(0)
+        spare.processes[0].wait(timeout=60)
+        _perturb(trainer, seed=2)
+        version = client.get_version() + 1
+        start = time.monotonic()
+        broadcaster.push(trainer, client, version)  # on_weight_broadcast_failure=retry
+        assert time.monotonic() - start < BROADCAST_TIMEOUT_S + 30
+        assert client.get_version() == version
+        assert client.in_service() == [survivor] and victim in client.servers.out_of_service
+        assert list(broadcaster.groups) == [survivor]  # the dead server's group is gone
+        _assert_serves(client, _export(trainer, tmp_path / "new"), version, {survivor})
+    finally:
+        _leave(client, broadcaster)
+        _restore(sglang_fleet, tiny_model_dir)
+
+
+def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_bucket(
+        trainer, sglang_fleet, spare, tiny_model_dir, tmp_path, monkeypatch):
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    client = _fleet_client([survivor, victim], on_weight_broadcast_failure="stop")
+    broadcaster = WeightBroadcaster(client.config)
+    real_post = sglang_weight_group.post_json
+    buckets_posted = []
+
+    async def post_killing_victim(session, addr, path, body, timeout, retries=2):
+        if addr == victim and path == "/update_weights_from_distributed":
+            buckets_posted.append(body["names"])
+            if len(buckets_posted) == 2:  # mid-broadcast: one bucket in, more to come
+                spare.kill_server(0)
+                spare.processes[0].wait(timeout=60)
+        return await real_post(session, addr, path, body, timeout, retries)
+
+    try:
+        monkeypatch.setattr(sglang_weight_group, "post_json", post_killing_victim)
+        _perturb(trainer, seed=3)
+        version = client.get_version() + 1
+        start = time.monotonic()
+        with pytest.raises(WeightBroadcastFailed, match=victim) as info:
+            broadcaster.push(trainer, client, version)
+        # bounded by the broadcast timeout (plus the HTTP calls around it), not a hang
+        assert time.monotonic() - start < BROADCAST_TIMEOUT_S + 30
+        assert "on_weight_broadcast_failure=stop" in str(info.value)
+        assert survivor not in str(info.value)
+        monkeypatch.undo()
+        # the survivor's own group was untouched: it received every bucket and serves them
+        assert client.in_service() == [survivor] and client.get_version() == version
+        _assert_serves(client, _export(trainer, tmp_path / "new"), version, {survivor})
+    finally:
+        monkeypatch.undo()
+        _leave(client, broadcaster)
+        _restore(sglang_fleet, tiny_model_dir)
+
+
+def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: str) -> list:
+    """recipes/grpo.py under torchrun with 2 trainer ranks, on the session fleet."""
+    import os
+    import subprocess
+    import sys
+
+    from test_recipes import EQUIVALENCE
+
+    from areal_like.utils.metrics_logger import read_metrics
+    from engines.sglang_server import find_free_port
+
+    version = max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses)
+    args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
+            f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
+            f"rollout.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=3",
+            "evaluation.n_prompts=4", "valid_dataset.size=8", "train_dataset.size=200",
+            "logging.tensorboard=false", "logging.plot=false", *EQUIVALENCE, *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    cmd = [sys.executable, "-m", "areal_like.launcher.torchrun_loopback", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={find_free_port()}", "-m", "recipes.grpo",
+           *args]
+    try:
+        proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:  # the shared fleet back on its session weights, under a fresh version
+        engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
+        engine.set_version(max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses))
+        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version + 10))
+        engine.destroy()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return read_metrics(next(log_dir.glob("*/trial0")) / "metrics.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.torchrun
+def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny_model_dir,
+                                                              tmp_path):
+    """GRPO at eta = 0 with a 2-rank FSDP trainer and two servers, once per transport: the
+    servers sample with seeds, so weights that differed would change tokens, rewards and the
+    logged statistics; they are identical. Only the server's float32 log-probs may differ in
+    their last bits (the two load paths lay the weights out differently), so the statistics
+    that compare them with the trainer's (behav_*) agree to 1e-6."""
+    from test_recipes import _compared
+
+    disk = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "disk")
+    dist = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "dist",
+                          "rollout.weight_transport=distributed",
+                          f"rollout.weight_bucket_mb={BUCKET_MB}")
+    assert [r["step"] for r in dist] == [0, 1, 2, 3]
+    for a, b in zip(disk, dist, strict=True):
+        a, b = _compared(a), _compared(b)
+        assert a.keys() == b.keys()
+        behaviour = [k for k in a if k.startswith("actor/update/behav_")]
+        assert all(abs(a[k] - b[k]) < 1e-6 for k in behaviour), {k: (a[k], b[k]) for k in behaviour}
+        assert {k: v for k, v in a.items() if k not in behaviour} == \
+            {k: v for k, v in b.items() if k not in behaviour}
+    assert all(r["weight_sync/buckets"] > 1 for r in dist[1:])
+    assert "weight_sync/export_s" in disk[-1] and "weight_sync/export_s" not in dist[-1]
+    assert not list((tmp_path / "dist").glob("*/trial0/weights/v*"))  # nothing on disk

@@ -457,9 +457,7 @@ class RemoteSGLangEngine(InferenceEngine):
     def end_weight_broadcast(self, meta: WeightUpdateMeta,
                              failed: dict[str, str]) -> dict[str, str]:
         dropped = self._group_call(self.weight_group.end(meta, failed), "end_weight_broadcast")
-        if self.membership.current is meta or (
-                self.membership.current is not None
-                and self.membership.current.version == meta.version):
+        if self.membership.current is meta:  # some server received it
             self.set_version(meta.version)
         return dropped
 

@@ -172,3 +172,25 @@ def listening_sockets(root: int) -> list[tuple[int, str, int]]:
             if target.startswith("socket:[") and int(target[8:-1]) in table:
                 found.append((pid, *table[int(target[8:-1])]))
     return sorted(set(found))
+
+
+# The servers' float32 log-probs of the same tokens can differ in their last bits from one run
+# to the next (seen: one token in a run, ~1e-8 relative; the tokens themselves are identical).
+# Statistics made from them against the trainer's (behav_*) are compared to this tolerance,
+# every other logged value bit for bit.
+SERVER_LOGPROB_KEYS = ("actor/update/behav_",)
+SERVER_LOGPROB_ATOL = 1e-6
+
+
+def assert_same_records(a: list[dict], b: list[dict]) -> None:
+    """Two runs' metric records are equal: bit for bit, except the server-log-prob statistics
+    (`SERVER_LOGPROB_KEYS`, within `SERVER_LOGPROB_ATOL`)."""
+    assert len(a) == len(b), (len(a), len(b))
+    for step, (ra, rb) in enumerate(zip(a, b, strict=True)):
+        assert ra.keys() == rb.keys(), (step, sorted(set(ra) ^ set(rb)))
+        noisy = [k for k in ra if k.startswith(SERVER_LOGPROB_KEYS)]
+        far = {k: (ra[k], rb[k]) for k in noisy if abs(ra[k] - rb[k]) > SERVER_LOGPROB_ATOL}
+        assert not far, (step, far)
+        exact_a = {k: v for k, v in ra.items() if k not in noisy}
+        exact_b = {k: v for k, v in rb.items() if k not in noisy}
+        assert exact_a == exact_b, step

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import fleet_version, make_engine
+from sglang_helpers import assert_same_records, fleet_version, make_engine
 
 from areal_like.api import WeightUpdateMeta
 from areal_like.utils.metrics_logger import read_metrics
@@ -104,8 +104,7 @@ def test_eta_zero_equals_a_synchronous_loop(sglang_fleet, tiny_model_dir, tmp_pa
     eta0, sync = runs["eta0"], runs["sync"]
     assert [r["step"] for r in eta0] == [0, 1, 2, 3]
     assert "eval/pass@2" in eta0[-1] and eta0[-1]["actor/update/entropy/avg"] > 0
-    for a, b in zip(eta0, sync, strict=True):
-        assert _compared(a) == _compared(b)
+    assert_same_records([_compared(r) for r in eta0], [_compared(r) for r in sync])
     # on-policy: after the first push every token comes from the weights being trained
     assert all(r["actor/version_lag/max"] == r["actor/version_lag/min"] == 0 for r in eta0[2:])
     w_eta0, w_sync = _final_weights(tmp_path / "eta0", 3), _final_weights(tmp_path / "sync", 3)

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import LOGPROB_ATOL, eos_token_id, fleet_version, hf_logprobs, make_engine
+from sglang_helpers import (
+    LOGPROB_ATOL,
+    assert_same_records,
+    eos_token_id,
+    fleet_version,
+    hf_logprobs,
+    make_engine,
+)
 
 from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
 from areal_like.api.io_struct import (
@@ -64,7 +71,7 @@ def _perturb(engine: FSDPEngine, seed: int) -> None:
     with torch.no_grad():
         for p in engine.model.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
-            local.add_(0.05 * torch.randn(local.shape, generator=gen))
+            local.add_(0.05 * torch.randn(local.shape, generator=gen).to(local.device))
 
 
 def _export(engine: FSDPEngine, path: Path) -> Path:
@@ -89,6 +96,23 @@ def _assert_serves(client: RemoteSGLangEngine, weights: Path, version: int,
         ref = hf_logprobs(weights, PROMPT, r.output_tokens)
         torch.testing.assert_close(torch.tensor(r.output_logprobs, dtype=torch.float64), ref,
                                    atol=LOGPROB_ATOL, rtol=0)
+
+
+def _wait_healthy(addr: str, timeout: float = 300.0) -> None:
+    """Until `addr` answers /health (a restarted server's start-up)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{addr}/health", timeout=30) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        assert time.monotonic() < deadline, f"{addr} did not come back within {timeout} s"
+        time.sleep(0.5)
 
 
 def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
@@ -197,6 +221,17 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         assert client.in_service() == [survivor] and victim in client.servers.out_of_service
         assert list(broadcaster.groups) == [survivor]  # the dead server's group is gone
         _assert_serves(client, _export(trainer, tmp_path / "new"), version, {survivor})
+        # restarted (base weights, version 0), it forms a group of its own at the next update
+        # and serves only after receiving it
+        spare.restart_server(0)
+        _wait_healthy(victim)
+        _perturb(trainer, seed=4)
+        version = client.get_version() + 1
+        broadcaster.push(trainer, client, version)
+        assert sorted(client.in_service()) == sorted([survivor, victim])
+        assert broadcaster.formations == 3
+        assert fleet_version([victim], SGLANG_TEST_API_KEY) == version
+        _assert_serves(client, _export(trainer, tmp_path / "newer"), version, {survivor, victim})
     finally:
         _leave(client, broadcaster)
         _restore(sglang_fleet, tiny_model_dir)
@@ -278,9 +313,8 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
                                                               tmp_path):
     """GRPO at eta = 0 with a 2-rank FSDP trainer and two servers, once per transport: the
     servers sample with seeds, so weights that differed would change tokens, rewards and the
-    logged statistics; they are identical. Only the server's float32 log-probs may differ in
-    their last bits (the two load paths lay the weights out differently), so the statistics
-    that compare them with the trainer's (behav_*) agree to 1e-6."""
+    logged statistics; they are identical (those made from the servers' float32 log-probs to
+    1e-6, see `assert_same_records`)."""
     from test_recipes import _compared
 
     disk = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "disk")
@@ -288,13 +322,36 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
                           "rollout.weight_transport=distributed",
                           f"rollout.weight_bucket_mb={BUCKET_MB}")
     assert [r["step"] for r in dist] == [0, 1, 2, 3]
-    for a, b in zip(disk, dist, strict=True):
-        a, b = _compared(a), _compared(b)
-        assert a.keys() == b.keys()
-        behaviour = [k for k in a if k.startswith("actor/update/behav_")]
-        assert all(abs(a[k] - b[k]) < 1e-6 for k in behaviour), {k: (a[k], b[k]) for k in behaviour}
-        assert {k: v for k, v in a.items() if k not in behaviour} == \
-            {k: v for k, v in b.items() if k not in behaviour}
+    assert_same_records([_compared(r) for r in disk], [_compared(r) for r in dist])
     assert all(r["weight_sync/buckets"] > 1 for r in dist[1:])
     assert "weight_sync/export_s" in disk[-1] and "weight_sync/export_s" not in dist[-1]
     assert not list((tmp_path / "dist").glob("*/trial0/weights/v*"))  # nothing on disk
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no GPU: the NCCL transport needs CUDA and a CUDA SGLang server")
+def test_nccl_broadcast_to_a_cuda_server(tiny_model_dir, tmp_path):
+    """The same check on a GPU: trainer on CUDA, one CUDA SGLang server (float32, as on the
+    CPU), weights over NCCL."""
+    from areal_like.api.config import SGLangServerConfig
+
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, device="cuda",
+                                                           context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "gpu")
+    with fleet:
+        engine = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                                              optimizer=OptimizerConfig(lr=1e-3)))
+        engine.initialize()
+        client = _fleet_client(fleet.addresses, weight_group_backend="nccl")
+        broadcaster = WeightBroadcaster(client.config)
+        try:
+            assert broadcaster.backend == "nccl"
+            for step in range(2):
+                _perturb(engine, seed=step)
+                version = client.get_version() + 1
+                broadcaster.push(engine, client, version)
+                _assert_serves(client, _export(engine, tmp_path / f"v{version}"), version,
+                               set(fleet.addresses))
+        finally:
+            _leave(client, broadcaster)
+            engine.destroy()

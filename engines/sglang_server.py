@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Callable, Optional
 
 from areal_like.api.config import SGLangServerConfig
-from areal_like.utils.network import find_free_port
+from areal_like.utils.network import find_free_port, is_loopback
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
@@ -141,7 +141,8 @@ def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     return env
 
 
-def _die_with_parent(parent_pid: int, nice: int = 0) -> Callable[[], None]:
+def die_with_parent(parent_pid: int, nice: int = 0) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets SIGTERM when the thread that started it dies."""
     def preexec() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -236,7 +237,7 @@ class SGLangFleet:
         cmd = build_server_command(self._python, self.model_path, port, self.config,
                                    self.host, self.api_key, self.weight_version)
         env = server_env(self.config, index)
-        if self.host in ("127.0.0.1", "localhost"):
+        if is_loopback(self.host):
             # The scheduler's process group: a file store instead of a TCP store that would
             # listen on every interface (a new file each start: a killed server leaves its
             # file behind), and gloo pair sockets on loopback. (A relative path would read as
@@ -250,7 +251,7 @@ class SGLangFleet:
             process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid(), self.config.nice),
+                preexec_fn=die_with_parent(os.getpid(), self.config.nice),
             )
         if self.config.nice:
             _nice_session(process.pid, self.config.nice)

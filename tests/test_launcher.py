@@ -128,3 +128,29 @@ def test_last_server_dying_stops_the_run_naming_it_last_on_screen(tmp_path, tiny
     assert "server_0.log" in tail and "trainer.log" in tail
     assert "[trainer]" not in tail and "Traceback" not in tail  # nothing printed after it
     assert (run_dir / "trainer.log").stat().st_size > 0
+
+
+SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/config.yaml"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_local_launcher_runs_a_users_script(tiny_model_dir, tmp_path):
+    proc = _launch([*SCRIPT, f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
+                          "total_train_steps=2", "evaluation.freq_steps=100",
+                          "logging.tensorboard=false", "logging.plot=false"])
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    records = read_metrics(tmp_path / "user_script" / "trial0" / "metrics.jsonl")
+    stats = [r for r in records if "user/solved_fraction" in r]
+    assert [r["step"] for r in stats] == [1, 2] and stats[0]["user/world_size"] == 1
+    assert all(0.0 <= r["user/solved_fraction"] <= 1.0 for r in stats)
+
+
+def test_a_script_without_its_config_is_refused(tmp_path):
+    proc = _launch(["examples/user_script/train.py", "total_train_steps=2"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "a training script needs --config FILE" in out
+    proc = _launch(["no/such/train.py", "--config", "x.yaml"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "training script 'no/such/train.py' does not exist" in out

@@ -347,16 +347,44 @@ class LoggingConfig:
 
 @dataclass
 class LauncherConfig:
-    """How the local launcher allocates the machine: servers x trainer processes."""
+    """How a launcher allocates the machines: servers x trainer processes. The `ray_*` keys,
+    `*_per_server`/`*_per_trainer` resources and `shared_dir` are read by the Ray launcher."""
 
     n_trainer_procs: int = 1
     threads_per_trainer: int = 1
+    master_port: int = 0  # the trainers' rendezvous port on rank 0's node; 0: a free one
+    ray_address: str = "auto"  # an existing Ray cluster (`ray start --head` first)
+    placement_strategy: str = "PACK"  # of the servers' and of the trainers' placement groups
+    cpus_per_server: float = 1.0
+    cpus_per_trainer: float = 1.0
+    gpus_per_trainer: int = -1  # -1: one GPU per trainer rank where the cluster has GPUs
+    # A folder every node mounts at the same path: the run directory goes there so the disk
+    # weight transport reaches servers on other nodes (empty: servers must share the node of
+    # trainer rank 0, or use rollout.weight_transport=distributed).
+    shared_dir: str = ""
+    placement_timeout: float = 300.0  # seconds for the cluster to grant the resources
+    actor_unresponsive_timeout: float = 60.0  # an actor silent this long counts as dead
 
     def __post_init__(self) -> None:
-        _check("LauncherConfig", "n_trainer_procs", self.n_trainer_procs >= 1,
-               self.n_trainer_procs, ">= 1")
-        _check("LauncherConfig", "threads_per_trainer", self.threads_per_trainer >= 1,
+        name = "LauncherConfig"
+        _check(name, "n_trainer_procs", self.n_trainer_procs >= 1, self.n_trainer_procs, ">= 1")
+        _check(name, "threads_per_trainer", self.threads_per_trainer >= 1,
                self.threads_per_trainer, ">= 1")
+        _check(name, "master_port", 0 <= self.master_port <= 65535, self.master_port,
+               "a port (1..65535), or 0 for a free one")
+        _check(name, "ray_address", bool(self.ray_address.strip()), self.ray_address,
+               "'auto' or host:port of the Ray head")
+        _one_of(name, "placement_strategy", self.placement_strategy,
+                ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+        _check(name, "cpus_per_server", self.cpus_per_server > 0, self.cpus_per_server, "> 0")
+        _check(name, "cpus_per_trainer", self.cpus_per_trainer > 0, self.cpus_per_trainer,
+               "> 0")
+        _check(name, "gpus_per_trainer", self.gpus_per_trainer >= -1, self.gpus_per_trainer,
+               ">= 0, or -1 for auto")
+        _check(name, "placement_timeout", self.placement_timeout > 0, self.placement_timeout,
+               "> 0 seconds")
+        _check(name, "actor_unresponsive_timeout", self.actor_unresponsive_timeout > 0,
+               self.actor_unresponsive_timeout, "> 0 seconds")
 
 
 @dataclass

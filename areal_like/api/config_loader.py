@@ -101,10 +101,9 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str) -> C
     return ConfigError(f"{source}: bad config key '{key}': {message}{hint}")
 
 
-def load_config(
-    config_cls: type[T], config_file: str | Path, overrides: Optional[list[str]] = None
-) -> T:
-    """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance."""
+def _compose(config_cls: type, config_file: str | Path,
+             overrides: Optional[list[str]]) -> tuple[Any, str]:
+    """(the composed DictConfig, a description of its source for errors)."""
     path = Path(config_file).resolve()
     if not path.is_file():
         raise ConfigError(f"config file {str(config_file)!r} does not exist")
@@ -114,25 +113,60 @@ def load_config(
         GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
-            composed = compose(config_name=path.stem, overrides=overrides)
+            return compose(config_name=path.stem, overrides=overrides), source
     except Exception as e:  # Hydra wraps OmegaConf's errors; re-raise naming the key
         raise explain_config_error(e, config_cls, source) from e
-    if OmegaConf.get_type(composed) is not config_cls:
-        raise ConfigError(
-            f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
-            f"(add `defaults: [<schema name>, _self_]` at the top)"
-        )
+
+
+def _to_object(composed: Any, config_cls: type, source: str) -> Any:
     missing = sorted(OmegaConf.missing_keys(composed))
     if missing:
         raise ConfigError(f"{source}: required config value(s) not set (still '???'): "
                           f"{missing}; set them with key=value overrides")
     try:
-        obj = OmegaConf.to_object(composed)
+        return OmegaConf.to_object(composed)
     except OmegaConfBaseException as e:
         raise explain_config_error(e, config_cls, source) from e
     except ValueError as e:  # a dataclass __post_init__ check: already names the key
         raise ConfigError(f"{source}: {e}") from e
-    return obj  # type: ignore[return-value]
+
+
+def load_config(
+    config_cls: type[T], config_file: str | Path, overrides: Optional[list[str]] = None
+) -> T:
+    """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance."""
+    path = Path(config_file).resolve()
+    composed, source = _compose(config_cls, path, overrides)
+    if OmegaConf.get_type(composed) is not config_cls:
+        raise ConfigError(
+            f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
+            f"(add `defaults: [<schema name>, _self_]` at the top)"
+        )
+    return _to_object(composed, config_cls, source)  # type: ignore[no-any-return]
+
+
+def load_launch_config(base_cls: type[T], config_file: str | Path,
+                       overrides: Optional[list[str]] = None) -> T:
+    """The config of a user's script, for a launcher: fully validated when its defaults list
+    names a registered schema; otherwise only the sections `base_cls` knows are read into it
+    (the script validates the rest itself) — unknown keys inside those sections still fail."""
+    overrides = list(overrides or [])
+    composed, source = _compose(base_cls, config_file, [])
+    schema = OmegaConf.get_type(composed)
+    if dataclasses.is_dataclass(schema):
+        return load_config(schema, config_file, overrides)  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(base_cls)}  # type: ignore[arg-type]
+    ours = {k: composed[k] for k in composed if k in known}
+    # a schemaless YAML: the overrides of our sections are applied here, the script's own
+    # keys are the script's business
+    mine = [o for o in overrides if o.lstrip("+~").split(".", 1)[0].split("=", 1)[0] in known]
+    source = f"{source} with overrides {mine}" if mine else source
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(base_cls), ours,
+                                 OmegaConf.from_dotlist([o.lstrip("+") for o in mine]))
+    except OmegaConfBaseException as e:
+        raise explain_config_error(e, base_cls, source) from e
+    return _to_object(merged, base_cls, source)  # type: ignore[no-any-return]
 
 
 def to_yaml(config: Any) -> str:

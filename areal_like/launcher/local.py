@@ -1,15 +1,17 @@
 """Local launcher: an SGLang fleet plus a `torchrun` trainer on this machine.
 
     python -m areal_like.launcher.local <recipe> [--config FILE] [key=value ...]
-    areal-like run <recipe> [--config FILE] [key=value ...]
+    python -m areal_like.launcher.local path/to/train.py --config FILE [key=value ...]
+    areal-like run <recipe or script> [--config FILE] [key=value ...]
 
 The config is composed and validated first, so a typo fails before any process starts. Unless
 `rollout.server_addrs` names an existing fleet, `server.n_servers` SGLang servers are started
 on `model.path` and their addresses passed to the trainer. The trainer is
-`torchrun --nproc_per_node=launcher.n_trainer_procs -m recipes.<recipe>`. Logs stream with
-`[trainer]` / `[server i]` prefixes (the trainer's also go to `<run dir>/trainer.log`). A server
-that dies is restarted up to `server.max_restarts` times (the trainer keeps going on the others
-and loads its current weights on the restarted one); the run stops when fewer than
+`torchrun --nproc_per_node=launcher.n_trainer_procs -m recipes.<recipe>` (or the user's script,
+which receives `--config FILE key=value ...` with `rollout.server_addrs` added). Logs stream
+with `[trainer]` / `[server i]` prefixes (the trainer's also go to `<run dir>/trainer.log`).
+A server that dies is restarted up to `server.max_restarts` times (the trainer keeps going on
+the others and loads its current weights on the restarted one); the run stops when fewer than
 `rollout.min_servers` are left, with every dead server's exit code or signal and log tail as the
 last thing on the screen. Ctrl-C stops everything. On CUDA machines servers take the first GPUs
 and trainers the next ones.
@@ -24,18 +26,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from areal_like.api.config_loader import ConfigError, load_config
-from areal_like.runtime.cli import split_args
+from areal_like.api.config_loader import ConfigError
+from areal_like.launcher.target import LaunchError, check_model_path, resolve_target, trainer_error
 from areal_like.utils.metrics_logger import run_dir
-from areal_like.utils.network import find_free_port
+from areal_like.utils.network import bindable, find_free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class LaunchError(RuntimeError):
-    """A part of the launch failed; the message says which and why."""
 
 
 def _stream(prefix: str, pipe, log_path: Path, mute: threading.Event,  # noqa: ANN001
@@ -87,27 +85,22 @@ def _gpu_count() -> int:
         return 0
 
 
-def _trainer_error(lines: list[str]) -> str:
-    """The trainer's own exception line (not torchrun's wrapper), if it printed one."""
-    for line in reversed(lines):
-        head = line.split(":", 1)[0].strip().split(" ")[-1]
-        if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
-            return line.strip()
-    return ""
+def _master_port(config: Any) -> int:
+    port = config.launcher.master_port
+    if port == 0:
+        return find_free_port()
+    if not bindable("127.0.0.1", port):
+        raise LaunchError(f"launcher.master_port={port} is in use on 127.0.0.1; choose another, "
+                          f"or 0 for a free one")
+    return port
 
 
-def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
-    """Run `recipe` with its fleet; returns the trainer's exit code."""
-    from recipes.configs import RECIPES
-
-    if recipe not in RECIPES:
-        raise LaunchError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
-    config_cls, default_yaml, needs_fleet = RECIPES[recipe]
-    config_path, overrides = split_args(argv, default_yaml)
-    config = load_config(config_cls, config_path, overrides)  # fails fast on a typo
-    if not (Path(config.model.path) / "config.json").is_file():
-        raise LaunchError(f"model.path={config.model.path!r} is not an HF model folder (no "
-                          f"config.json); set model.path=<folder>")
+def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int:
+    """Run a recipe or a training script with its fleet; returns the trainer's exit code."""
+    target = resolve_target(target_name, argv)  # fails fast on a typo
+    config, overrides, needs_fleet = target.config, target.overrides, target.needs_fleet
+    check_model_path(config)
+    master_port = _master_port(config)
     log_dir = run_dir(config.logging)
     n_gpus = _gpu_count() if config.server.device == "cuda" else 0
 
@@ -143,8 +136,8 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
         # torchrun whose rendezvous store listens on 127.0.0.1 only
         cmd = [sys.executable, "-m", "areal_like.launcher.torchrun_loopback",
                f"--nproc_per_node={config.launcher.n_trainer_procs}",
-               "--master_addr=127.0.0.1", f"--master_port={find_free_port()}",
-               "-m", f"recipes.{recipe}", "--config", str(config_path), *overrides]
+               "--master_addr=127.0.0.1", f"--master_port={master_port}",
+               *target.entry, *target.args([])]
         print(f"[launcher] $ {' '.join(cmd)}", flush=True)
         trainer = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True)
@@ -168,7 +161,7 @@ def launch(recipe: str, argv: list[str], quiet_servers: bool = True) -> int:
         pump.join(timeout=10)
         code = trainer.returncode
         if code != 0:
-            cause = _trainer_error(last_lines)
+            cause = trainer_error(last_lines)
             print(f"[launcher] trainer exited with code {code}"
                   + (f": {cause}" if cause else "") + f" (full output: {log_dir / 'trainer.log'})",
                   file=sys.stderr, flush=True)

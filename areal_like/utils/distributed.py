@@ -9,6 +9,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from areal_like.utils.tcp_store import bound_store
+
 # Bound on every collective (`TrainEngineConfig.collective_timeout`): a peer that died or
 # hangs surfaces as an error, not a hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
@@ -42,7 +44,13 @@ def ensure_process_group(backend: str, device: torch.device,
     if device.type == "cuda":
         kwargs["device_id"] = device
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(**kwargs)
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent hosts the store
+            dist.init_process_group(**kwargs)
+        else:  # started by another launcher (Ray): rank 0 hosts it, on MASTER_ADDR only
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = bound_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                world, is_master=rank == 0, timeout=kwargs["timeout"])
+            dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
     else:
         # an in-process store and loopback gloo: a one-process group listens on nothing else
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 import threading
+from typing import Optional
 
 # Ports for children that bind them only later (servers, torchrun's store). They come from
 # below the kernel's ephemeral range: bind(0) and outgoing connections only take ports from
@@ -24,7 +26,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind((host, port))
@@ -40,7 +42,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         if _ephemeral_low() > HIGH_PORT:
             candidates = _rng.sample(range(LOW_PORT, HIGH_PORT + 1), 64)
             for port in candidates:
-                if port not in _handed_out and _bindable(host, port):
+                if port not in _handed_out and bindable(host, port):
                     _handed_out.add(port)
                     return port
         with socket.socket() as s:
@@ -48,3 +50,34 @@ def find_free_port(host: str = "127.0.0.1") -> int:
             port = s.getsockname()[1]
         _handed_out.add(port)
         return port
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or `localhost` (a name that is not an address: False)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def interface_of(ip: str) -> Optional[str]:
+    """The name of the network interface that holds IPv4 address `ip` (for GLOO_SOCKET_IFNAME /
+    NCCL_SOCKET_IFNAME), or None when no interface has it."""
+    if is_loopback(ip):
+        return "lo"
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:  # down, or no IPv4 address
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None

@@ -1,0 +1,77 @@
+"""What a launcher runs on the trainer ranks: a registered recipe or the user's own script.
+
+    <launcher> grpo [--config FILE] [key=value ...]        a recipe (no --config: its own YAML)
+    <launcher> path/to/train.py --config FILE [key=value]  a script, run as `python train.py ...`
+
+Either way the config is composed and checked before any process starts; a script's YAML is
+read for the sections a launcher needs (model, server, rollout, launcher, logging) — fully
+validated when its defaults list names a registered schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_like.api.config import BaseExperimentConfig
+from areal_like.api.config_loader import ConfigError, load_config, load_launch_config
+from areal_like.runtime.cli import split_args
+
+
+class LaunchError(RuntimeError):
+    """A part of the launch failed; the message says which and why."""
+
+
+@dataclass
+class TrainTarget:
+    label: str  # "recipe grpo" / "script /abs/train.py"
+    entry: list[str]  # what follows `python` (or torchrun's options): `-m recipes.grpo` / a path
+    config_path: Path
+    overrides: list[str]
+    config: Any  # the recipe's config, or a BaseExperimentConfig for a schemaless script YAML
+    needs_fleet: bool
+
+    def args(self, extra: list[str]) -> list[str]:
+        """The trainer's command-line arguments after `entry`."""
+        return ["--config", str(self.config_path), *self.overrides, *extra]
+
+
+def resolve_target(target: str, argv: list[str]) -> TrainTarget:
+    """Parse `<recipe or script.py> [--config FILE] [key=value ...]` and load its config."""
+    from recipes.configs import RECIPES  # registers the schemas a script's YAML may name
+
+    if target.endswith(".py") or "/" in target:
+        script = Path(target)
+        if not script.is_file():
+            raise LaunchError(f"training script {target!r} does not exist")
+        if not any(a == "--config" or a.startswith("--config=") for a in argv):
+            raise ConfigError(f"{target}: a training script needs --config FILE (the YAML it "
+                              f"reads; the launcher reads model/server/launcher from it too)")
+        config_path, overrides = split_args(argv, "")
+        config = load_launch_config(BaseExperimentConfig, config_path, overrides)
+        return TrainTarget(f"script {script.resolve()}", [str(script.resolve())],
+                           config_path.resolve(), overrides, config, True)
+    if target not in RECIPES:
+        raise LaunchError(f"unknown recipe {target!r}; choose one of {sorted(RECIPES)}, or "
+                          f"give the path of your own training script (a .py file)")
+    config_cls, default_yaml, needs_fleet = RECIPES[target]
+    config_path, overrides = split_args(argv, default_yaml)
+    config = load_config(config_cls, config_path, overrides)  # fails fast on a typo
+    return TrainTarget(f"recipe {target}", ["-m", f"recipes.{target}"], config_path.resolve(),
+                       overrides, config, needs_fleet)
+
+
+def check_model_path(config: Any) -> None:
+    if not (Path(config.model.path) / "config.json").is_file():
+        raise LaunchError(f"model.path={config.model.path!r} is not an HF model folder (no "
+                          f"config.json); set model.path=<folder>")
+
+
+def trainer_error(lines: list[str]) -> str:
+    """The trainer's own exception line (not torchrun's wrapper), if it printed one."""
+    for line in reversed(lines):
+        head = line.split(":", 1)[0].strip().split(" ")[-1]
+        if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
+            return line.strip()
+    return ""

@@ -1,0 +1,223 @@
+"""The Ray launcher on a real local Ray cluster (`ray start --head`, loopback node address):
+a GRPO run equals the local launcher's at eta = 0; a user's script runs as the trainer; a killed
+server actor and Ctrl-C stop the job with nothing left behind; bad addresses and ports fail
+clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from sglang_helpers import assert_same_records
+
+from areal_like.utils.metrics_logger import read_metrics
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.sglang
+
+REPO = Path(__file__).resolve().parents[1]
+NODE_IP = "127.0.0.2"  # loopback; Ray turns 127.0.0.1 into the machine's public address
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
+SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/config.yaml"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((NODE_IP, 0))
+        return s.getsockname()[1]
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A one-node Ray cluster of our own: its processes share one session, killed at the end."""
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")  # short: Ray's socket paths
+    log = open(Path(temp_dir) / "ray_start.log", "wb")  # noqa: SIM115
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--node-ip-address={NODE_IP}", f"--port={port}",
+         f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
+         f"--dashboard-agent-listen-port={_free_port()}", "--num-cpus=4",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while b"will now block" not in (Path(temp_dir) / "ray_start.log").read_bytes():
+        assert head.poll() is None, (Path(temp_dir) / "ray_start.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the Ray head did not start within 300 s"
+        time.sleep(0.2)
+    yield f"{NODE_IP}:{port}"
+    os.killpg(head.pid, signal.SIGKILL)
+    for pid in _session_pids(head.pid):
+        os.kill(pid, signal.SIGKILL)
+    head.wait(timeout=60)
+
+
+def _run(launcher: str, args: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", f"areal_like.launcher.{launcher}", *args],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def _common(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
+    return [f"model.path={model_dir}", f"logging.log_dir={log_dir}", f"total_train_steps={steps}",
+            "launcher.n_trainer_procs=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
+            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "train_dataset.size=400", "valid_dataset.size=16", "evaluation.n_prompts=16",
+            "evaluation.freq_steps=100", "rollout.max_head_offpolicyness=0",
+            "logging.tensorboard=false", "logging.plot=false"]
+
+
+def _compared(record: dict) -> dict:
+    return {k: v for k, v in record.items()
+            if k.startswith(("actor/", "eval/", "user/")) or k in ("step", "loss", "grad_norm")}
+
+
+def test_a_missing_cluster_is_named_with_the_command_that_starts_one(tiny_model_dir, tmp_path):
+    address = f"{NODE_IP}:{_free_port()}"  # nobody listens there
+    proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"launcher.ray_address={address}",
+                        f"logging.log_dir={tmp_path}"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-2000:]
+    assert f"no Ray cluster reachable at launcher.ray_address='{address}'" in out
+    assert "ray start --head" in out
+
+
+@pytest.mark.slow
+def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path):
+    """1 server + 2 trainer ranks as Ray actors vs the local launcher's torchrun, eta = 0."""
+    runs = {}
+    for launcher, extra in (("ray", [f"launcher.ray_address={ray_address}"]), ("local", [])):
+        log_dir = tmp_path / launcher
+        proc = _run(launcher, ["grpo", *_common(tiny_model_dir, log_dir, 3), *extra])
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-4000:]
+        runs[launcher] = read_metrics(log_dir / "grpo_addition" / "trial0" / "metrics.jsonl")
+    ray_run, local = runs["ray"], runs["local"]
+    assert [r["step"] for r in ray_run] == [0, 1, 2, 3]
+    assert_same_records([_compared(r) for r in ray_run], [_compared(r) for r in local])
+    logs = tmp_path / "ray" / "grpo_addition" / "trial0" / "logs"
+    actors = json.loads((logs / "actors.json").read_text())
+    assert [a["name"] for a in actors] == ["server_0", "trainer_0", "trainer_1"]
+    assert all(a["ip"] == NODE_IP for a in actors)
+    assert "sglang.launch_server" in (logs / "server_0.log").read_text()
+    assert "[rank1]" not in (logs / "trainer_1.log").read_text()  # no errors, but its output
+    assert (logs / "trainer_0.log").read_text().count("[step 3]") >= 1
+
+
+def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int) -> list[dict]:
+    deadline = time.monotonic() + 600
+    while True:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, f"no step {step} within 600 s"
+        records = read_metrics(metrics) if metrics.exists() else []
+        if any(r["step"] >= step and "user/world_size" in r for r in records):
+            return records
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _assert_all_gone(actors: list[dict], timeout: float = 120) -> None:
+    """Every actor process, trainer/server process and their sessions are gone."""
+    pids = [p for a in actors for p in (a["actor_pid"], a["pid"])]
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) or any(_session_pids(a["pid"]) for a in actors):
+        assert time.monotonic() < deadline, [
+            (a["name"], _alive(a["actor_pid"]), _session_pids(a["pid"])) for a in actors]
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_dir, tmp_path):
+    """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
+    killing the server's actor stops the job within a bound, naming the actor, its node and
+    its last lines, and leaves no process behind."""
+    run = tmp_path / "user_script" / "trial0"
+    proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
+                        f"launcher.ray_address={ray_address}"], start_new_session=True)
+    try:
+        records = _wait_for_step(proc, run / "metrics.jsonl", 1)
+        assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
+        actors = json.loads((run / "logs" / "actors.json").read_text())
+        server = next(a for a in actors if a["name"] == "server_0")
+        os.kill(server["actor_pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-4000:]
+    tail = out[out.index("launch failed:"):]
+    assert f"server_0 (node {NODE_IP}, host {socket.gethostname()}" in tail
+    assert "died" in tail and "last lines of" in tail
+    _assert_all_gone(actors)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
+    run = tmp_path / "user_script" / "trial0"
+    proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
+                        f"launcher.ray_address={ray_address}"], start_new_session=True)
+    try:
+        _wait_for_step(proc, run / "metrics.jsonl", 1)
+        actors = json.loads((run / "logs" / "actors.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-4000:]
+    assert "interrupted: stopped every actor" in out
+    _assert_all_gone(actors)
+    # the trainers' last output (after the signal) was collected too
+    assert (run / "logs" / "trainer_0.log").stat().st_size > 0
+
+
+def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind((NODE_IP, 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
+                            f"launcher.ray_address={ray_address}", f"launcher.master_port={port}"])
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    assert f"launcher.master_port={port} is in use on {NODE_IP}" in out
+    assert "starting 1 SGLang server" not in out  # checked before anything starts
+
+
+def test_more_than_the_cluster_has_is_refused(ray_address, tiny_model_dir, tmp_path):
+    proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
+                        f"launcher.ray_address={ray_address}", "server.n_servers=3",
+                        "launcher.cpus_per_server=2"])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    assert "the job needs 7 CPU (3 server(s) x 2 + 1 trainer rank(s) x 1" in out
+    assert "the Ray cluster has 4 CPU in all" in out

@@ -1,6 +1,8 @@
 """The `areal-like` command.
 
     areal-like run <recipe> [--config FILE] [key=value ...]   fleet + trainer (local launcher)
+    areal-like run path/to/train.py --config FILE [...]        your own script, same launcher
+    areal-like ray <recipe or script> [...]                    on a Ray cluster (Ray launcher)
     areal-like serve --model-path DIR [--n-servers N] ...      an inference fleet only
     areal-like tiny-model --out DIR [--size 1m]                build a tiny offline model
 """
@@ -21,6 +23,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from areal_like.launcher.local import main as run_main
 
         return run_main(rest)
+    if command == "ray":
+        from areal_like.launcher.ray import main as ray_main
+
+        return ray_main(rest)
     if command == "serve":
         from engines.sglang_serve import main as serve_main
 

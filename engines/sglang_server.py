@@ -68,8 +68,12 @@ def tail_file(path: Path, n_lines: int = 40) -> str:
         lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return f"(no log file at {path})"
-    lines = [line for line in lines if line.strip() and not _PROGRESS_BAR.search(line)]
-    return "\n".join(lines[-n_lines:])
+    return "\n".join(meaningful_lines(lines, n_lines))
+
+
+def meaningful_lines(lines: list[str], n_lines: int) -> list[str]:
+    """The last `n_lines` of `lines` that say something (no blanks, no progress bars)."""
+    return [line for line in lines if line.strip() and not _PROGRESS_BAR.search(line)][-n_lines:]
 
 
 def build_server_command(

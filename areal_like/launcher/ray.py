@@ -61,7 +61,9 @@ class _Member:
                 f"node id {str(node.get('node_id', '?'))[:12]})")
 
     def last_lines(self, n: int = 20) -> str:
-        lines = [line for line in self.tail if line.strip()][-n:]
+        from engines.sglang_server import meaningful_lines
+
+        lines = meaningful_lines(list(self.tail), n)
         return "\n".join("    " + line for line in lines) or "    (no output)"
 
 

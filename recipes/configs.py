@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from areal_like.api.config import BaseExperimentConfig, ModelConfig, TrainEngineConfig
-from areal_like.api.config_loader import register_schema
+from areal_like.api.config_loader import register_config_dir, register_schema
 
 
 @dataclass
@@ -52,6 +53,8 @@ SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
            "sft_schema": SFTConfig}
 for _name, _cls in SCHEMAS.items():
     register_schema(_name, _cls)
+# a user's YAML anywhere may build on the shipped ones: `defaults: [grpo_addition, _self_]`
+register_config_dir(Path(__file__).resolve().parent / "conf")
 
 # recipe name -> (config schema, default YAML in recipes/conf, needs an inference fleet)
 RECIPES: dict[str, tuple[type, str, bool]] = {

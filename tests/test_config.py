@@ -102,3 +102,48 @@ def test_shipped_recipe_configs_compose():
     gsm = load_config(GRPOConfig, conf / "gsm8k_grpo.yaml",
                       ["model.path=/m", "train_dataset.path=/a.jsonl", "valid_dataset.path=/b.jsonl"])
     assert gsm.actor.model.path == "/m" and gsm.server.device == "cuda"
+
+
+def test_a_yaml_anywhere_extends_the_shipped_configs(tmp_path):
+    """The shipped config folder is on every composition's search path."""
+    from areal_like.runtime.cli import split_args
+    from recipes.configs import GRPOConfig
+
+    (tmp_path / "mine.yaml").write_text(
+        "defaults:\n  - grpo_addition\n  - _self_\ntotal_train_steps: 7\nactor:\n"
+        "  optimizer:\n    lr: 3.0e-4\n")
+    shipped = load_config(GRPOConfig, Path("recipes/conf/grpo_addition.yaml").resolve())
+    for argv in (["--config", str(tmp_path / "mine.yaml")],
+                 ["--config-path", str(tmp_path), "--config-name", "mine"],
+                 [f"-cp={tmp_path}", "-cn=mine.yaml"]):
+        path, overrides = split_args([*argv, "seed=5"], "grpo_addition.yaml")
+        mine = load_config(GRPOConfig, path, overrides)
+        assert (mine.total_train_steps, mine.actor.optimizer.lr, mine.seed) == (7, 3e-4, 5)
+        # everything else is the shipped recipe's (which itself extends addition_common)
+        assert mine.evaluation == shipped.evaluation and mine.algorithm == shipped.algorithm
+        assert mine.train_dataset == shipped.train_dataset
+
+
+def test_a_defaults_entry_not_found_names_the_files_looked_for(tmp_path):
+    from recipes.configs import GRPOConfig
+
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - grpo_addtion\n  - _self_\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, tmp_path / "mine.yaml")
+    message = str(err.value)
+    assert f"{tmp_path / 'grpo_addtion.yaml'} or " in message
+    assert str(Path("recipes/conf/grpo_addtion.yaml").resolve()) in message
+    assert "did you mean 'grpo_addition'?" in message
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config-path", "/d"], "--config-path needs --config-name"),
+    (["--config", "a.yaml", "-cn", "b"], "either --config FILE or --config-path"),
+    (["--config-name"], "--config-name needs a value"),
+    (["--cfg", "x"], "unknown option '--cfg'"),
+])
+def test_bad_config_options_are_named(argv, message):
+    from areal_like.runtime.cli import split_args
+
+    with pytest.raises(ConfigError, match=message):
+        split_args(argv, "grpo_addition.yaml")

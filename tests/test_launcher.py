@@ -154,3 +154,27 @@ def test_a_script_without_its_config_is_refused(tmp_path):
     proc = _launch(["no/such/train.py", "--config", "x.yaml"])
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "training script 'no/such/train.py' does not exist" in out
+
+
+@pytest.mark.parametrize("transport,shared_dir,refused", [
+    ("disk", "", True), ("disk", "/shared/runs", False), ("distributed", "", False)])
+def test_ray_disk_weights_need_the_servers_beside_rank_0_or_a_shared_dir(transport, shared_dir,
+                                                                         refused):
+    """Placement check of the Ray launcher (nodes as Ray reports them; no cluster needed)."""
+    from areal_like.launcher.ray import RayJob, _Member
+    from areal_like.launcher.target import LaunchError, TrainTarget
+    from recipes.configs import GRPOConfig
+
+    config = GRPOConfig()
+    config.rollout.weight_transport, config.launcher.shared_dir = transport, shared_dir
+    job = RayJob(TrainTarget("recipe grpo", [], Path("x.yaml"), [], config, True))
+    members = []
+    for name, ip in (("server_0", "10.0.0.2"), ("server_1", "10.0.0.1"), ("trainer_0", "10.0.0.1")):
+        members.append(_Member(name, name.split("_")[0], None, Path(f"{name}.log")))
+        members[-1].node = {"ip": ip, "node_id": f"id-{ip}", "hostname": f"host-{ip}"}
+    if refused:
+        with pytest.raises(LaunchError, match=r"server_0 \(node 10.0.0.2, host host-10.0.0.2.*"
+                                              r"rollout.weight_transport=distributed.*shared_dir"):
+            job._check_weight_path(members[:2], members[2])
+    else:
+        job._check_weight_path(members[:2], members[2])

@@ -1,5 +1,6 @@
-"""The Ray launcher on a real local Ray cluster (`ray start --head`, loopback node address):
-a GRPO run equals the local launcher's at eta = 0; a user's script runs as the trainer; a killed
+"""The Ray launcher on a real Ray cluster of two nodes on this machine (`ray start`, loopback
+node addresses): a GRPO run with its trainer ranks on both nodes equals the local launcher's at
+eta = 0; a user's script runs as the trainer; a killed
 server actor and Ctrl-C stop the job with nothing left behind; bad addresses and ports fail
 clearly."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.sglang
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"  # loopback; Ray turns 127.0.0.1 into the machine's public address
+WORKER_IP = "127.0.0.3"  # the second node's
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
 SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/config.yaml"]
 
@@ -48,28 +51,43 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+def _start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
+    """`ray start --block ...` in a session of its own; returns once the node is up."""
+    with open(log, "wb") as out:
+        node = subprocess.Popen(["ray", "start", "--block", "--disable-usage-stats",
+                                 f"--dashboard-agent-listen-port={_free_port()}", *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=ENV,
+                                start_new_session=True)
+    deadline = time.monotonic() + 300
+    while b"will now block" not in log.read_bytes():
+        assert node.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"the Ray node did not start within 300 s: {args}"
+        time.sleep(0.2)
+    return node
+
+
 @pytest.fixture(scope="module")
 def ray_address():
-    """A one-node Ray cluster of our own: its processes share one session, killed at the end."""
+    """A Ray cluster of our own with two nodes on this machine (loopback addresses 127.0.0.2
+    and 127.0.0.3, 2 CPUs each), as `ray start` makes one on two machines. Each node's
+    processes share a session, killed at the end."""
     port = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")  # short: Ray's socket paths
-    log = open(Path(temp_dir) / "ray_start.log", "wb")  # noqa: SIM115
-    head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--node-ip-address={NODE_IP}", f"--port={port}",
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray_", dir="/tmp"))  # short: Ray's socket paths
+    nodes = [_start_ray_node(
+        ["--head", f"--node-ip-address={NODE_IP}", f"--port={port}", "--num-cpus=2",
          f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
-         f"--dashboard-agent-listen-port={_free_port()}", "--num-cpus=4",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-        stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while b"will now block" not in (Path(temp_dir) / "ray_start.log").read_bytes():
-        assert head.poll() is None, (Path(temp_dir) / "ray_start.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the Ray head did not start within 300 s"
-        time.sleep(0.2)
-    yield f"{NODE_IP}:{port}"
-    os.killpg(head.pid, signal.SIGKILL)
-    for pid in _session_pids(head.pid):
-        os.kill(pid, signal.SIGKILL)
-    head.wait(timeout=60)
+         "--include-dashboard=false", f"--temp-dir={temp_dir}"], temp_dir / "head.log")]
+    try:
+        nodes.append(_start_ray_node(
+            [f"--address={NODE_IP}:{port}", f"--node-ip-address={WORKER_IP}", "--num-cpus=2"],
+            temp_dir / "worker.log"))
+        yield f"{NODE_IP}:{port}"
+    finally:
+        for node in nodes:
+            os.killpg(node.pid, signal.SIGKILL)
+            for pid in _session_pids(node.pid):
+                os.kill(pid, signal.SIGKILL)
+            node.wait(timeout=60)
 
 
 def _run(launcher: str, args: list[str], **kwargs) -> subprocess.Popen:
@@ -104,9 +122,12 @@ def test_a_missing_cluster_is_named_with_the_command_that_starts_one(tiny_model_
 
 @pytest.mark.slow
 def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path):
-    """1 server + 2 trainer ranks as Ray actors vs the local launcher's torchrun, eta = 0."""
+    """1 server + 2 trainer ranks as Ray actors, the ranks on different nodes and the weights
+    sent over process groups, vs the local launcher's torchrun with disk weights, eta = 0."""
+    on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
+              "rollout.weight_transport=distributed"]
     runs = {}
-    for launcher, extra in (("ray", [f"launcher.ray_address={ray_address}"]), ("local", [])):
+    for launcher, extra in (("ray", on_ray), ("local", [])):
         log_dir = tmp_path / launcher
         proc = _run(launcher, ["grpo", *_common(tiny_model_dir, log_dir, 3), *extra])
         out, _ = proc.communicate(timeout=900)
@@ -118,7 +139,11 @@ def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_
     logs = tmp_path / "ray" / "grpo_addition" / "trial0" / "logs"
     actors = json.loads((logs / "actors.json").read_text())
     assert [a["name"] for a in actors] == ["server_0", "trainer_0", "trainer_1"]
-    assert all(a["ip"] == NODE_IP for a in actors)
+    trainer_nodes = {(a["ip"], a["node_id"]) for a in actors if a["role"] == "trainer"}
+    assert {ip for ip, _ in trainer_nodes} == {NODE_IP, WORKER_IP}  # across the two nodes
+    server = actors[0]
+    assert f"--host {server['ip']}" in (logs / "server_0.log").read_text()  # its node's address
+    assert not (tmp_path / "ray" / "grpo_addition" / "trial0" / "weights").exists()
     assert "sglang.launch_server" in (logs / "server_0.log").read_text()
     assert "[rank1]" not in (logs / "trainer_1.log").read_text()  # no errors, but its output
     assert (logs / "trainer_0.log").read_text().count("[step 3]") >= 1
@@ -174,7 +199,7 @@ def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_d
             proc.communicate(timeout=60)
     assert proc.returncode == 1, out[-4000:]
     tail = out[out.index("launch failed:"):]
-    assert f"server_0 (node {NODE_IP}, host {socket.gethostname()}" in tail
+    assert f"server_0 (node {server['ip']}, host {socket.gethostname()}" in tail
     assert "died" in tail and "last lines of" in tail
     _assert_all_gone(actors)
 
@@ -201,15 +226,17 @@ def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_p
 
 
 def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path):
-    with socket.socket() as taken:
+    with socket.socket() as taken, socket.socket() as taken_too:  # on both nodes' addresses
         taken.bind((NODE_IP, 0))
-        taken.listen(1)
         port = taken.getsockname()[1]
+        taken_too.bind((WORKER_IP, port))
+        taken.listen(1)
+        taken_too.listen(1)
         proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
                             f"launcher.ray_address={ray_address}", f"launcher.master_port={port}"])
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
-    assert f"launcher.master_port={port} is in use on {NODE_IP}" in out
+    assert re.search(rf"launcher.master_port={port} is in use on 127\.0\.0\.[23]", out), out
     assert "starting 1 SGLang server" not in out  # checked before anything starts
 
 

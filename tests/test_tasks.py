@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -152,3 +153,45 @@ def test_build_task_dispatches_by_type(tmp_path):
         build_task(DatasetConfig(type="gsm8k"))
     with pytest.raises(ValueError, match="DatasetConfig.type"):
         DatasetConfig(type="mnist")
+
+
+def test_reasoning_gym_task_kwargs_reach_the_generator_and_bad_ones_are_named():
+    easy = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+            "allow_negation": False}
+    task = build_task(DatasetConfig(type="reasoning_gym:basic_arithmetic", size=20,
+                                    task_kwargs=easy))
+    for row in task.dataset:  # "Calculate 3 + -4." and the like: two one-digit terms
+        terms = re.findall(r"-?\d+", row["question"])
+        assert len(terms) == 2 and all(len(t.lstrip("-")) == 1 for t in terms), row["question"]
+        assert int(row["answer"]) == sum(int(t) for t in terms)
+    with pytest.raises(ValueError, match=r"no parameter 'num_terms' \(did you mean 'min_terms'"
+                                         r"\?\).*its parameters: \['min_terms'"):
+        build_task(DatasetConfig(type="reasoning_gym:basic_arithmetic", size=2,
+                                 task_kwargs={"num_terms": 2}))
+    with pytest.raises(ValueError, match="rejected task_kwargs .*max_terms must be >= min_terms"):
+        build_task(DatasetConfig(type="reasoning_gym:basic_arithmetic", size=2,
+                                 task_kwargs={"min_terms": 5, "max_terms": 2}))
+    with pytest.raises(ValueError, match=r"task_kwargs.*'addition': \['num_digits', "
+                                         r"'worked_fraction'\] \(not \['num_terms'\]\)"):
+        DatasetConfig(type="addition", task_kwargs={"num_terms": 2})
+    three = build_task(DatasetConfig(type="addition", size=5, task_kwargs={"num_digits": 3}))
+    assert all(len(q) for q in three.dataset["question"])
+    assert all(re.search(r"\b\d{3} \+ \d{3}\b", q) for q in three.dataset["question"])
+
+
+@pytest.mark.parametrize("task_type,kwargs", [
+    ("addition", {}),
+    ("reasoning_gym:basic_arithmetic", {"min_terms": 2, "max_terms": 2, "max_digits": 2}),
+    ("reasoning_gym:leg_counting", {}),
+])
+def test_held_out_split_is_disjoint_from_training(task_type, kwargs):
+    """Whatever the seeds and sizes: every question belongs to one split."""
+    train = build_task(DatasetConfig(type=task_type, size=600, seed=1, task_kwargs=kwargs))
+    test = build_task(DatasetConfig(type=task_type, size=60, seed=1, split="test",
+                                    task_kwargs=kwargs))
+    other_test = build_task(DatasetConfig(type=task_type, size=60, seed=7, split="test",
+                                          task_kwargs=kwargs))
+    train_q = set(train.dataset["question"])
+    assert len(train_q) == 600 and len(set(test.dataset["question"])) == 60  # distinct
+    assert not train_q & set(test.dataset["question"])
+    assert not train_q & set(other_test.dataset["question"])

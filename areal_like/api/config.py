@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from areal_like.api.algorithm_config import AlgorithmConfig
 from areal_like.api.config_checks import check as _check
@@ -229,6 +229,10 @@ class RolloutConfig:
                    "entries of the form host:port")
 
 
+OWN_TASK_PARAMETERS = {"addition": ("num_digits", "worked_fraction"), "gsm8k": (),
+                       "memory_agent": ()}
+
+
 @dataclass
 class DatasetConfig:
     """A task: `addition` (procedural), `gsm8k` (local JSONL/parquet), `memory_agent`
@@ -245,6 +249,9 @@ class DatasetConfig:
     shuffle: bool = True
     max_prompt_len: int = 512  # tokens of an item's `messages`, chat template included
     on_long_prompt: str = "drop"  # drop (counted and logged) | error
+    # Parameters of the task's generator: reasoning-gym's dataset config fields (e.g.
+    # {min_terms: 2, max_terms: 2, max_digits: 1}); addition: num_digits, worked_fraction.
+    task_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ok = (self.type in ("addition", "gsm8k", "memory_agent")
@@ -263,6 +270,12 @@ class DatasetConfig:
         if self.type == "gsm8k":
             _check("DatasetConfig", "path", bool(self.path), self.path,
                    "a .jsonl or .parquet file for type=gsm8k")
+        if not self.type.startswith("reasoning_gym:"):  # reasoning-gym's: checked by the task
+            accepted = OWN_TASK_PARAMETERS[self.type]
+            unknown = sorted(set(self.task_kwargs) - set(accepted))
+            _check("DatasetConfig", "task_kwargs", not unknown, dict(self.task_kwargs),
+                   f"parameters of task {self.type!r}: {list(accepted)} (not {unknown})")
+
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any, Optional, TypeVar, get_type_hints
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -31,6 +32,35 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config could not be composed or validated; the message names the key at fault."""
+
+
+_SEARCH_DIRS: list[Path] = []
+
+
+def register_config_dir(path: str | Path) -> None:
+    """Put `path` on every composition's search path (after the YAML's own folder), so a YAML
+    anywhere can name the configs there in its defaults list."""
+    path = Path(path).resolve()
+    if path not in _SEARCH_DIRS:
+        _SEARCH_DIRS.append(path)
+
+
+def _missing_config(exc: BaseException, path: Path) -> Optional[str]:
+    """A readable message for a defaults-list entry Hydra could not find, else None."""
+    inner = exc
+    while inner.__cause__ is not None and not isinstance(inner, MissingConfigException):
+        inner = inner.__cause__
+    if not isinstance(inner, MissingConfigException):
+        return None
+    found = re.search(r"Could not (?:find|load) '([^']+)'", str(inner))
+    name = found.group(1) if found else "?"
+    dirs = [path.parent, *[d for d in _SEARCH_DIRS if d != path.parent]]
+    where = " or ".join(str(d / f"{name}.yaml") for d in dirs)
+    options = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (f"{path}: its defaults list names '{name}', but there is no {where} (and no "
+            f"registered schema of that name); {hint}configs there: {options}")
 
 
 def register_schema(name: str, config_cls: type) -> None:
@@ -98,7 +128,28 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str) -> C
         names = [f"{parent}.{c}" if parent else c for c in close]
         hint = (f"; did you mean {' or '.join(repr(n) for n in names)}?"
                 if close else f"; valid keys under {where}: {valid}")
+        free = [f for f in valid if _inside_a_dict(config_cls, f"{parent}.{f}.x".lstrip("."))]
+        if free:  # e.g. a task's own parameter, under task_kwargs
+            hint += (f" (or, as a free-form key: "
+                     f"'{'.'.join(p for p in (parent, free[0], leaf) if p)}')")
     return ConfigError(f"{source}: bad config key '{key}': {message}{hint}")
+
+
+def _inside_a_dict(config_cls: type, override: str) -> bool:
+    """Whether `override` sets a key inside a `Dict[...]` field of `config_cls` (whose keys are
+    free, like `train_dataset.task_kwargs.min_terms`)."""
+    cls: Any = config_cls
+    parts = override.split("=", 1)[0].split(".")
+    for part in parts[:-1]:
+        if not dataclasses.is_dataclass(cls):
+            return False
+        hint = get_type_hints(cls).get(part)
+        if hint is None:
+            return False
+        if getattr(hint, "__origin__", None) is dict:
+            return True
+        cls = hint
+    return False
 
 
 def _compose(config_cls: type, config_file: str | Path,
@@ -107,14 +158,22 @@ def _compose(config_cls: type, config_file: str | Path,
     path = Path(config_file).resolve()
     if not path.is_file():
         raise ConfigError(f"config file {str(config_file)!r} does not exist")
-    overrides = list(overrides or [])
+    # a key inside a free-form dict is added or replaced without Hydra's `+`/`++`
+    overrides = [f"++{o}" if o[:1] not in "+~" and _inside_a_dict(config_cls, o) else o
+                 for o in overrides or []]
     source = f"{path.name} with overrides {overrides}" if overrides else path.name
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
+    search = [f"file://{d}" for d in _SEARCH_DIRS if d != path.parent]
+    hydra_overrides = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
-            return compose(config_name=path.stem, overrides=overrides), source
+            return compose(config_name=path.stem,
+                           overrides=[*hydra_overrides, *overrides]), source
     except Exception as e:  # Hydra wraps OmegaConf's errors; re-raise naming the key
+        missing = _missing_config(e, path)
+        if missing:
+            raise ConfigError(missing) from e
         raise explain_config_error(e, config_cls, source) from e
 
 

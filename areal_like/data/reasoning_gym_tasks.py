@@ -2,35 +2,82 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import hashlib
 import json
+from typing import Any, Optional
 
 import reasoning_gym
 from datasets import Dataset
 from reasoning_gym.factory import DATASETS
 
+TEST_FRACTION = 10  # one question in TEST_FRACTION belongs to the test split (by a hash)
+MAX_DRAWS = 50  # candidates generated per item asked for, at most
 
-def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1) -> Dataset:
-    """Items with `id`, `question`, `answer`, `metadata` (JSON string) and `messages`.
 
-    Score completions with `areal_like.rewards.reasoning_gym_reward`.
-    """
+def _split_of(question: str) -> str:
+    digest = hashlib.blake2b(question.encode(), digest_size=4).digest()
+    return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
+
+
+def task_parameters(name: str) -> list[str]:
+    """The generator parameters of reasoning-gym task `name` (its config's fields)."""
+    _check_name(name)
+    config_cls = DATASETS[name][1]
+    return [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+
+
+def _check_name(name: str) -> None:
     if name not in DATASETS:
-        import difflib
-
         close = difflib.get_close_matches(name, list(DATASETS), n=3)
         raise KeyError(
             f"unknown reasoning-gym task {name!r}"
             + (f"; did you mean {close}?" if close else f"; {len(DATASETS)} tasks available")
         )
-    source = reasoning_gym.create_dataset(name, size=size, seed=seed)
-    rows = []
-    for i in range(size):
+
+
+def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1, split: str = "train",
+                       params: Optional[dict[str, Any]] = None) -> Dataset:
+    """`size` distinct items of `split` with `id`, `question`, `answer`, `metadata` (JSON
+    string) and `messages`; `params` go to the task's generator (its config's fields).
+
+    Every question belongs to one split by a hash of its text, so train and test never share a
+    question whatever their seeds and sizes. Score completions with
+    `areal_like.rewards.reasoning_gym_reward`.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"reasoning-gym task {name!r}: split={split!r}; expected 'train' or "
+                         f"'test'")
+    params = dict(params or {})
+    accepted = task_parameters(name)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        close = {u: difflib.get_close_matches(u, accepted, n=1) for u in unknown}
+        hints = [f"{u!r} (did you mean {c[0]!r}?)" if c else repr(u) for u, c in close.items()]
+        raise ValueError(f"reasoning-gym task {name!r} has no parameter {', '.join(hints)} "
+                         f"(task_kwargs); its parameters: {accepted}")
+    try:
+        source = reasoning_gym.create_dataset(name, size=size * MAX_DRAWS, seed=seed, **params)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"reasoning-gym task {name!r} rejected task_kwargs {params}: "
+                         f"{e or type(e).__name__}") from e
+    rows, seen = [], set()
+    for i in range(size * MAX_DRAWS):
         entry = source[i]
+        question = entry["question"]
+        if question in seen or _split_of(question) != split:
+            continue
+        seen.add(question)
         rows.append({
-            "id": f"{name}-{seed}-{i}",
-            "question": entry["question"],
+            "id": f"{name}-{split}-{seed}-{i}",
+            "question": question,
             "answer": str(entry["answer"]),
             "metadata": json.dumps(entry["metadata"], default=str),
-            "messages": [{"role": "user", "content": entry["question"]}],
+            "messages": [{"role": "user", "content": question}],
         })
-    return Dataset.from_list(rows)
+        if len(rows) == size:
+            return Dataset.from_list(rows)
+    raise ValueError(f"reasoning-gym task {name!r} with {params or 'its default parameters'} "
+                     f"gave only {len(rows)} distinct {split} questions in {size * MAX_DRAWS} "
+                     f"draws, fewer than size={size}: lower the size or widen the parameters")

@@ -26,8 +26,10 @@ class Task:
 def build_task(config: DatasetConfig) -> Task:
     """The dataset and verifier that `config.type` names."""
     if config.type == "addition":
-        return Task(load_addition(config.num_digits, config.size, config.split, config.seed,
-                                  config.worked_fraction), exact_match_reward)
+        params = {"num_digits": config.num_digits, "worked_fraction": config.worked_fraction,
+                  **config.task_kwargs}
+        return Task(load_addition(params["num_digits"], config.size, config.split, config.seed,
+                                  params["worked_fraction"]), exact_match_reward)
     if config.type == "gsm8k":
         if not config.path:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
@@ -36,9 +38,10 @@ def build_task(config: DatasetConfig) -> Task:
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
     if config.type.startswith("reasoning_gym:"):
         name = config.type.split(":", 1)[1]
-        # train and test draw from disjoint seeds
+        # disjoint by a hash of the question; different seeds only vary the order
         seed = config.seed if config.split == "train" else config.seed + 1_000_003
-        return Task(load_reasoning_gym(name, config.size, seed), reasoning_gym_reward)
+        return Task(load_reasoning_gym(name, config.size, seed, config.split,
+                                       dict(config.task_kwargs)), reasoning_gym_reward)
     raise ValueError(f"DatasetConfig.type={config.type!r} is not a known task")
 
 

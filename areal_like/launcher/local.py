@@ -19,6 +19,7 @@ and trainers the next ones.
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import subprocess
@@ -29,28 +30,33 @@ from pathlib import Path
 from typing import Any, Optional
 
 from areal_like.api.config_loader import ConfigError
+from areal_like.launcher.console import Console
 from areal_like.launcher.target import LaunchError, check_model_path, resolve_target, trainer_error
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import bindable, find_free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CONSOLE = Console()
 
 
 def _stream(prefix: str, pipe, log_path: Path, mute: threading.Event,  # noqa: ANN001
             last_lines: list[str]) -> threading.Thread:
-    """Echo `pipe` with a prefix and copy it to `log_path`; after `mute` is set, only copy
-    (the launcher's own error then stays the last thing on the screen)."""
+    """Echo `pipe` on the console with a prefix and copy it to `log_path`; after `mute` is
+    set, only copy (the launcher's own error then stays the last thing on the screen)."""
     def pump() -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        partial = ""
         with open(log_path, "ab") as log:
-            for line in iter(pipe.readline, b""):
-                log.write(line)
+            while chunk := os.read(pipe.fileno(), 65536):  # chunks: tqdm's bar has no newline
+                log.write(chunk)
                 log.flush()
-                text = line.decode(errors="replace")
-                last_lines.append(text)
+                text = decoder.decode(chunk)
+                lines = (partial + text).split("\n")
+                partial = lines.pop()
+                last_lines.extend(line + "\n" for line in lines)
                 del last_lines[:-200]
                 if not mute.is_set():
-                    sys.stdout.write(f"[{prefix}] {text}")
-                    sys.stdout.flush()
+                    CONSOLE.feed(prefix, text)
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
@@ -64,10 +70,9 @@ def _follow(prefix: str, path: Path, stop: threading.Event) -> threading.Thread:
             time.sleep(0.2)
         with open(path, "rb") as f:
             while not stop.is_set():
-                line = f.readline()
-                if line:
-                    sys.stdout.write(f"[{prefix}] {line.decode(errors='replace')}")
-                    sys.stdout.flush()
+                chunk = f.read(65536)
+                if chunk:
+                    CONSOLE.feed(prefix, chunk.decode(errors="replace"))
                 else:
                     time.sleep(0.2)
 
@@ -112,15 +117,15 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         if needs_fleet and not config.rollout.server_addrs:
             from engines.sglang_server import SGLangFleet, SGLangServerError
 
-            print(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
-                  f"{config.model.path}", flush=True)
+            CONSOLE.line(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
+                         f"{config.model.path}")
             fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
                                 log_dir=log_dir / "servers")
             try:
                 fleet.start()
             except SGLangServerError as e:  # start() already stopped every server
                 raise LaunchError(str(e)) from e
-            print(f"[launcher] servers ready: {fleet.addresses}", flush=True)
+            CONSOLE.line(f"[launcher] servers ready: {fleet.addresses}")
             overrides.append(f"rollout.server_addrs=[{','.join(fleet.addresses)}]")
             if not quiet_servers:
                 for i, path in enumerate(fleet.log_paths):
@@ -138,7 +143,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
                f"--nproc_per_node={config.launcher.n_trainer_procs}",
                "--master_addr=127.0.0.1", f"--master_port={master_port}",
                *target.entry, *target.args([])]
-        print(f"[launcher] $ {' '.join(cmd)}", flush=True)
+        CONSOLE.line(f"[launcher] $ {' '.join(cmd)}")
         trainer = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -162,12 +167,14 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         code = trainer.returncode
         if code != 0:
             cause = trainer_error(last_lines)
+            CONSOLE.close()
             print(f"[launcher] trainer exited with code {code}"
                   + (f": {cause}" if cause else "") + f" (full output: {log_dir / 'trainer.log'})",
                   file=sys.stderr, flush=True)
         return code
     finally:
         mute.set()  # whatever a stopped trainer prints now stays in trainer.log
+        CONSOLE.close()
         stop_follow.set()
         if trainer is not None and trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGTERM)

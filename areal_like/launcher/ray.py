@@ -16,6 +16,7 @@ last log lines; every process is stopped on the way out (Ctrl-C too).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from areal_like.api.config_loader import ConfigError
+from areal_like.launcher.console import Console
 from areal_like.launcher.ray_cluster import connect, plan, reserve
 from areal_like.launcher.target import (
     LaunchError,
@@ -40,6 +42,7 @@ from areal_like.utils.network import interface_of
 
 POLL_INTERVAL = 0.5
 STOP_TIMEOUT = 30.0
+CONSOLE = Console()
 
 
 class _Member:
@@ -52,6 +55,7 @@ class _Member:
         self.offset, self.pending, self.last_answer = 0, None, time.monotonic()
         self.tail: deque[str] = deque(maxlen=200)
         self.partial = ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.exit_code: Optional[int] = None
         self.dead = False
 
@@ -108,8 +112,8 @@ class RayJob:
             self.log_dir = run_dir(config.logging) / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         address = connect(launcher.ray_address)
-        print(f"[launcher] connected to the Ray cluster at {address}: "
-              f"{ray.cluster_resources()}", flush=True)
+        CONSOLE.line(f"[launcher] connected to the Ray cluster at {address}: "
+                     f"{ray.cluster_resources()}")
         self.run_id = f"{config.logging.experiment_name}_{config.logging.trial_name}_{os.getpid()}"
         fleet = self.target.needs_fleet and not config.rollout.server_addrs
         alloc = plan(config, config.server.n_servers if fleet else 0)
@@ -132,20 +136,20 @@ class RayJob:
             launcher.master_port))], 60, "reserve the rendezvous port")[0]
         extra = []
         if servers:
-            print(f"[launcher] starting {len(servers)} SGLang server(s) on {config.model.path}",
-                  flush=True)
+            CONSOLE.line(f"[launcher] starting {len(servers)} SGLang server(s) on "
+                         f"{config.model.path}")
             calls = [(s, s.handle.start_server.remote(config.model.path, config.server,
                                                       config.rollout.api_key)) for s in servers]
             addrs = self._gather(calls, config.server.startup_timeout + 60, "start its server")
-            print(f"[launcher] servers ready: {addrs}", flush=True)
+            CONSOLE.line(f"[launcher] servers ready: {addrs}")
             extra.append(f"rollout.server_addrs=[{','.join(addrs)}]")
         rank0_ip = trainers[0].node["ip"]
         if config.rollout.weight_transport == "distributed":
             extra.append(f"rollout.weight_group_addr={rank0_ip}")
         argv = [*self.target.entry, "--config", str(self.target.config_path),
                 *_replace_overrides(self.target.overrides, extra)]
-        print(f"[launcher] {len(trainers)} trainer rank(s), rendezvous {rank0_ip}:{port}: "
-              f"python {' '.join(argv)}", flush=True)
+        CONSOLE.line(f"[launcher] {len(trainers)} trainer rank(s), rendezvous "
+                     f"{rank0_ip}:{port}: python {' '.join(argv)}")
         pids = self._gather([(t, t.handle.start_process.remote(
             [sys.executable, *argv], self._env(t, r, rank0_ip, port)))
             for r, t in enumerate(trainers)], 60, "start its trainer")
@@ -179,9 +183,10 @@ class RayJob:
         away = [s.where() for s in servers if s.node["node_id"] != rank0.node["node_id"]]
         if away:
             raise LaunchError(
-                f"{', '.join(away)} are not on the node of {rank0.where()}, so they cannot read "
-                f"the weights it writes to disk: set rollout.weight_transport=distributed, or "
-                f"launcher.shared_dir=<a folder every node mounts at the same path>")
+                f"{', '.join(away)} {'is' if len(away) == 1 else 'are'} not on the node of "
+                f"{rank0.where()}, so cannot read the weights it writes to disk: set "
+                f"rollout.weight_transport=distributed, or launcher.shared_dir=<a folder every "
+                f"node mounts at the same path>")
 
     def _gather(self, calls: list[tuple[_Member, Any]], timeout: float, what: str) -> list[Any]:
         """The results of one call per member, or LaunchError naming the member that failed."""
@@ -250,12 +255,12 @@ class RayJob:
             m.offset += len(chunk)
             with open(m.log, "ab") as f:
                 f.write(chunk)
-            lines = (m.partial + chunk.decode(errors="replace")).split("\n")
+            text = m.decoder.decode(chunk)
+            lines = (m.partial + text).split("\n")
             m.partial = lines.pop()  # a line still being written
             m.tail.extend(lines)
             if self.echo and m.name == "trainer_0":
-                for line in lines:
-                    print(f"[trainer] {line}", flush=True)
+                CONSOLE.feed("trainer", text)
         m.exit_code = code
 
     # -- stop ----------------------------------------------------------------------------------
@@ -265,6 +270,7 @@ class RayJob:
         from ray.util.placement_group import remove_placement_group
 
         self.echo = False
+        CONSOLE.close()
         alive = [m for m in self.members if not m.dead]
         stops = [m.handle.stop.remote(STOP_TIMEOUT / 2) for m in alive]
         if stops:
@@ -308,7 +314,7 @@ def launch(target_name: str, argv: list[str]) -> int:
     try:
         job.start()
         code = job.watch()
-        print("[launcher] every trainer rank finished", flush=True)
+        CONSOLE.line("[launcher] every trainer rank finished")
         return code
     finally:
         job.stop()

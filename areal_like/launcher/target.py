@@ -45,7 +45,7 @@ def resolve_target(target: str, argv: list[str]) -> TrainTarget:
         script = Path(target)
         if not script.is_file():
             raise LaunchError(f"training script {target!r} does not exist")
-        if not any(a == "--config" or a.startswith("--config=") for a in argv):
+        if not any(a.split("=", 1)[0] in ("--config", "--config-name", "-cn") for a in argv):
             raise ConfigError(f"{target}: a training script needs --config FILE (the YAML it "
                               f"reads; the launcher reads model/server/launcher from it too)")
         config_path, overrides = split_args(argv, "")

@@ -12,24 +12,39 @@ T = TypeVar("T")
 CONF_DIR = Path(__file__).resolve().parents[2] / "recipes" / "conf"
 
 
+_OPTIONS = {"--config": "config", "--config-path": "path", "-cp": "path",
+            "--config-name": "name", "-cn": "name"}
+
+
 def split_args(argv: list[str], default_config: str) -> tuple[Path, list[str]]:
-    """(config file, overrides) from `[--config FILE] [key=value ...]`."""
-    config, overrides, args = None, [], list(argv)
+    """(config file, overrides) from `[--config FILE | --config-path DIR --config-name NAME]
+    [key=value ...]` (Hydra's `-cp`/`-cn` too; NAME with or without `.yaml`)."""
+    given: dict[str, str] = {}
+    overrides, args = [], list(argv)
     while args:
         arg = args.pop(0)
-        if arg == "--config":
-            if not args:
-                raise ConfigError("--config needs a file path")
-            config = args.pop(0)
-        elif arg.startswith("--config="):
-            config = arg.split("=", 1)[1]
+        option, eq, value = arg.partition("=")
+        if option in _OPTIONS:
+            if not eq:
+                if not args:
+                    raise ConfigError(f"{option} needs a value")
+                value = args.pop(0)
+            given[_OPTIONS[option]] = value
         elif arg.startswith("-"):
-            raise ConfigError(f"unknown option {arg!r}: recipes take --config FILE and key=value "
-                              f"overrides")
+            raise ConfigError(f"unknown option {arg!r}: recipes take --config FILE (or "
+                              f"--config-path DIR --config-name NAME) and key=value overrides")
         else:
             overrides.append(arg)
-    path = Path(config) if config else CONF_DIR / default_config
-    return path, overrides
+    if "config" in given and ({"path", "name"} & set(given)):
+        raise ConfigError("give either --config FILE or --config-path/--config-name, not both")
+    if "config" in given:
+        return Path(given["config"]), overrides
+    if "name" in given:
+        name = given["name"] if given["name"].endswith(".yaml") else given["name"] + ".yaml"
+        return Path(given.get("path", CONF_DIR)) / name, overrides
+    if "path" in given:
+        raise ConfigError("--config-path needs --config-name NAME (the YAML in that folder)")
+    return CONF_DIR / default_config, overrides
 
 
 def parse_recipe_args(config_cls: type[T], default_config: str,

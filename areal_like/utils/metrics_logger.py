@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from tqdm import tqdm
 
 from areal_like.api.config import LoggingConfig
 
@@ -88,7 +91,9 @@ class MetricsLogger:
             shown = " ".join(
                 f"{k}={_format_value(float(metrics[k]))}" for k in keys if k in metrics
             )
-            print(f"[step {step}] {shown}", flush=True)
+            # around the progress bar, not through it
+            tqdm.write(f"[step {step}] {shown}", file=sys.stdout)
+            sys.stdout.flush()
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -1,0 +1,71 @@
+"""The launchers' console: a real process printing metric lines beside a tqdm bar (stdout and
+stderr in one pipe, as a launcher reads a trainer) comes out as clean lines."""
+
+from __future__ import annotations
+
+import codecs
+import io
+import os
+import subprocess
+import sys
+
+from areal_like.launcher.console import Console
+
+TRAINER_LIKE = r"""
+import sys
+from tqdm import tqdm
+from areal_like.utils.metrics_logger import MetricsLogger
+from areal_like.api.config import LoggingConfig
+import tempfile
+logger = MetricsLogger(LoggingConfig(log_dir=tempfile.mkdtemp(), tensorboard=False, plot=False))
+print("starting", flush=True)
+for step in tqdm(range(20), desc="train steps", file=sys.stderr, mininterval=0):
+    logger.log(step + 1, {"reward": step / 20})
+print("", flush=True)
+print("done", flush=True)
+"""
+
+
+def _run_through(console: Console) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER_LIKE], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    while chunk := os.read(proc.stdout.fileno(), 97):  # odd chunks: lines split anywhere
+        console.feed("trainer", decoder.decode(chunk))
+    assert proc.wait(timeout=120) == 0
+    console.close()
+
+
+def test_metric_lines_and_bars_are_apart_off_a_terminal():
+    out = io.StringIO()
+    _run_through(Console(out, tty=False))
+    lines = out.getvalue().split("\n")
+    assert lines[-1] == ""  # ends with a newline
+    lines = lines[:-1]
+    assert all(line.startswith("[trainer] ") and line.strip() != "[trainer]" for line in lines)
+    metric = [line for line in lines if "[step " in line]
+    assert [int(line.split("[step ")[1].split("]")[0]) for line in metric] == list(range(1, 21))
+    assert all("%|" not in line for line in metric)  # no bar glued to a metric line
+    bars = [line for line in lines if "train steps:" in line]
+    percents = [int(b.split("train steps:")[1].split("%")[0]) for b in bars]
+    assert percents == sorted(percents) and percents[0] == 0 and percents[-1] == 100
+    assert len(bars) == len({p // 10 for p in percents}) <= 11  # one line per 10 %
+    assert lines[0] == "[trainer] starting" and lines[-1] == "[trainer] done"
+    assert len(lines) == 2 + len(metric) + len(bars)  # nothing else, no fragments
+
+
+def test_on_a_terminal_the_bar_is_one_live_line():
+    out = io.StringIO()
+    _run_through(Console(out, tty=True))
+    screen = out.getvalue()
+    # what a terminal shows: "\r\033[K" erases the line; keep what survives on each line
+    shown = [seg.split("\r\x1b[K")[-1] for seg in screen.split("\n")]
+    assert shown[-1] == ""
+    shown = shown[:-1]
+    metric = [s for s in shown if s.startswith("[trainer] [step ")]
+    assert len(metric) == 20 and all("%|" not in s for s in metric)
+    bars = [s for s in shown if "train steps:" in s]
+    assert len(bars) == 1 and "100%" in bars[0]  # only the final bar is left on screen
+    assert shown.index(bars[0]) == len(shown) - 1 or shown[-1] == "[trainer] done"
+    assert "[trainer] " not in [s for s in shown]  # no empty prefixed lines
+    assert len(shown) == 2 + len(metric) + len(bars)  # nothing else, no fragments

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from areal_like.api.config import DatasetConfig
+from areal_like.api.config import DatasetConfig, RewardConfig
 from areal_like.data.addition import load_addition, worked_addition
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
@@ -195,3 +195,26 @@ def test_held_out_split_is_disjoint_from_training(task_type, kwargs):
     assert len(train_q) == 600 and len(set(test.dataset["question"])) == 60  # distinct
     assert not train_q & set(test.dataset["question"])
     assert not train_q & set(other_test.dataset["question"])
+
+
+def test_own_task_and_reward_by_import_path(tmp_path, monkeypatch):
+    (tmp_path / "user_tasks_mod.py").write_text(
+        "def make(split, size, seed, start=0):\n"
+        "    return [{'messages': [{'role': 'user', 'content': f'{split} {i}'}], 'answer': str(i)}"
+        "\n            for i in range(start, start + size)]\n"
+        "def score(prompt, completion, answer, **_):\n    return float(completion == answer)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = build_task(DatasetConfig(type="user_tasks_mod:make", size=3, split="test",
+                                    task_kwargs={"start": 5}), "user_tasks_mod:score")
+    assert task.dataset["answer"] == ["5", "6", "7"]
+    assert task.reward_fn("p", "6", answer="6") == 1.0
+    with pytest.raises(RuntimeError, match="set reward.fn"):  # a Dataset brings no verifier
+        build_task(DatasetConfig(type="user_tasks_mod:make", size=1)).reward_fn("p", "c")
+    with pytest.raises(ImportError, match=r"train_dataset.type / valid_dataset.type="
+                                          r"'no_such_mod:make' cannot be imported in the "
+                                          r"process MainProcess \(pid \d+"):
+        build_task(DatasetConfig(type="no_such_mod:make", size=1))
+    with pytest.raises(ImportError, match=r"reward.fn='user_tasks_mod:scor' cannot be imported"):
+        build_task(DatasetConfig(type="addition", size=1), "user_tasks_mod:scor")
+    with pytest.raises(ValueError, match="RewardConfig.fn='score' is invalid"):
+        RewardConfig(fn="score")

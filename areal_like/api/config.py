@@ -8,6 +8,7 @@ The `algorithm` section (`AlgorithmConfig`) is defined in `algorithm_config.py`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -254,10 +255,11 @@ class DatasetConfig:
     task_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ok = (self.type in ("addition", "gsm8k", "memory_agent")
-              or self.type.startswith("reasoning_gym:"))
+        own = bool(re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", self.type))
+        ok = self.type in ("addition", "gsm8k", "memory_agent") or own
         _check("DatasetConfig", "type", ok, self.type,
-               "'addition', 'gsm8k', 'memory_agent' or 'reasoning_gym:<task name>'")
+               "'addition', 'gsm8k', 'memory_agent', 'reasoning_gym:<task name>' or the "
+               "import path of your own task function, 'my_pkg.tasks:make_task'")
         _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),
                self.size, ">= 1 (0 = every row, for type=gsm8k only)")
         _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
@@ -270,7 +272,7 @@ class DatasetConfig:
         if self.type == "gsm8k":
             _check("DatasetConfig", "path", bool(self.path), self.path,
                    "a .jsonl or .parquet file for type=gsm8k")
-        if not self.type.startswith("reasoning_gym:"):  # reasoning-gym's: checked by the task
+        if self.type in OWN_TASK_PARAMETERS:  # others: checked by the task
             accepted = OWN_TASK_PARAMETERS[self.type]
             unknown = sorted(set(self.task_kwargs) - set(accepted))
             _check("DatasetConfig", "task_kwargs", not unknown, dict(self.task_kwargs),
@@ -290,6 +292,9 @@ class RewardConfig:
     `failure_reward` for failed samples (an explicit opt-in; still counted and budgeted).
     """
 
+    # Import path of your own reward function, 'my_pkg.rewards:score' (called as
+    # fn(prompt, completion, **item)); empty: the task's own verifier.
+    fn: str = ""
     timeout: float = 15.0  # seconds of execution per call (queueing time does not count)
     max_workers: int = 2  # worker processes for sync reward functions
     use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
@@ -302,6 +307,9 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         name = "RewardConfig"
+        _check(name, "fn", not self.fn or bool(re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                                                          self.fn)),
+               self.fn, "empty or an import path like 'my_pkg.rewards:score'")
         _check(name, "timeout", self.timeout > 0, self.timeout, "> 0 seconds")
         _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,

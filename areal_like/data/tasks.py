@@ -13,6 +13,7 @@ from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.memory_episodes import load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
 from areal_like.rewards import exact_match_reward, math_verify_reward, reasoning_gym_reward
+from areal_like.utils.imports import load_object
 
 RewardFn = Callable[..., float]
 
@@ -23,8 +24,34 @@ class Task:
     reward_fn: RewardFn
 
 
-def build_task(config: DatasetConfig) -> Task:
-    """The dataset and verifier that `config.type` names."""
+def build_task(config: DatasetConfig, reward_fn: str = "") -> Task:
+    """The dataset and verifier that `config.type` names; `reward_fn` (an import path,
+    `reward.fn`) replaces the verifier."""
+    task = _build(config)
+    if reward_fn:
+        task.reward_fn = load_object(reward_fn, "reward.fn")
+    return task
+
+
+def _user_task(config: DatasetConfig) -> Task:
+    """`type: my_pkg.tasks:make_task`: make_task(split=, size=, seed=, **task_kwargs) returns a
+    Task, or a Dataset / list of dict items (then `reward.fn` names the verifier)."""
+    make = load_object(config.type, "train_dataset.type / valid_dataset.type")
+    made = make(split=config.split, size=config.size, seed=config.seed, **config.task_kwargs)
+    if isinstance(made, Task):
+        return made
+    dataset = Dataset.from_list(made) if isinstance(made, list) else made
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"task {config.type!r} returned {type(made).__name__}; expected a Task, "
+                        f"a datasets.Dataset or a list of dict items")
+    return Task(dataset, _needs_reward_fn)
+
+
+def _needs_reward_fn(prompt: str, completion: str, **_: object) -> float:
+    raise RuntimeError("this task gave no verifier: set reward.fn=my_pkg.rewards:score")
+
+
+def _build(config: DatasetConfig) -> Task:
     if config.type == "addition":
         params = {"num_digits": config.num_digits, "worked_fraction": config.worked_fraction,
                   **config.task_kwargs}
@@ -36,6 +63,8 @@ def build_task(config: DatasetConfig) -> Task:
         return Task(load_gsm8k(config.path, config.size), math_verify_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
+    if not config.type.startswith("reasoning_gym:"):
+        return _user_task(config)
     if config.type.startswith("reasoning_gym:"):
         name = config.type.split(":", 1)[1]
         # disjoint by a hash of the question; different seeds only vary the order

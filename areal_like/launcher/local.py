@@ -134,6 +134,9 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         env = dict(os.environ, OMP_NUM_THREADS=str(config.launcher.threads_per_trainer),
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pair sockets: loopback only
+        # the user's modules (tasks, rewards named in config) import from where they launch
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
+                                                          os.environ.get("PYTHONPATH")]))
         if n_gpus:
             first = config.server.n_servers * config.server.gpus_per_server if fleet else 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(

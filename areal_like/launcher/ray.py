@@ -169,7 +169,10 @@ class RayJob:
                "LOCAL_WORLD_SIZE": str(len(same_node)), "MASTER_ADDR": master,
                "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": str(self.config.launcher.threads_per_trainer),
-               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+               # the user's modules (tasks, rewards named in config) import as on the driver
+               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(),
+                                                          os.environ.get("PYTHONPATH")]))}
         if "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo on the address Ray knows the node by
             interface = interface_of(trainer.node["ip"])
             if interface:

@@ -66,7 +66,8 @@ class RLSetup:
         self.config = config
         self.run = RunContext(config, console_keys=CONSOLE)
         self.tokenizer = load_tokenizer(config.model)
-        self.task, self.valid = build_task(config.train_dataset), build_task(config.valid_dataset)
+        self.task = build_task(config.train_dataset, config.reward.fn)
+        self.valid = build_task(config.valid_dataset, config.reward.fn)
         self.data_stats: dict[str, float] = {}
         for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
             task.dataset, dropped = limit_prompt_length(task.dataset, self.tokenizer,

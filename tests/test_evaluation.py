@@ -104,3 +104,23 @@ def test_greedy_accuracy_and_pass_at_k_match_the_model(sglang_fleet, tiny_model_
     assert result[f"eval/pass@{K}"] > result["eval/pass@1"]
 
     assert run(seed=11) == result  # seeded samples: the same evaluation again
+
+
+def test_partial_credit_is_reward_not_accuracy():
+    """reasoning-gym's scorers give partial credit ("-5" for "5" scores 0.5 on `products`):
+    that is reward, not a correct answer."""
+    import torch
+    from tensordict import TensorDict
+
+    from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
+    from areal_like.rewards import reasoning_gym_reward
+    from areal_like.runtime.evaluation import episode_accuracy
+
+    item = load_reasoning_gym("products", 20, 1)[0]
+    sign_error = item["answer"][1:] if item["answer"].startswith("-") else "-" + item["answer"]
+    partial = reasoning_gym_reward(item["question"], f"<answer>{sign_error}</answer>", **item)
+    full = reasoning_gym_reward(item["question"], f"<answer>{item['answer']}</answer>", **item)
+    assert 0 < partial < 1 and full == 1.0
+    for reward, correct in ((partial, 0.0), (full, 1.0), (0.0, 0.0)):
+        episode = TensorDict({"rewards": torch.tensor([[0.0, reward]])}, batch_size=[1])
+        assert episode_accuracy(episode) == correct

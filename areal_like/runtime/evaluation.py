@@ -27,12 +27,18 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
+# An answer is correct when the task's checker gives it full credit: every built-in verifier
+# scores a right answer 1.0, and partial credit (reasoning-gym gives 0.5 for "5" to "-5") is
+# not correctness — it shows in `eval/reward`.
+FULL_CREDIT = 1.0
+
+
 def episode_accuracy(trajectory: Any) -> float:
     """How right one evaluated episode is: its `accuracy` key when the workflow records one
-    (e.g. the memory agent's QA accuracy), else whether its best reward exceeds 0.5."""
+    (e.g. the memory agent's QA accuracy), else whether its best reward is full credit."""
     if "accuracy" in trajectory.keys():
         return float(trajectory["accuracy"].reshape(-1)[0])
-    return float(float(trajectory["rewards"].max()) > 0.5)
+    return float(float(trajectory["rewards"].max()) >= FULL_CREDIT)
 
 
 def episode_metrics(trajectories: list[Any], keys: tuple[str, ...]) -> dict[str, float]:
@@ -120,7 +126,7 @@ class Evaluator:
             out["eval/reward_failed"] += failed
             if groups:
                 n, k = self.pass_n, self.pass_k
-                correct = [int((td["rewards"] > 0.5).sum()) for td in groups]
+                correct = [int((td["rewards"] >= FULL_CREDIT).sum()) for td in groups]
                 out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
                 out["eval/pass@1"] = sum(correct) / (n * len(correct))
         return out

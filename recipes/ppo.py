@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     rl = RLSetup(config)
     actor = PPOActor(rl.actor_engine, config.algorithm)
     critic = CriticActor(start_engine(config.critic), config.algorithm)
-    workflow = RLVRWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
+    workflow = rl.make_workflow(RLVRWorkflow)  # or rollout.workflow's class
 
     def train_step(batch: TensorDict) -> dict[str, float]:
         batch["prox_logp"] = actor.compute_logp(batch)

@@ -185,7 +185,9 @@ def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_d
     its last lines, and leaves no process behind."""
     run = tmp_path / "user_script" / "trial0"
     proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
-                        f"launcher.ray_address={ray_address}"], start_new_session=True)
+                        f"launcher.ray_address={ray_address}",
+                        "rollout.weight_transport=distributed"],  # whichever node the server is on
+                start_new_session=True)
     try:
         records = _wait_for_step(proc, run / "metrics.jsonl", 1)
         assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
@@ -208,7 +210,9 @@ def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_d
 def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
     run = tmp_path / "user_script" / "trial0"
     proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
-                        f"launcher.ray_address={ray_address}"], start_new_session=True)
+                        f"launcher.ray_address={ray_address}",
+                        "rollout.weight_transport=distributed"],  # whichever node the server is on
+                start_new_session=True)
     try:
         _wait_for_step(proc, run / "metrics.jsonl", 1)
         actors = json.loads((run / "logs" / "actors.json").read_text())
@@ -233,7 +237,8 @@ def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path
         taken.listen(1)
         taken_too.listen(1)
         proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
-                            f"launcher.ray_address={ray_address}", f"launcher.master_port={port}"])
+                            f"launcher.ray_address={ray_address}", f"launcher.master_port={port}",
+                            "rollout.weight_transport=distributed"])
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert re.search(rf"launcher.master_port={port} is in use on 127\.0\.0\.[23]", out), out

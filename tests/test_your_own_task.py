@@ -1,5 +1,5 @@
-"""What a new user does, through the public entry points only: a task and a reward in a module
-of their own (outside the project), YAMLs in their own folder extending the shipped ones, an
+"""What a new user does, through the public entry points only: a task, a reward and a workflow
+in a module of their own (outside the project), YAMLs in their own folder extending the shipped ones, an
 SFT warm start on the task, then a few asynchronous GRPO steps through the launcher."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ MY_TASK = '''
 import re
 
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
+from workflows import RLVRWorkflow
 
 
 def make_task(split, size, seed, max_terms=2):
@@ -32,6 +33,14 @@ def score(prompt, completion, answer, **_):
     """The exact integer: 1; anything else: -0.5 (no partial credit)."""
     found = re.findall(r"-?\\d+", completion)
     return 1.0 if found and found[-1] == answer.strip() else -0.5
+
+
+class DoubledRewards(RLVRWorkflow):
+    """My workflow: RLVR with every (successful) reward doubled."""
+
+    async def score(self, prompt, responses, data):
+        rewards = await super().score(prompt, responses, data)
+        return [2 * r if isinstance(r, float) else r for r in rewards]
 '''
 
 TASK_YAML = """
@@ -70,6 +79,7 @@ def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path):
         "defaults:\n  - grpo_addition\n  - _self_\ntotal_train_steps: 3\n" + TASK_YAML
         + "  freq_steps: 3\nreward:\n  fn: my_task:score\ngconfig:\n  n_samples: 4\n"
         "  max_new_tokens: 6\nrollout:\n  consumer_batch_size: 4\n"
+        "  workflow: my_task:DoubledRewards\n"
         "logging:\n  experiment_name: my_rl\n  log_dir: runs\n  tensorboard: false\n"
         "  plot: false\n")
 
@@ -85,8 +95,8 @@ def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path):
     rl = read_metrics(home / "runs" / "my_rl" / "trial0" / "metrics.jsonl")
     steps = [r for r in rl if "actor/task_reward/avg" in r]
     assert [r["step"] for r in steps] == [1, 2, 3], out[-3000:]
-    # my reward, not the task's verifier: -0.5 is a value only it gives
+    # my reward (-0.5 / 1, not the task's verifier) through my workflow (doubled)
     rewards = {r["actor/task_reward/min"] for r in steps} | {r["actor/task_reward/max"]
                                                             for r in steps}
-    assert rewards <= {-0.5, 1.0} and -0.5 in rewards
+    assert rewards <= {-1.0, 2.0} and -1.0 in rewards
     assert any("eval/accuracy" in r for r in rl)

@@ -17,6 +17,8 @@ from areal_like.api.config_checks import check as _check
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # my_pkg.module:name
+
 
 @dataclass
 class ModelConfig:
@@ -149,6 +151,9 @@ class RolloutConfig:
     """The rollout side: where the servers are and how far rollout may run ahead."""
 
     server_addrs: List[str] = field(default_factory=list)  # host:port; empty: launch locally
+    # Import path of your own workflow class, 'my_pkg.flows:MyWorkflow', built as
+    # cls(reward_fn, gconfig, tokenizer) by the RLVR recipes (grpo, ppo); empty: theirs.
+    workflow: str = ""
     api_key: Optional[str] = None
     max_concurrent_rollouts: int = 32
     max_head_offpolicyness: int = 0  # eta: how many versions rollout may run ahead
@@ -187,6 +192,8 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
+        _check("RolloutConfig", "workflow", not self.workflow or bool(IMPORT_PATH.match(
+            self.workflow)), self.workflow, "empty or an import path like 'my_pkg.flows:Flow'")
         for key in ("server_down_timeout", "health_check_interval"):
             _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
                    "> 0 seconds")
@@ -255,7 +262,7 @@ class DatasetConfig:
     task_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        own = bool(re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", self.type))
+        own = bool(IMPORT_PATH.match(self.type))
         ok = self.type in ("addition", "gsm8k", "memory_agent") or own
         _check("DatasetConfig", "type", ok, self.type,
                "'addition', 'gsm8k', 'memory_agent', 'reasoning_gym:<task name>' or the "
@@ -307,8 +314,7 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         name = "RewardConfig"
-        _check(name, "fn", not self.fn or bool(re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
-                                                          self.fn)),
+        _check(name, "fn", not self.fn or bool(IMPORT_PATH.match(self.fn)),
                self.fn, "empty or an import path like 'my_pkg.rewards:score'")
         _check(name, "timeout", self.timeout > 0, self.timeout, "> 0 seconds")
         _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")

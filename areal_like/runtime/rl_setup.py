@@ -44,6 +44,7 @@ from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.rollout_process import RolloutProcess, RolloutSetup
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
+from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
 from engines import FSDPEngine
 
@@ -165,6 +166,13 @@ class RLSetup:
         total = self.config.total_train_steps
         yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
                         disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
+
+    def make_workflow(self, default: type) -> RolloutWorkflow:
+        """The recipe's workflow, or the class `rollout.workflow` names, built as
+        cls(reward_fn, gconfig, tokenizer)."""
+        path = self.config.rollout.workflow
+        cls = load_object(path, "rollout.workflow") if path else default
+        return cls(self.task.reward_fn, self.config.gconfig, self.tokenizer)
 
     def timing(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.run.timing(name)

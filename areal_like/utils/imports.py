@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-import re
 from typing import Any
 
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+from areal_like.api.config import IMPORT_PATH
 
 
 def this_process() -> str:

@@ -54,7 +54,9 @@ def _session_pids(sid: int) -> list[int]:
 def _start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
     """`ray start --block ...` in a session of its own; returns once the node is up."""
     with open(log, "wb") as out:
-        node = subprocess.Popen(["ray", "start", "--block", "--disable-usage-stats",
+        # `ray start`, through this Python (its scripts folder need not be on PATH)
+        node = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+                                 "--disable-usage-stats",
                                  f"--dashboard-agent-listen-port={_free_port()}", *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=ENV,
                                 start_new_session=True)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from sglang_helpers import assert_same_records
@@ -180,28 +181,41 @@ def _assert_all_gone(actors: list[dict], timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_dir, tmp_path):
-    """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
-    killing the server's actor stops the job within a bound, naming the actor, its node and
-    its last lines, and leaves no process behind."""
+def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
+                          interrupt: Callable[[subprocess.Popen, list[dict]], None]
+                          ) -> tuple[int, str, list[dict], list[dict]]:
+    """Start the user's script as a job far too long to finish, wait for its first step,
+    `interrupt(proc, actors)`; (exit code, output, metric records, actors.json)."""
     run = tmp_path / "user_script" / "trial0"
-    proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
+    proc = _run("ray", [*SCRIPT, *_common(model_dir, tmp_path, 100_000),
                         f"launcher.ray_address={ray_address}",
                         "rollout.weight_transport=distributed"],  # whichever node the server is on
                 start_new_session=True)
     try:
         records = _wait_for_step(proc, run / "metrics.jsonl", 1)
-        assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
         actors = json.loads((run / "logs" / "actors.json").read_text())
-        server = next(a for a in actors if a["name"] == "server_0")
-        os.kill(server["actor_pid"], signal.SIGKILL)
+        interrupt(proc, actors)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
-    assert proc.returncode == 1, out[-4000:]
+    return proc.returncode, out, records, actors
+
+
+@pytest.mark.slow
+def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_dir, tmp_path):
+    """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
+    killing the server's actor stops the job within a bound, naming the actor, its node and
+    its last lines, and leaves no process behind."""
+    def kill_server_actor(proc: subprocess.Popen, actors: list[dict]) -> None:
+        os.kill(next(a for a in actors if a["name"] == "server_0")["actor_pid"], signal.SIGKILL)
+
+    code, out, records, actors = _interrupted_long_job(ray_address, tiny_model_dir, tmp_path,
+                                                       kill_server_actor)
+    assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
+    assert code == 1, out[-4000:]
+    server = next(a for a in actors if a["name"] == "server_0")
     tail = out[out.index("launch failed:"):]
     assert f"server_0 (node {server['ip']}, host {socket.gethostname()}" in tail
     assert "died" in tail and "last lines of" in tail
@@ -210,25 +224,13 @@ def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_d
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
-    run = tmp_path / "user_script" / "trial0"
-    proc = _run("ray", [*SCRIPT, *_common(tiny_model_dir, tmp_path, 100_000),
-                        f"launcher.ray_address={ray_address}",
-                        "rollout.weight_transport=distributed"],  # whichever node the server is on
-                start_new_session=True)
-    try:
-        _wait_for_step(proc, run / "metrics.jsonl", 1)
-        actors = json.loads((run / "logs" / "actors.json").read_text())
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
-    assert proc.returncode == 130, out[-4000:]
+    code, out, _, actors = _interrupted_long_job(
+        ray_address, tiny_model_dir, tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT))
+    assert code == 130, out[-4000:]
     assert "interrupted: stopped every actor" in out
     _assert_all_gone(actors)
     # the trainers' last output (after the signal) was collected too
-    assert (run / "logs" / "trainer_0.log").stat().st_size > 0
+    assert (tmp_path / "user_script" / "trial0" / "logs" / "trainer_0.log").stat().st_size > 0
 
 
 def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path):

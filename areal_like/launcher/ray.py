@@ -27,13 +27,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from areal_like.api.config_loader import ConfigError
 from areal_like.launcher.console import Console
 from areal_like.launcher.ray_cluster import connect, plan, reserve
 from areal_like.launcher.target import (
     LaunchError,
     TrainTarget,
     check_model_path,
+    launcher_main,
     resolve_target,
     trainer_error,
 )
@@ -323,28 +323,8 @@ def launch(target_name: str, argv: list[str]) -> int:
         job.stop()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
-
-
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return launch(argv[0], argv[1:])
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except LaunchError as e:
-        print(f"launch failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("[launcher] interrupted: stopped every actor", file=sys.stderr)
-        return 130
+    return launcher_main(launch, __doc__ or "", argv, "every actor")
 
 
 if __name__ == "__main__":

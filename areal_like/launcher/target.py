@@ -10,9 +10,11 @@ validated when its defaults list names a registered schema.
 
 from __future__ import annotations
 
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_config, load_launch_config
@@ -75,3 +77,32 @@ def trainer_error(lines: list[str]) -> str:
         if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
             return line.strip()
     return ""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
+
+
+def launcher_main(launch: Callable[[str, list[str]], int], doc: str,
+                  argv: Optional[list[str]], stopped: str) -> int:
+    """A launcher's command line: help, signals, and its errors as exit codes (config 2,
+    launch 1, interrupted 130 after saying that `stopped` were stopped)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(doc)
+        return 0 if argv else 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C cleans up too, even when started from a script's background job (which would
+    # inherit SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return launch(argv[0], argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except LaunchError as e:
+        print(f"launch failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"[launcher] interrupted: stopped {stopped}", file=sys.stderr)
+        return 130

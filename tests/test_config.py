@@ -59,6 +59,25 @@ def test_override_typo_names_key_and_closest(conf):
         load_config(BaseExperimentConfig, conf, ["sed=3"])
 
 
+def test_typo_hint_offers_only_keys_of_the_sections_task_type():
+    """A reasoning-gym task is offered its own generator parameters, not addition's fields;
+    an addition field set for another task is an error, not silently ignored."""
+    import recipes  # noqa: F401 - registers the shipped schemas and config folder
+    from recipes.grpo import GRPOConfig
+    shipped = Path(recipes.__file__).parent / "conf" / "grpo_addition.yaml"
+    gym = "train_dataset.type=reasoning_gym:basic_arithmetic"
+    with pytest.raises(ConfigError) as e:
+        load_config(GRPOConfig, shipped, [gym, "train_dataset.num_terms=2"])
+    assert "did you mean 'train_dataset.task_kwargs.min_terms' or " \
+           "'train_dataset.task_kwargs.max_terms'?" in str(e.value)
+    assert "'train_dataset.num_digits'" not in str(e.value)
+    with pytest.raises(ConfigError, match="did you mean 'train_dataset.num_digits'"):
+        load_config(GRPOConfig, shipped, ["train_dataset.num_digitz=3"])  # type: addition
+    with pytest.raises(ConfigError, match=r"num_digits=3 is invalid: expected unset: it is a "
+                                          r"parameter of type 'addition', not of 'reasoning_gym"):
+        load_config(GRPOConfig, shipped, [gym, "train_dataset.num_digits=3"])
+
+
 def test_yaml_typo_names_key_and_closest(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(YAML.replace("lr_scheduler_type", "lr_schedular_type"))

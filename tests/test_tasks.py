@@ -183,18 +183,22 @@ def test_reasoning_gym_task_kwargs_reach_the_generator_and_bad_ones_are_named():
     ("addition", {}),
     ("reasoning_gym:basic_arithmetic", {"min_terms": 2, "max_terms": 2, "max_digits": 2}),
     ("reasoning_gym:leg_counting", {}),
+    ("memory_agent", {}),
 ])
 def test_held_out_split_is_disjoint_from_training(task_type, kwargs):
-    """Whatever the seeds and sizes: every question belongs to one split."""
-    train = build_task(DatasetConfig(type=task_type, size=600, seed=1, task_kwargs=kwargs))
-    test = build_task(DatasetConfig(type=task_type, size=60, seed=1, split="test",
-                                    task_kwargs=kwargs))
-    other_test = build_task(DatasetConfig(type=task_type, size=60, seed=7, split="test",
-                                          task_kwargs=kwargs))
-    train_q = set(train.dataset["question"])
-    assert len(train_q) == 600 and len(set(test.dataset["question"])) == 60  # distinct
-    assert not train_q & set(test.dataset["question"])
-    assert not train_q & set(other_test.dataset["question"])
+    """Whatever the seeds and sizes: every question belongs to one split (for the memory agent,
+    a question is the set of facts asked about, whatever the chatter around them)."""
+    def questions(split, size, seed):
+        rows = build_task(DatasetConfig(type=task_type, size=size, seed=seed, split=split,
+                                        task_kwargs=kwargs)).dataset
+        if task_type == "memory_agent":
+            return [repr((r["questions"], r["answers"])) for r in rows]
+        return rows["question"]
+    train_q = questions("train", 600, 1)
+    test_q, other_test_q = questions("test", 60, 1), questions("test", 60, 7)
+    assert len(set(train_q)) == 600 and len(set(test_q)) == 60  # distinct
+    assert not set(train_q) & set(test_q)
+    assert not set(train_q) & set(other_test_q)
 
 
 def test_own_task_and_reward_by_import_path(tmp_path, monkeypatch):

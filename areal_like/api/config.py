@@ -239,6 +239,7 @@ class RolloutConfig:
 
 OWN_TASK_PARAMETERS = {"addition": ("num_digits", "worked_fraction"), "gsm8k": (),
                        "memory_agent": ()}
+_TASK_FIELDS = {"num_digits": 2, "worked_fraction": 0.0}  # addition's own fields, and defaults
 
 
 @dataclass
@@ -276,6 +277,10 @@ class DatasetConfig:
         _check("DatasetConfig", "num_digits", self.num_digits >= 1, self.num_digits, ">= 1")
         _check("DatasetConfig", "worked_fraction", 0.0 <= self.worked_fraction <= 1.0,
                self.worked_fraction, "in [0, 1]")
+        for key, default in _TASK_FIELDS.items():  # set for another task: would be ignored
+            _check("DatasetConfig", key, self.type == "addition" or getattr(self, key) == default,
+                   getattr(self, key), f"unset: it is a parameter of type 'addition', not of "
+                   f"{self.type!r} (whose parameters go under task_kwargs)")
         if self.type == "gsm8k":
             _check("DatasetConfig", "path", bool(self.path), self.path,
                    "a .jsonl or .parquet file for type=gsm8k")
@@ -284,6 +289,23 @@ class DatasetConfig:
             unknown = sorted(set(self.task_kwargs) - set(accepted))
             _check("DatasetConfig", "task_kwargs", not unknown, dict(self.task_kwargs),
                    f"parameters of task {self.type!r}: {list(accepted)} (not {unknown})")
+
+    @staticmethod
+    def suggestable_keys(task_type: Any) -> tuple[list[str], list[str]]:
+        """For a typo's hint: (fields that mean something for `task_type`, its generator
+        parameters, set under task_kwargs)."""
+        fields = [f for f in DatasetConfig.__dataclass_fields__
+                  if f not in _TASK_FIELDS or task_type == "addition"]
+        if task_type in OWN_TASK_PARAMETERS:
+            return fields, list(OWN_TASK_PARAMETERS[task_type])
+        if isinstance(task_type, str) and task_type.startswith("reasoning_gym:"):
+            try:
+                from reasoning_gym.factory import DATASETS
+                config_cls = DATASETS[task_type.split(":", 1)[1]][1]
+            except (ImportError, KeyError):
+                return fields, []
+            return fields, [f for f in config_cls.__dataclass_fields__ if f not in ("seed", "size")]
+        return fields, []
 
 
 

@@ -70,8 +70,8 @@ def register_schema(name: str, config_cls: type) -> None:
     ConfigStore.instance().store(name=name, node=config_cls)
 
 
-def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
-    """Field names of the dataclass found by following `dotted_parent` from `config_cls`."""
+def _class_at(config_cls: type, dotted_parent: str) -> Optional[type]:
+    """The dataclass found by following `dotted_parent` from `config_cls`, else None."""
     cls: Any = config_cls
     for part in [p for p in dotted_parent.split(".") if p]:
         if not dataclasses.is_dataclass(cls):
@@ -80,9 +80,33 @@ def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
         if part not in hints:
             return None
         cls = hints[part]
-    if not dataclasses.is_dataclass(cls):
-        return None
-    return [f.name for f in dataclasses.fields(cls)]
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
+    """Field names of the dataclass found by following `dotted_parent` from `config_cls`."""
+    cls = _class_at(config_cls, dotted_parent)
+    return None if cls is None else [f.name for f in dataclasses.fields(cls)]
+
+
+def _section_types(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """`{section: its type}` for the sections of the YAML at `path` that have a `type` key (and
+    `section.type=` overrides): what a typo's hint depends on. Best effort: {} on any failure."""
+    types: dict[str, Any] = {}
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
+            composed = compose(config_name=path.stem, overrides=[
+                f"hydra.searchpath=[{','.join(f'file://{d}' for d in _SEARCH_DIRS)}]"])
+        types = {k: v.get("type") for k, v in composed.items() if OmegaConf.is_dict(v)}
+    except Exception:  # noqa: BLE001 - only a hint; the caller raises the real error
+        pass
+    finally:
+        GlobalHydra.instance().clear()
+    for o in overrides:
+        found = re.fullmatch(r"\+*([\w.]+)\.type=(.*)", o)
+        if found:
+            types[found.group(1)] = found.group(2)
+    return types
 
 
 def _full_key(exc: BaseException) -> Optional[str]:
@@ -110,8 +134,11 @@ def _root_message(exc: BaseException) -> str:
     return text if len(text) <= 400 else text[:400] + " ..."  # merge errors dump whole configs
 
 
-def explain_config_error(exc: BaseException, config_cls: type, source: str) -> ConfigError:
-    """Build a `ConfigError` from a Hydra/OmegaConf exception raised while composing."""
+def explain_config_error(exc: BaseException, config_cls: type, source: str,
+                         section_types: Optional[dict[str, Any]] = None) -> ConfigError:
+    """Build a `ConfigError` from a Hydra/OmegaConf exception raised while composing;
+    `section_types` (`{section: its type key}`) narrows a typo's hint to the keys valid for
+    that type (e.g. a reasoning-gym task's own parameters)."""
     key = _full_key(exc)
     message = _root_message(exc)
     if key is None:
@@ -121,15 +148,21 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str) -> C
     valid = _fields_at(config_cls, parent) or []
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
-    hint = ""
+    cls, hint, params = _class_at(config_cls, parent), "", []
+    if cls is not None and hasattr(cls, "suggestable_keys"):  # keys depend on the section's type
+        valid, params = cls.suggestable_keys((section_types or {}).get(parent))
     if valid:
-        close = difflib.get_close_matches(leaf, valid, n=3, cutoff=0.5)
         where = f"'{parent}'" if parent else "the top level"
-        names = [f"{parent}.{c}" if parent else c for c in close]
+        names = [f"{parent}.{c}" if parent else c
+                 for c in difflib.get_close_matches(leaf, valid, n=3, cutoff=0.5)]
+        names += [f"{parent}.task_kwargs.{c}"
+                  for c in difflib.get_close_matches(leaf, params, n=3, cutoff=0.5)]
         hint = (f"; did you mean {' or '.join(repr(n) for n in names)}?"
-                if close else f"; valid keys under {where}: {valid}")
+                if names else f"; valid keys under {where}: {valid}")
+        if params:
+            hint += f" (parameters of this task, under task_kwargs: {params})"
         free = [f for f in valid if _inside_a_dict(config_cls, f"{parent}.{f}.x".lstrip("."))]
-        if free:  # e.g. a task's own parameter, under task_kwargs
+        if free and not params:  # e.g. a task's own parameter, under task_kwargs
             hint += (f" (or, as a free-form key: "
                      f"'{'.'.join(p for p in (parent, free[0], leaf) if p)}')")
     return ConfigError(f"{source}: bad config key '{key}': {message}{hint}")
@@ -174,7 +207,7 @@ def _compose(config_cls: type, config_file: str | Path,
         missing = _missing_config(e, path)
         if missing:
             raise ConfigError(missing) from e
-        raise explain_config_error(e, config_cls, source) from e
+        raise explain_config_error(e, config_cls, source, _section_types(path, overrides)) from e
 
 
 def _to_object(composed: Any, config_cls: type, source: str) -> Any:

@@ -3,6 +3,7 @@ and questions that ask for the facts."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any, Optional
 
@@ -35,8 +36,34 @@ def make_memory_episodes(n: int, seed: int = 1, n_chunks: int = 2,
     return episodes
 
 
+TEST_FRACTION = 10  # one fact set in TEST_FRACTION belongs to the test split
+MAX_DRAWS = 50  # draws per requested episode before giving up
+
+
+def split_of(episode: dict[str, Any]) -> str:
+    """The split an episode's facts belong to, by a hash: the same facts (whatever the chatter
+    around them) never appear in both splits."""
+    facts = "|".join(f"{q}={a}" for q, a in zip(episode["questions"], episode["answers"]))
+    digest = hashlib.blake2b(facts.encode(), digest_size=4).digest()
+    return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
+
+
 def load_memory_episodes(size: int, split: str = "train", seed: int = 1,
                          n_chunks: int = 2) -> Dataset:
-    """`size` episodes; train and test use disjoint seeds."""
-    offset = 0 if split == "train" else 1_000_003
-    return Dataset.from_list(make_memory_episodes(size, seed + offset, n_chunks))
+    """`size` episodes of `split`, distinct fact sets; seeds vary only which ones and their order."""
+    if split not in ("train", "test"):
+        raise ValueError(f"memory_agent split={split!r}: expected 'train' or 'test'")
+    rng = random.Random(seed if split == "train" else seed + 1_000_003)
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    for _ in range(size * MAX_DRAWS):
+        episode = make_memory_episodes(1, seed, n_chunks, rng=rng)[0]
+        facts = (tuple(episode["questions"]), tuple(episode["answers"]))
+        if facts in seen or split_of(episode) != split:
+            continue
+        seen.add(facts)
+        rows.append({**episode, "id": f"memory-{split}-{seed}-{len(rows)}"})
+        if len(rows) == size:
+            return Dataset.from_list(rows)
+    raise ValueError(f"memory_agent: only {len(rows)} distinct {split} episodes with "
+                     f"n_chunks={n_chunks} in {size * MAX_DRAWS} draws, fewer than size={size}")

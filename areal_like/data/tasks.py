@@ -65,13 +65,11 @@ def _build(config: DatasetConfig) -> Task:
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
     if not config.type.startswith("reasoning_gym:"):
         return _user_task(config)
-    if config.type.startswith("reasoning_gym:"):
-        name = config.type.split(":", 1)[1]
-        # disjoint by a hash of the question; different seeds only vary the order
-        seed = config.seed if config.split == "train" else config.seed + 1_000_003
-        return Task(load_reasoning_gym(name, config.size, seed, config.split,
-                                       dict(config.task_kwargs)), reasoning_gym_reward)
-    raise ValueError(f"DatasetConfig.type={config.type!r} is not a known task")
+    name = config.type.split(":", 1)[1]
+    # disjoint by a hash of the question; different seeds only vary the order
+    seed = config.seed if config.split == "train" else config.seed + 1_000_003
+    return Task(load_reasoning_gym(name, config.size, seed, config.split,
+                                   dict(config.task_kwargs)), reasoning_gym_reward)
 
 
 def _own_reward(prompt: str, completion: str, **_: object) -> float:

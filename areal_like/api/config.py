@@ -16,6 +16,7 @@ from areal_like.api.algorithm_config import AlgorithmConfig
 from areal_like.api.config_checks import check as _check
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.task_keys import OWN_TASK_PARAMETERS, TASK_FIELDS, keys_for_task
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # my_pkg.module:name
 
@@ -237,9 +238,6 @@ class RolloutConfig:
                    "entries of the form host:port")
 
 
-OWN_TASK_PARAMETERS = {"addition": ("num_digits", "worked_fraction"), "gsm8k": (),
-                       "memory_agent": ()}
-_TASK_FIELDS = {"num_digits": 2, "worked_fraction": 0.0}  # addition's own fields, and defaults
 
 
 @dataclass
@@ -277,7 +275,7 @@ class DatasetConfig:
         _check("DatasetConfig", "num_digits", self.num_digits >= 1, self.num_digits, ">= 1")
         _check("DatasetConfig", "worked_fraction", 0.0 <= self.worked_fraction <= 1.0,
                self.worked_fraction, "in [0, 1]")
-        for key, default in _TASK_FIELDS.items():  # set for another task: would be ignored
+        for key, default in TASK_FIELDS.items():  # set for another task: would be ignored
             _check("DatasetConfig", key, self.type == "addition" or getattr(self, key) == default,
                    getattr(self, key), f"unset: it is a parameter of type 'addition', not of "
                    f"{self.type!r} (whose parameters go under task_kwargs)")
@@ -290,23 +288,10 @@ class DatasetConfig:
             _check("DatasetConfig", "task_kwargs", not unknown, dict(self.task_kwargs),
                    f"parameters of task {self.type!r}: {list(accepted)} (not {unknown})")
 
-    @staticmethod
-    def suggestable_keys(task_type: Any) -> tuple[list[str], list[str]]:
-        """For a typo's hint: (fields that mean something for `task_type`, its generator
-        parameters, set under task_kwargs)."""
-        fields = [f for f in DatasetConfig.__dataclass_fields__
-                  if f not in _TASK_FIELDS or task_type == "addition"]
-        if task_type in OWN_TASK_PARAMETERS:
-            return fields, list(OWN_TASK_PARAMETERS[task_type])
-        if isinstance(task_type, str) and task_type.startswith("reasoning_gym:"):
-            try:
-                from reasoning_gym.factory import DATASETS
-                config_cls = DATASETS[task_type.split(":", 1)[1]][1]
-            except (ImportError, KeyError):
-                return fields, []
-            return fields, [f for f in config_cls.__dataclass_fields__ if f not in ("seed", "size")]
-        return fields, []
-
+    @classmethod
+    def suggestable_keys(cls, task_type: Any) -> tuple[list[str], list[str]]:
+        """For a typo's hint: the keys valid for `task_type` (fields, task_kwargs)."""
+        return keys_for_task(list(cls.__dataclass_fields__), task_type)
 
 
 @dataclass

@@ -43,14 +43,15 @@ MAX_DRAWS = 50  # draws per requested episode before giving up
 def split_of(episode: dict[str, Any]) -> str:
     """The split an episode's facts belong to, by a hash: the same facts (whatever the chatter
     around them) never appear in both splits."""
-    facts = "|".join(f"{q}={a}" for q, a in zip(episode["questions"], episode["answers"]))
+    facts = "|".join(f"{q}={a}" for q, a in zip(episode["questions"], episode["answers"],
+                                                    strict=True))
     digest = hashlib.blake2b(facts.encode(), digest_size=4).digest()
     return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
 
 
 def load_memory_episodes(size: int, split: str = "train", seed: int = 1,
                          n_chunks: int = 2) -> Dataset:
-    """`size` episodes of `split`, distinct fact sets; seeds vary only which ones and their order."""
+    """`size` episodes of `split` with distinct fact sets; seeds vary which, and their order."""
     if split not in ("train", "test"):
         raise ValueError(f"memory_agent split={split!r}: expected 'train' or 'test'")
     rng = random.Random(seed if split == "train" else seed + 1_000_003)

@@ -74,3 +74,11 @@ def inline_burns_cpu(prompt, completion, seconds="0.5", **_):
     while time.thread_time() < end:
         pass
     return 1.0
+
+
+def arealite_style(prompt, completions, prompt_ids, completion_ids, answer="42", **kwargs):
+    """AReaL-lite's convention; the value proves which ids arrived: 100 * #prompt ids +
+    #completion ids when the completion is right, else 0."""
+    if completions.strip() != answer:
+        return 0.0
+    return float(100 * len(prompt_ids) + len(completion_ids))

@@ -198,11 +198,18 @@ def _one_argument(completion):
     return 1.0
 
 
+def _arealite_without_ids(prompt, completions):
+    return 1.0
+
+
 @pytest.mark.parametrize("fn, data, expected", [
     (lambda p, c, **_: 1.0, None, ["<lambda>", "cannot be sent to reward worker processes",
                                    "reward.use_processes=false"]),
     (_closure_reward(), None, ["_closure_reward.reward", "cannot be pickled"]),
-    (_one_argument, None, ["_one_argument(completion)", "first two parameters"]),
+    (_one_argument, None, ["_one_argument(completion)", "takes either (prompt, completion, "
+                                                        "**kwargs) or, as in AReaL-lite"]),
+    (_arealite_without_ids, None, ["reward_fn(prompt, completions, prompt_ids, completion_ids,"
+                                   " **data)", "unexpected keyword argument 'prompt_ids'"]),
     (_needs_answer, {"answer": "1", "id": "a"}, ["_needs_answer(prompt, completion, answer)",
                                                 "['answer', 'id']", "unexpected keyword",
                                                 "**kwargs"]),
@@ -216,6 +223,21 @@ def test_check_reports_unusable_reward_functions(executor_factory, fn, data, exp
     for text in expected:
         assert text in str(info.value)
     assert executor._pool is None  # failed before any worker was started
+
+
+@pytest.mark.parametrize("use_processes", [True, False])
+async def test_arealite_convention_is_detected_and_gets_the_token_ids(executor_factory,
+                                                                      use_processes):
+    """AReaL-lite's reward_fn(prompt, completions, prompt_ids, completion_ids, **data) runs
+    unchanged, in workers and in threads; ours, beside it, gets no ids."""
+    executor = executor_factory(max_workers=1, timeout=60, use_processes=use_processes)
+    executor.check(reward_fns.arealite_style, {"answer": "42", "id": 1})
+    right, wrong, ours = await asyncio.gather(
+        executor(reward_fns.arealite_style, "q", " 42", token_ids=([1, 2, 3], [4, 5]),
+                 answer="42", id=1),
+        executor(reward_fns.arealite_style, "q", "41", token_ids=([1], [2]), answer="42"),
+        executor(reward_fns.right_if_42, "q", "42", token_ids=([1], [2]), answer="42"))
+    assert (right, wrong, ours) == (302.0, 0.0, 1.0)
 
 
 def test_check_accepts_good_functions_and_loads_them_in_a_worker(executor_factory):

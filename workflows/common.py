@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, ModelResponse
+from areal_like.utils.chat import render_chat
 
 
 def load_tokenizer(tokenizer: PreTrainedTokenizerBase | str) -> PreTrainedTokenizerBase:
@@ -23,10 +24,11 @@ def stable_id(value: Any) -> int:
 
 
 def chat_prompt_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], **template_kwargs: Any
 ) -> list[int]:
-    """Token ids of `messages` rendered with the chat template plus the assistant header."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """Token ids of `messages` rendered with the chat template plus the assistant header
+    (template kwargs: the configured ones, see `areal_like.utils.chat`, then these)."""
+    text = render_chat(tokenizer, messages, **template_kwargs)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

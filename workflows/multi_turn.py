@@ -15,6 +15,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.utils.chat import render_chat
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -59,9 +60,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
     def _feedback_ids(self, feedback: str) -> list[int]:
         # The assistant turn ends with EOS (<|im_end|>); ChatML then puts a newline before the
         # next turn's header. Only this suffix is tokenized, never the history.
-        turn = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": feedback}], tokenize=False, add_generation_prompt=True
-        )
+        turn = render_chat(self.tokenizer, [{"role": "user", "content": feedback}])
         return self.tokenizer.encode("\n" + turn, add_special_tokens=False)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
@@ -78,7 +77,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
             )
             builder.add_generation(resp)
             completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
-            reward = await self.reward_executor(self.reward_fn, prompt, completion, **data)
+            reward = await self.reward_executor(self.reward_fn, prompt, completion, **data,
+                                                token_ids=(resp.input_tokens, resp.output_tokens))
             if reward > 0 or turn == self.max_turns - 1:
                 break
             if not resp.output_tokens or resp.output_tokens[-1] != self.tokenizer.eos_token_id:

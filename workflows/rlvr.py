@@ -44,9 +44,11 @@ class RLVRWorkflow(RolloutWorkflow):
         gconfig: GenerationHyperparameters,
         tokenizer: PreTrainedTokenizerBase | str,
         reward_executor: Optional[RewardExecutor] = None,
+        enable_thinking: Optional[bool] = None,
     ) -> None:
         self.reward_fn = reward_fn
         self.tokenizer = load_tokenizer(tokenizer)
+        self.enable_thinking = enable_thinking  # None: as configured (model.chat_template_kwargs)
         self.gconfig = with_eos_stop(gconfig, self.tokenizer)
         self.reward_executor = reward_executor or default_reward_executor()
         self.reward_executor.check_early(reward_fn)
@@ -54,7 +56,8 @@ class RLVRWorkflow(RolloutWorkflow):
     def prompt_ids(self, data: dict[str, Any]) -> list[int]:
         if "messages" not in data:
             raise KeyError(f"RLVRWorkflow: data item has no 'messages'; keys: {sorted(data)}")
-        return chat_prompt_ids(self.tokenizer, data["messages"])
+        extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return chat_prompt_ids(self.tokenizer, data["messages"], **extra)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
@@ -75,7 +78,9 @@ class RLVRWorkflow(RolloutWorkflow):
         texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
                  for r in responses]
         results = await asyncio.gather(*[
-            self.reward_executor(self.reward_fn, prompt, t, **data) for t in texts
+            self.reward_executor(self.reward_fn, prompt, t, **data,
+                                 token_ids=(r.input_tokens, r.output_tokens))
+            for t, r in zip(texts, responses, strict=True)
         ], return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, RewardFailure):

@@ -18,6 +18,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.utils.chat import render_chat
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -77,8 +78,7 @@ class ToolAgentWorkflow(RolloutWorkflow):
 
     def _tool_message_ids(self, results: list[ToolResult]) -> list[int]:
         messages = [{"role": "tool", "content": r.render()} for r in results]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True)
+        text = render_chat(self.tokenizer, messages)
         return self.tokenizer.encode("\n" + text, add_special_tokens=False)
 
     def _close_turn(self, builder: TrajectoryBuilder) -> None:

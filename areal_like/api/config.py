@@ -29,6 +29,8 @@ class ModelConfig:
     tokenizer_path: str = ""  # empty: same as `path`
     dtype: str = "float32"
     is_critic: bool = False  # replace the LM head with a scalar value head
+    # keyword arguments of the chat template, e.g. {enable_thinking: false} (Qwen3)
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _one_of("ModelConfig", "dtype", self.dtype, ("float32", "bfloat16", "float16"))

@@ -11,6 +11,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from areal_like.api.config import DatasetConfig, ModelConfig
+from areal_like.utils.chat import render_chat, set_chat_template_kwargs
 
 logger = logging.getLogger("areal_like")
 
@@ -22,9 +23,10 @@ def load_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
     if not path or not Path(path).is_dir():
         raise FileNotFoundError(f"{key}={path!r} is not a folder with a tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ValueError(f"{key}={path!r}: cannot load a tokenizer from it: {e}") from e
+    return set_chat_template_kwargs(tokenizer, model.chat_template_kwargs)
 
 
 def prompt_lengths(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -35,8 +37,7 @@ def prompt_lengths(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> list
     if "messages" not in dataset.column_names:
         raise KeyError(f"data items have no 'messages' to measure; columns: "
                        f"{dataset.column_names}")
-    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-             for m in dataset["messages"]]
+    texts = [render_chat(tokenizer, m) for m in dataset["messages"]]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 

@@ -9,6 +9,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.utils.batching import concat_padded
+from areal_like.utils.chat import render_chat
 from areal_like.utils.functional import next_token_labels
 
 
@@ -17,8 +18,7 @@ def build_sft_batch(items: list[dict[str, Any]], tokenizer: PreTrainedTokenizerB
     and EOS tokens."""
     rows = []
     for item in items:
-        text = tokenizer.apply_chat_template(item["messages"], tokenize=False,
-                                             add_generation_prompt=True)
+        text = render_chat(tokenizer, item["messages"])
         prompt = tokenizer.encode(text, add_special_tokens=False)
         answer = tokenizer.encode(str(item.get("target", item["answer"])),
                                   add_special_tokens=False)

@@ -13,6 +13,7 @@ import pickle
 import sys
 from typing import Any, Callable, Optional
 
+from areal_like.rewards.convention import call_arguments, reward_convention
 from areal_like.rewards.errors import RewardFunctionError
 
 
@@ -35,8 +36,8 @@ def where_defined(fn: Callable[..., Any]) -> str:
 
 
 def check_signature(fn: Callable[..., Any], data: Optional[dict[str, Any]] = None) -> None:
-    """`fn` accepts (prompt, completion, **data) for this data item; with `data` None only
-    the two positional arguments are checked (the data keys are not known yet)."""
+    """`fn` accepts one of the two conventions (`areal_like.rewards.convention`) for this data
+    item; with `data` None only the fixed arguments are checked (data keys are not known yet)."""
     name = reward_name(fn)
     if not callable(fn):
         raise RewardFunctionError(f"reward function {fn!r} is not callable")
@@ -44,18 +45,21 @@ def check_signature(fn: Callable[..., Any], data: Optional[dict[str, Any]] = Non
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins and some C callables have no signature to check
+    convention = reward_convention(fn)
+    args, kwargs = call_arguments(fn, "prompt", "completion", data or {}, ([0], [0]))
     try:
         if data is None:
-            sig.bind_partial("prompt", "completion")
+            sig.bind_partial(*args, **kwargs)
         else:
-            sig.bind("prompt", "completion", **data)
+            sig.bind(*args, **kwargs)
     except TypeError as e:
         keys = f" with this dataset's keys {sorted(data)}" if data is not None else ""
         raise RewardFunctionError(
             f"reward function {name}{sig} (in {where_defined(fn)}) cannot be called as "
-            f"reward_fn(prompt, completion, **data){keys}: {e}. "
-            f"Take the prompt and the completion as the first two parameters and accept "
-            f"**kwargs for the data keys it does not use."
+            f"reward_fn({convention}){keys}: {e}. A reward function takes either "
+            f"(prompt, completion, **kwargs) or, as in AReaL-lite, (prompt, completions, "
+            f"prompt_ids, completion_ids, **kwargs); the **kwargs receive the data item's keys "
+            f"it does not name."
         ) from None
 
 

@@ -45,6 +45,7 @@ from areal_like.rewards.checks import (
     where_defined,
     worker_load_hint,
 )
+from areal_like.rewards.convention import TokenIds, invoke
 from areal_like.rewards.errors import RewardFailure, RewardFunctionError
 from areal_like.rewards.inline import is_inline
 from areal_like.utils import stats_tracker
@@ -148,18 +149,19 @@ class RewardExecutor:
 
     # ---- calls --------------------------------------------------------------------------
     async def __call__(self, reward_fn: Callable[..., Any], prompt: str, completion: str,
-                       **data: Any) -> float:
-        """The reward, or `RewardFailure` (see module doc)."""
+                       *, token_ids: TokenIds = None, **data: Any) -> float:
+        """The reward, or `RewardFailure` (see module doc). `token_ids` = (prompt ids,
+        completion ids), for functions of AReaL-lite's convention."""
         name = reward_name(reward_fn)
         try:
             if inspect.iscoroutinefunction(reward_fn):
-                value = await self._call_async(reward_fn, prompt, completion, data)
+                value = await self._call_async(reward_fn, prompt, completion, data, token_ids)
             elif self._inline(reward_fn):
-                value = self._call_inline(reward_fn, prompt, completion, data)
+                value = self._call_inline(reward_fn, prompt, completion, data, token_ids)
             elif self.config.use_processes:
-                value = await self._call_in_process(reward_fn, prompt, completion, data)
+                value = await self._call_in_process(reward_fn, prompt, completion, data, token_ids)
             else:
-                value = await self._call_in_thread(reward_fn, prompt, completion, data)
+                value = await self._call_in_thread(reward_fn, prompt, completion, data, token_ids)
         except RewardFailure as failure:
             return self._failed(name, failure)
         self.n_calls += 1
@@ -172,9 +174,10 @@ class RewardExecutor:
         return RewardFailure(reward_name(fn), kind, detail, outcome[2] if len(outcome) > 2 else "")
 
     async def _call_async(self, fn: Callable[..., Any], prompt: str, completion: str,
-                          data: dict[str, Any]) -> float:
+                          data: dict[str, Any], ids: TokenIds = None) -> float:
         try:
-            value = await asyncio.wait_for(fn(prompt, completion, **data), self.config.timeout)
+            value = await asyncio.wait_for(invoke(fn, prompt, completion, data, ids),
+                                           self.config.timeout)
         except _TIMEOUTS:
             raise self._timeout(fn) from None
         except Exception as e:
@@ -183,9 +186,9 @@ class RewardExecutor:
         return self._coerce(fn, value)
 
     def _call_inline(self, fn: Callable[..., Any], prompt: str, completion: str,
-                     data: dict[str, Any]) -> float:
+                     data: dict[str, Any], ids: TokenIds = None) -> float:
         start = time.thread_time()  # the work itself: waiting for the CPU does not count
-        outcome = pool_worker.call_reward(fn, prompt, completion, data)
+        outcome = pool_worker.call_reward(fn, prompt, completion, data, ids)
         used = time.thread_time() - start
         if used > self.config.timeout:  # in a worker it would have been stopped: same verdict
             raise RewardFailure(reward_name(fn), "timeout",
@@ -196,9 +199,9 @@ class RewardExecutor:
         return float(outcome[1])
 
     async def _call_in_process(self, fn: Callable[..., Any], prompt: str, completion: str,
-                               data: dict[str, Any]) -> float:
+                               data: dict[str, Any], ids: TokenIds = None) -> float:
         future = self._process_pool().schedule(
-            pool_worker.call_reward, args=(fn, prompt, completion, data),
+            pool_worker.call_reward, args=(fn, prompt, completion, data, ids),
             timeout=self.config.timeout)
         try:
             outcome = await asyncio.wrap_future(future)
@@ -218,13 +221,13 @@ class RewardExecutor:
         return float(outcome[1])
 
     async def _call_in_thread(self, fn: Callable[..., Any], prompt: str, completion: str,
-                              data: dict[str, Any]) -> float:
+                              data: dict[str, Any], ids: TokenIds = None) -> float:
         loop = asyncio.get_running_loop()
         started: asyncio.Future[None] = loop.create_future()
 
         def run() -> tuple:
             loop.call_soon_threadsafe(_set_once, started)
-            return pool_worker.call_reward(fn, prompt, completion, data)
+            return pool_worker.call_reward(fn, prompt, completion, data, ids)
 
         result = loop.run_in_executor(self._thread_pool(), run)
         await started  # queueing for a thread is not execution: the clock starts now

@@ -12,6 +12,8 @@ import numbers
 import traceback
 from typing import Any, Callable
 
+from areal_like.rewards.convention import TokenIds, invoke
+
 Outcome = tuple  # ("ok", float) | ("invalid", detail) | ("raised", detail, traceback)
 
 
@@ -33,9 +35,9 @@ def coerce_reward(value: Any) -> float:
 
 
 def call_reward(fn: Callable[..., Any], prompt: str, completion: str,
-                data: dict[str, Any]) -> Outcome:
+                data: dict[str, Any], ids: TokenIds = None) -> Outcome:
     try:
-        value = fn(prompt, completion, **data)
+        value = invoke(fn, prompt, completion, data, ids)
     except Exception as e:
         return ("raised", f"{type(e).__name__}: {e}", traceback.format_exc())
     try:

@@ -44,7 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from areal_like.api.config import TrainEngineConfig
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
-from areal_like.api.io_struct import ParamSpec, SaveLoadMeta, WeightUpdateMeta
+from areal_like.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
 from areal_like.data.packing import (
     count_micro_batches,
     pack_sequences,
@@ -81,8 +81,16 @@ class FSDPEngine(TrainEngine):
         self._pad_token_id = 0
 
     # ------------------------------------------------------------------ set-up
-    def initialize(self) -> None:
+    def initialize(self, addr: Optional[str] = None,
+                   ft_spec: Optional[FinetuneSpec] = None) -> None:
         cfg = self.config
+        if addr is not None:
+            raise ValueError(f"FSDPEngine.initialize(addr={addr!r}): the process group comes "
+                             f"from the launcher's environment (torchrun / Ray); pass None")
+        total_steps = ft_spec.total_train_steps if ft_spec is not None else cfg.total_train_steps
+        if ft_spec is not None and cfg.total_train_steps not in (0, total_steps):
+            logger.info("LR schedule over FinetuneSpec's %d steps (not actor.total_train_steps="
+                        "%d)", total_steps, cfg.total_train_steps)
         if not cfg.model.path:
             raise ValueError("TrainEngineConfig.model.path is empty: set it to an HF model folder")
         silence_library_progress_bars()  # no "Writing model shards" bar on every export
@@ -120,7 +128,7 @@ class FSDPEngine(TrainEngine):
 
         self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad],
                                          cfg.optimizer)
-        self.lr_scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.total_train_steps)
+        self.lr_scheduler = build_scheduler(self.optimizer, cfg.optimizer, total_steps)
 
     def destroy(self) -> None:
         self.model = self.optimizer = self.lr_scheduler = None

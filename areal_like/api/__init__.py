@@ -8,6 +8,7 @@ from areal_like.api.engine_api import (
     TrainEngine,
 )
 from areal_like.api.io_struct import (
+    FinetuneSpec,
     GenerationHyperparameters,
     ModelRequest,
     ModelResponse,
@@ -19,6 +20,7 @@ from areal_like.api.trajectory import TrajectoryError, validate_trajectory
 from areal_like.api.workflow_api import RolloutWorkflow
 
 __all__ = [
+    "FinetuneSpec",
     "FleetClient",
     "GenerationHyperparameters",
     "InferenceEngine",

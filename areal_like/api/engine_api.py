@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from areal_like.api.io_struct import (
+        FinetuneSpec,
         ModelRequest,
         ModelResponse,
         ParamSpec,
@@ -111,8 +112,11 @@ class TrainEngine(abc.ABC):
     """
 
     @abc.abstractmethod
-    def initialize(self) -> None:
-        """Load the model, shard it, build optimizer and scheduler."""
+    def initialize(self, addr: Optional[str] = None,
+                   ft_spec: Optional[FinetuneSpec] = None) -> None:
+        """Load the model, shard it, build optimizer and scheduler (its schedule as long as
+        `ft_spec.total_train_steps` when given). `addr` is AReaL-lite's argument: the process
+        group comes from the launcher's environment here, so it must be None."""
 
     def destroy(self) -> None:
         """Release resources (process groups stay owned by the caller)."""

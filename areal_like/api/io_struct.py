@@ -216,3 +216,26 @@ class SaveLoadMeta:
     weight_format: Literal["hf", "dcp"] = "hf"
     with_optim: bool = False
     tokenizer: Any = None
+
+
+@dataclass
+class FinetuneSpec:
+    """How long a run trains (AReaL-lite's name): engines size their LR schedule from it."""
+
+    total_train_epochs: int
+    dataset_size: int
+    train_batch_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("total_train_epochs", "dataset_size", "train_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"FinetuneSpec.{name}={getattr(self, name)!r} is invalid: "
+                                 f"expected >= 1")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, self.dataset_size // self.train_batch_size)
+
+    @property
+    def total_train_steps(self) -> int:
+        return self.total_train_epochs * self.steps_per_epoch

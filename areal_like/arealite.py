@@ -1,0 +1,152 @@
+"""AReaL-lite's public names, for code ported from it: change the imports, keep the code.
+
+Every name here is ours under AReaL-lite's name, or a thin adapter where AReaL-lite's call
+differs (the rollout engine that also runs workflows, the future-returning weight update, the
+reward signature). `docs/migrating_from_arealite.md` maps each name and config key and says
+what behaves differently, and why.
+
+    from areal_like.arealite import (FSDPEngine, LLMRequest, RemoteSGLangEngine,
+                                     RolloutWorkflow, FinetuneSpec, stats_tracker, ...)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+import torch.distributed as dist
+from transformers import PreTrainedTokenizerBase
+
+from areal_like.api import (
+    FinetuneSpec,
+    GenerationHyperparameters,
+    InferenceEngine,
+    ModelRequest,
+    ModelResponse,
+    RolloutWorkflow,
+    TrainEngine,
+    WeightUpdateMeta,
+)
+from areal_like.api.config import RolloutConfig
+from areal_like.api.config_loader import ConfigError, load_config
+from areal_like.rewards import math_verify_reward
+from areal_like.rollout.controller import RolloutController
+from areal_like.runtime.cli import split_args
+from areal_like.utils import stats_tracker
+from areal_like.utils.functional import gather_logprobs
+from engines.fsdp_engine import FSDPEngine as _FSDPEngine
+from engines.remote_sglang import RemoteSGLangEngine as _SGLangClient
+from workflows import ReMaxWorkflow, RLVRWorkflow
+from workflows.common import load_tokenizer
+
+T = TypeVar("T")
+
+LLMRequest = ModelRequest
+LLMResponse = ModelResponse
+ReMaxRLVRWorkflow = ReMaxWorkflow
+
+__all__ = [
+    "FSDPEngine", "FinetuneSpec", "GenerationHyperparameters", "InferenceEngine", "LLMRequest",
+    "LLMResponse", "ReMaxRLVRWorkflow", "RLVRWorkflow", "RemoteSGLangEngine", "RolloutWorkflow",
+    "TrainEngine", "WeightUpdateMeta", "gather_logprobs", "gsm8k_reward_fn", "load_expr_config",
+    "load_hf_tokenizer", "stats_tracker",
+]
+
+UPLOAD_TIMEOUT_S = 600.0  # how long a fleet update waits for the trainer's upload of its weights
+_uploads: dict[str, threading.Event] = {}  # meta.path -> set once the folder is complete
+_uploads_lock = threading.Lock()
+
+
+def _upload_event(path: str) -> threading.Event:
+    with _uploads_lock:
+        return _uploads.setdefault(str(Path(path).resolve()), threading.Event())
+
+
+def gsm8k_reward_fn(prompt: str, completions: str, prompt_ids: Any, completion_ids: Any,
+                    answer: str, **kwargs: Any) -> float:
+    """AReaL-lite's GSM8K reward, in its calling convention: 1.0 when the completion's final
+    answer equals `answer` mathematically (`areal_like.rewards.math_verify_reward`)."""
+    return math_verify_reward(prompt, completions, answer)
+
+
+def load_hf_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    return load_tokenizer(path)
+
+
+def load_expr_config(args: list[str], config_cls: type[T]) -> tuple[T, str]:
+    """(config, its file) from `--config FILE key=value ...`, as AReaL-lite's function."""
+    path, overrides = split_args(list(args), "")
+    if not str(path):
+        raise ConfigError("load_expr_config: give --config FILE")
+    return load_config(config_cls, path, overrides), str(path)
+
+
+class RemoteSGLangEngine(RolloutController):
+    """AReaL-lite's rollout engine: the client of an SGLang fleet that also runs workflows
+    (`rollout_batch`, `prepare_batch`, `submit`/`wait`). Here that is a `RolloutController`
+    over our HTTP client."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        super().__init__(config, _SGLangClient(config))
+
+    def initialize(self, addr: Optional[str] = None,  # type: ignore[override]
+                   ft_spec: Optional[FinetuneSpec] = None) -> None:
+        if addr is not None:
+            raise ValueError(f"RemoteSGLangEngine.initialize(addr={addr!r}): the servers are "
+                             f"RolloutConfig.server_addrs; pass None")
+        super().initialize()
+
+    def update_weights(self, meta: WeightUpdateMeta  # type: ignore[override]
+                       ) -> concurrent.futures.Future[None]:
+        """Start loading `meta` on the fleet once the trainer's `upload_weights(meta)` has
+        written it (AReaL-lite's order: this first, then the upload, then `.result()`)."""
+        if meta.type != "disk":
+            raise ValueError(f"RemoteSGLangEngine.update_weights: WeightUpdateMeta.type="
+                             f"{meta.type!r}; this AReaL-lite call supports 'disk' (the "
+                             f"distributed transport: FSDPEngine.connect_engine)")
+        uploaded = _upload_event(meta.path)
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-update")
+
+        def load_when_uploaded() -> None:
+            if not uploaded.wait(UPLOAD_TIMEOUT_S):
+                raise TimeoutError(f"no upload_weights of {meta.path} within "
+                                   f"{UPLOAD_TIMEOUT_S} s")
+            uploaded.clear()
+            RolloutController.update_weights(self, meta)
+
+        future = pool.submit(load_when_uploaded)
+        pool.shutdown(wait=False)
+        return future
+
+
+class FSDPEngine(_FSDPEngine):
+    """Our FSDP engine with AReaL-lite's weight calls: `upload_weights` (export only; a
+    `RemoteSGLangEngine.update_weights` future loads it) and `connect_engine` (after which
+    `update_weights` does the whole update: export, load on the fleet, version)."""
+
+    _rollout: Optional[InferenceEngine] = None
+
+    def upload_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
+        stats = _FSDPEngine.update_weights(self, meta)
+        if self.rank == 0:
+            _upload_event(meta.path).set()
+        return stats
+
+    def connect_engine(self, rollout: InferenceEngine, meta: WeightUpdateMeta) -> None:
+        if meta.type != "disk":
+            raise ValueError(f"connect_engine: WeightUpdateMeta.type={meta.type!r}; ported "
+                             f"scripts use 'disk' (the distributed transport: "
+                             f"rollout.weight_transport=distributed in our recipes)")
+        self._rollout = rollout
+
+    def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
+        if self._rollout is None:  # not connected: our meaning, export only
+            return _FSDPEngine.update_weights(self, meta)
+        stats = _FSDPEngine.update_weights(self, meta)
+        if self.rank == 0:
+            self._rollout.update_weights(meta)  # pause (retract) -> load -> label -> continue
+        if dist.is_initialized():
+            dist.barrier()
+        return stats

@@ -1,0 +1,109 @@
+"""AReaL-lite's document code, ported by changing imports (examples/arealite), runs for a few
+steps on a real SGLang server under torchrun, started by our launcher as a user's script."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_remax_reinforce_document_loop_trains_and_moves_the_fleets_weights(tiny_model_dir,
+                                                                          tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/train_reinforce.py",
+         "--config", "examples/arealite/reinforce.yaml", f"model.path={tiny_model_dir}",
+         f"logging.log_dir={tmp_path}", "total_train_steps=3"],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    logs = list(tmp_path.rglob("trainer.log"))
+    assert len(logs) == 1, logs
+    steps = [json.loads(line[line.index("{"):]) for line in logs[0].read_text().splitlines()
+             if '"step"' in line]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    for s in steps:
+        assert math.isfinite(s["loss"]) and len(s["reward"]) == 4  # one row per prompt
+        assert all(-1.0 <= r <= 1.0 for r in s["reward"])  # r(sample) - r(greedy)
+        # rollout_batch is synchronous: step k's tokens come from the weights uploaded after
+        # step k - 1, which the fleet serves labelled k
+        assert s["versions"] == [s["step"]]
+    weights = sorted(p.name for p in (tmp_path / "arealite_weights").iterdir())
+    assert weights == ["v1", "v2", "v3"]
+
+
+sys.path.insert(0, str(REPO / "examples" / "arealite"))
+
+
+def test_reinforce_loss_matches_a_float64_reference():
+    import torch
+    from reinforce_actor import reinforce_loss_fn
+    from tensordict import TensorDict
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 11, generator=gen)
+    ids = torch.randint(0, 11, (7,), generator=gen)
+    rewards = torch.randn(7, generator=gen)
+    mask = torch.tensor([0, 0, 1, 1, 1, 0, 1])
+    data = TensorDict({"input_ids": ids, "loss_mask": mask, "rewards": rewards}, batch_size=[7])
+    ref_logp = torch.log_softmax(logits.double(), -1).gather(
+        -1, torch.roll(ids, -1)[:, None]).squeeze(-1)
+    expected = (-(ref_logp * rewards.double()) * mask).sum() / mask.sum()
+    assert reinforce_loss_fn(logits, data).item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_fsdp_reinforce_actor_makes_a_rewarded_sequence_likelier(tiny_model_dir):
+    """The document's two-class actor on our FSDP engine: one step with reward +1 on a row
+    raises that row's log-likelihood; -1 lowers it."""
+    import torch
+    from reinforce_actor import FSDPReinforceActor
+    from tensordict import TensorDict
+
+    from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
+    from areal_like.arealite import FinetuneSpec
+
+    actor = FSDPReinforceActor(config=TrainEngineConfig(
+        model=ModelConfig(path=str(tiny_model_dir)), optimizer=OptimizerConfig(lr=1e-3)))
+    actor.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=8,
+                                        train_batch_size=4))
+    try:
+        ids = torch.randint(3, 400, (2, 12), generator=torch.Generator().manual_seed(0))
+        batch = TensorDict({
+            "input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool),
+            "loss_mask": torch.tensor([[0] * 4 + [1] * 8] * 2),
+            "rewards": torch.tensor([[1.0] * 12, [-1.0] * 12]),
+        }, batch_size=[2])
+        before = actor.forward(batch)
+        stats = actor.train_reinforce(batch)
+        after = actor.forward(batch)
+        assert stats["update_successful"] == 1.0
+        # the document's loss pairs loss_mask[t] with the log-prob of token t + 1
+        trained = batch["loss_mask"].bool()
+        trained[:, -1] = False
+        gain = ((after - before) * trained).sum(dim=1)
+        assert gain[0] > 0 > gain[1], gain
+    finally:
+        actor.destroy()
+
+
+def test_finetune_spec_and_initialize_arguments_are_checked():
+    from areal_like.api.config import RolloutConfig
+    from areal_like.arealite import FinetuneSpec, RemoteSGLangEngine
+
+    spec = FinetuneSpec(total_train_epochs=3, dataset_size=100, train_batch_size=8)
+    assert (spec.steps_per_epoch, spec.total_train_steps) == (12, 36)
+    with pytest.raises(ValueError, match=r"FinetuneSpec.train_batch_size=0 is invalid"):
+        FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=0)
+    rollout = RemoteSGLangEngine(RolloutConfig(server_addrs=["127.0.0.1:1"]))
+    with pytest.raises(ValueError, match=r"initialize\(addr='10.0.0.1:9'\).*server_addrs"):
+        rollout.initialize("10.0.0.1:9", spec)

@@ -356,6 +356,9 @@ class RemoteSGLangEngine(InferenceEngine):
                     data = parse_json_reply(await resp.text(), addr, "/generate")
                     return addr, parse_generate_reply(data, addr, payload["rid"])
             except _GENERATE_RETRYABLE as e:
+                if session.closed:  # this engine's destroy() closed it: no server is at fault
+                    raise RemoteSGLangError(f"/generate rid={payload['rid']}: the engine was "
+                                            f"destroyed while the request ran") from e
                 last_error = e
                 self.servers.mark_failed(addr)
                 if isinstance(e, aiohttp.ClientConnectorError):  # nothing listens: it is down

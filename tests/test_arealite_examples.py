@@ -42,6 +42,33 @@ def test_remax_reinforce_document_loop_trains_and_moves_the_fleets_weights(tiny_
     assert weights == ["v1", "v2", "v3"]
 
 
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_dir, tmp_path):
+    """AReaL-lite's GRPO script (its RLVR workflow, custom reward, PPO actor, saver, stats
+    logger, evaluator and a second engine for evaluation), eta = 1."""
+    from areal_like.utils.metrics_logger import read_metrics
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/gsm8k_grpo.py",
+         "--config", "examples/arealite/gsm8k_grpo.yaml", f"model.path={tiny_model_dir}",
+         f"logging.log_dir={tmp_path}", "total_train_steps=3", "checkpoint.freq_steps=3"],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    run = tmp_path / "arealite_gsm8k_grpo" / "trial0"
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["grpo_actor/actor/update/update_successful"] == 1.0 for r in records)
+    assert all(r["actor/version_lag/max"] <= 1 for r in records)  # eta = 1
+    evals = [r for r in records if "grpo-eval/n_seqs" in r]
+    assert [r["step"] for r in evals] == [2] and evals[0]["grpo-eval/n_seqs"] == 40 * 4
+    # the workflow's dump: one folder per version it generated with (training: 0, 1, 2)
+    dumped = {p.name for p in (run / "generated").iterdir()}
+    assert {"0", "1", "2"} <= dumped
+    assert (run / "checkpoints" / "epoch0_step2_global2" / "config.json").is_file()
+
 sys.path.insert(0, str(REPO / "examples" / "arealite"))
 
 

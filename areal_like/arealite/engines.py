@@ -1,17 +1,10 @@
-"""AReaL-lite's public names, for code ported from it: change the imports, keep the code.
-
-Every name here is ours under AReaL-lite's name, or a thin adapter where AReaL-lite's call
-differs (the rollout engine that also runs workflows, the future-returning weight update, the
-reward signature). `docs/migrating_from_arealite.md` maps each name and config key and says
-what behaves differently, and why.
-
-    from areal_like.arealite import (FSDPEngine, LLMRequest, RemoteSGLangEngine,
-                                     RolloutWorkflow, FinetuneSpec, stats_tracker, ...)
-"""
+"""AReaL-lite's engine calls on ours: the rollout engine that also runs workflows, the
+future-returning fleet update, upload_weights / connect_engine, and the small helpers."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -19,41 +12,19 @@ from typing import Any, Optional, TypeVar
 import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
-from areal_like.api import (
-    FinetuneSpec,
-    GenerationHyperparameters,
-    InferenceEngine,
-    ModelRequest,
-    ModelResponse,
-    RolloutWorkflow,
-    TrainEngine,
-    WeightUpdateMeta,
-)
+from areal_like.api import FinetuneSpec, InferenceEngine, WeightUpdateMeta
 from areal_like.api.config import RolloutConfig
 from areal_like.api.config_loader import ConfigError, load_config
 from areal_like.rewards import math_verify_reward
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.cli import split_args
-from areal_like.utils import stats_tracker
-from areal_like.utils.functional import gather_logprobs
 from engines.fsdp_engine import FSDPEngine as _FSDPEngine
 from engines.remote_sglang import RemoteSGLangEngine as _SGLangClient
-from workflows import ReMaxWorkflow, RLVRWorkflow
 from workflows.common import load_tokenizer
 
 T = TypeVar("T")
 
-LLMRequest = ModelRequest
-LLMResponse = ModelResponse
-ReMaxRLVRWorkflow = ReMaxWorkflow
-
-__all__ = [
-    "FSDPEngine", "FinetuneSpec", "GenerationHyperparameters", "InferenceEngine", "LLMRequest",
-    "LLMResponse", "ReMaxRLVRWorkflow", "RLVRWorkflow", "RemoteSGLangEngine", "RolloutWorkflow",
-    "TrainEngine", "WeightUpdateMeta", "gather_logprobs", "gsm8k_reward_fn", "load_expr_config",
-    "load_hf_tokenizer", "stats_tracker",
-]
-
+NO_STALENESS_CONTROL_VERSION = 10**9
 UPLOAD_TIMEOUT_S = 600.0  # how long a fleet update waits for the trainer's upload of its weights
 _uploads: dict[str, threading.Event] = {}  # meta.path -> set once the folder is complete
 _uploads_lock = threading.Lock()
@@ -89,7 +60,24 @@ class RemoteSGLangEngine(RolloutController):
     over our HTTP client."""
 
     def __init__(self, config: RolloutConfig) -> None:
+        config = dataclasses.replace(config)  # its own: set_version may lift its bound
         super().__init__(config, _SGLangClient(config))
+
+    def set_version(self, version: int) -> None:
+        """As ours; and AReaL-lite's idiom for an evaluation engine, a version of 1e9 or more
+        ("no off-policyness control"), lifts this engine's staleness bound: our tokens carry
+        the servers' versions, which such a version would otherwise make all stale."""
+        if version >= NO_STALENESS_CONTROL_VERSION:
+            self.config.max_head_offpolicyness = NO_STALENESS_CONTROL_VERSION * 1000
+        super().set_version(version)
+
+    def pause(self) -> None:
+        """AReaL-lite's meaning: stop submitting new rollouts. The servers keep serving (an
+        evaluation engine beside this one goes on); a weight update pauses them itself."""
+        self.executor.pause()
+
+    def resume(self) -> None:
+        self.executor.resume()
 
     def initialize(self, addr: Optional[str] = None,  # type: ignore[override]
                    ft_spec: Optional[FinetuneSpec] = None) -> None:
@@ -101,11 +89,14 @@ class RemoteSGLangEngine(RolloutController):
     def update_weights(self, meta: WeightUpdateMeta  # type: ignore[override]
                        ) -> concurrent.futures.Future[None]:
         """Start loading `meta` on the fleet once the trainer's `upload_weights(meta)` has
-        written it (AReaL-lite's order: this first, then the upload, then `.result()`)."""
+        written it (AReaL-lite's order: this first, then the upload, then `.result()`). As in
+        AReaL-lite, the new weights are the version after the current one (`set_version`
+        follows the update), whatever `meta.version` says."""
         if meta.type != "disk":
             raise ValueError(f"RemoteSGLangEngine.update_weights: WeightUpdateMeta.type="
                              f"{meta.type!r}; this AReaL-lite call supports 'disk' (the "
                              f"distributed transport: FSDPEngine.connect_engine)")
+        meta = dataclasses.replace(meta, version=self.get_version() + 1)
         uploaded = _upload_event(meta.path)
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-update")
 

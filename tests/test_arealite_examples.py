@@ -134,3 +134,32 @@ def test_finetune_spec_and_initialize_arguments_are_checked():
     rollout = RemoteSGLangEngine(RolloutConfig(server_addrs=["127.0.0.1:1"]))
     with pytest.raises(ValueError, match=r"initialize\(addr='10.0.0.1:9'\).*server_addrs"):
         rollout.initialize("10.0.0.1:9", spec)
+
+
+@pytest.mark.sglang
+def test_connect_engine_then_update_weights_moves_the_fleet(sglang_fleet, tiny_model_dir,
+                                                            tmp_path):
+    """AReaL-lite's newer weight call: connect_engine once, then update_weights does the
+    export, the fleet's load and the barrier; the servers report the new version."""
+    from conftest import SGLANG_TEST_API_KEY
+    from sglang_helpers import fleet_version
+
+    from areal_like.api.config import ModelConfig, RolloutConfig, TrainEngineConfig
+    from areal_like.arealite import FSDPEngine, RemoteSGLangEngine, WeightUpdateMeta
+
+    rollout = RemoteSGLangEngine(RolloutConfig(server_addrs=list(sglang_fleet.addresses),
+                                               api_key=SGLANG_TEST_API_KEY))
+    rollout.initialize(None, None)
+    actor = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(tiny_model_dir))))
+    actor.initialize(None, None)
+    try:
+        version = fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) + 1
+        rollout.set_version(version - 1)  # AReaL-lite: the version after the current one
+        meta = WeightUpdateMeta.from_disk(str(tmp_path / "w"), version)
+        actor.connect_engine(rollout, meta)
+        actor.update_weights(meta)  # unchanged weights: the fleet keeps serving the same model
+        assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == version
+        assert (tmp_path / "w" / "config.json").is_file()
+    finally:
+        actor.destroy()
+        rollout.destroy()

@@ -135,9 +135,11 @@ class FSDPEngine(_FSDPEngine):
     def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
         if self._rollout is None:  # not connected: our meaning, export only
             return _FSDPEngine.update_weights(self, meta)
-        stats = _FSDPEngine.update_weights(self, meta)
-        if self.rank == 0:
-            self._rollout.update_weights(meta)  # pause (retract) -> load -> label -> continue
+        stats = self.upload_weights(meta)
+        if self.rank == 0:  # pause (retract) -> load -> label -> continue
+            loading = self._rollout.update_weights(meta)
+            if isinstance(loading, concurrent.futures.Future):  # AReaL-lite's engine: a future
+                loading.result()
         if dist.is_initialized():
             dist.barrier()
         return stats

@@ -104,8 +104,6 @@ class RemoteSGLangEngine(InferenceEngine):
                                           self._fail)
         self.weight_group = FleetWeightGroup(config, self.membership, self._require_session)
         self._abort_epoch = 0  # bumped whenever this engine pauses the fleet in "abort" mode
-        self._inflight_rids: set[str] = set()  # wire rids of agenerate calls in flight
-        self._rid_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
@@ -251,25 +249,8 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"{req.gconfig.n_samples}; use agenerate_n(req) for a list of samples"
             )
         seed = request_seed(req)  # before any await: the order of calls fixes the seeds
-        # requests may share a rid (AReaL-lite's ReMax sends its sampled and greedy request
-        # under one); the server needs distinct ones, the route stays the rid's
-        wire_rid = self._claim_rid(req.rid)
-        try:
-            return await self._on_rollout_loop(
-                self._generate(req, route_key=req.rid, rid=wire_rid, seed=seed))
-        finally:
-            with self._rid_lock:
-                self._inflight_rids.discard(wire_rid)
-
-    def _claim_rid(self, rid: str) -> str:
-        """`rid`, or `rid~N` while a request with `rid` is in flight."""
-        with self._rid_lock:
-            wire, n = rid, 0
-            while wire in self._inflight_rids:
-                n += 1
-                wire = f"{rid}~{n}"
-            self._inflight_rids.add(wire)
-            return wire
+        return await self._on_rollout_loop(
+            self._generate(req, route_key=req.rid, rid=req.rid, seed=seed))
 
     async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
         """`req.gconfig.n_samples` completions, sampled concurrently on the server `req.rid` is
@@ -289,6 +270,15 @@ class RemoteSGLangEngine(InferenceEngine):
 
     async def _generate(self, req: ModelRequest, route_key: str, rid: str,
                         seed: int) -> ModelResponse:
+        # requests may share a rid (AReaL-lite's workflows do); the server needs distinct ids
+        rid = self.servers.claim_rid(rid)
+        try:
+            return await self._generate_as(req, route_key, rid, seed)
+        finally:
+            self.servers.release_rid(rid)
+
+    async def _generate_as(self, req: ModelRequest, route_key: str, rid: str,
+                           seed: int) -> ModelResponse:
         g = req.gconfig
         start = time.monotonic()
         epoch = self._abort_epoch

@@ -30,9 +30,22 @@ class ServerPool:
         self.failed_at: dict[str, float] = {}
         self.out_of_service: dict[str, str] = {}  # address -> why
         self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._rids: set[str] = set()  # rids of the requests in flight, as sent
         self._turn = itertools.count()
         for addr in addresses:
             self.add(addr)
+
+    def claim_rid(self, rid: str) -> str:
+        """`rid`, or `rid~N` while a request sent as `rid` is in flight (release it after)."""
+        wire, n = rid, 0
+        while wire in self._rids:
+            n += 1
+            wire = f"{rid}~{n}"
+        self._rids.add(wire)
+        return wire
+
+    def release_rid(self, wire: str) -> None:
+        self._rids.discard(wire)
 
     def add(self, addr: str, reason: str = "") -> None:
         """Add a server; with `reason` it starts out of service (e.g. it must load weights)."""

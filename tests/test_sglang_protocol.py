@@ -117,3 +117,13 @@ def test_servers_out_of_service_get_nothing_until_put_back():
     pool.put_back(c)
     pool.put_back(a)
     assert pool.in_service() == [a, c] and pool.choose("r3") in (a, c)
+
+
+def test_requests_sharing_a_rid_are_sent_under_distinct_ones():
+    pool = ServerPool(["a:1"])
+    first, second, third = (pool.claim_rid("r") for _ in range(3))
+    assert (first, second, third) == ("r", "r~1", "r~2")
+    pool.release_rid("r~1")
+    assert pool.claim_rid("r") == "r~1"  # freed ids are reused; in-flight ones never
+    pool.release_rid("r")
+    assert pool.claim_rid("r") == "r"

@@ -35,6 +35,11 @@ def _upload_event(path: str) -> threading.Event:
         return _uploads.setdefault(str(Path(path).resolve()), threading.Event())
 
 
+def _forget_upload(path: str) -> None:
+    with _uploads_lock:
+        _uploads.pop(str(Path(path).resolve()), None)
+
+
 def gsm8k_reward_fn(prompt: str, completions: str, prompt_ids: Any, completion_ids: Any,
                     answer: str, **kwargs: Any) -> float:
     """AReaL-lite's GSM8K reward, in its calling convention: 1.0 when the completion's final
@@ -86,6 +91,12 @@ class RemoteSGLangEngine(RolloutController):
                              f"RolloutConfig.server_addrs; pass None")
         super().initialize()
 
+    def load_weights(self, meta: WeightUpdateMeta) -> None:
+        """Load the written folder `meta.path` on the fleet now (blocks), as the version after
+        the current one."""
+        RolloutController.update_weights(
+            self, dataclasses.replace(meta, version=self.get_version() + 1))
+
     def update_weights(self, meta: WeightUpdateMeta  # type: ignore[override]
                        ) -> concurrent.futures.Future[None]:
         """Start loading `meta` on the fleet once the trainer's `upload_weights(meta)` has
@@ -96,7 +107,6 @@ class RemoteSGLangEngine(RolloutController):
             raise ValueError(f"RemoteSGLangEngine.update_weights: WeightUpdateMeta.type="
                              f"{meta.type!r}; this AReaL-lite call supports 'disk' (the "
                              f"distributed transport: FSDPEngine.connect_engine)")
-        meta = dataclasses.replace(meta, version=self.get_version() + 1)
         uploaded = _upload_event(meta.path)
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-update")
 
@@ -104,8 +114,8 @@ class RemoteSGLangEngine(RolloutController):
             if not uploaded.wait(UPLOAD_TIMEOUT_S):
                 raise TimeoutError(f"no upload_weights of {meta.path} within "
                                    f"{UPLOAD_TIMEOUT_S} s")
-            uploaded.clear()
-            RolloutController.update_weights(self, meta)
+            _forget_upload(meta.path)
+            self.load_weights(meta)
 
         future = pool.submit(load_when_uploaded)
         pool.shutdown(wait=False)
@@ -135,11 +145,12 @@ class FSDPEngine(_FSDPEngine):
     def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
         if self._rollout is None:  # not connected: our meaning, export only
             return _FSDPEngine.update_weights(self, meta)
-        stats = self.upload_weights(meta)
+        stats = _FSDPEngine.update_weights(self, meta)
         if self.rank == 0:  # pause (retract) -> load -> label -> continue
-            loading = self._rollout.update_weights(meta)
-            if isinstance(loading, concurrent.futures.Future):  # AReaL-lite's engine: a future
-                loading.result()
+            if isinstance(self._rollout, RemoteSGLangEngine):  # its update_weights: a future
+                self._rollout.load_weights(meta)
+            else:
+                self._rollout.update_weights(meta)
         if dist.is_initialized():
             dist.barrier()
         return stats

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     rl = RLSetup(config)
     ref = start_engine(config.ref) if config.use_ref_model else None
     actor = PPOActor(rl.actor_engine, config.algorithm, ref=ref)
+    rl.track_state("actor", actor)  # the (adaptive) KL coefficient resumes with the run
     workflow = rl.make_workflow(RLVRWorkflow)  # or rollout.workflow's class
 
     def train_step(batch: TensorDict) -> dict[str, float]:

@@ -11,7 +11,12 @@ advantage.
     reinforce_pp  A_t = (G_t - mean_batch G) / (sigma_batch G + eps)     (dense rewards OK)
                   over all trained tokens of the batch (all ranks); REINFORCE++ puts the token
                   KL into the reward: set kl_in_reward=True, kl_ctl > 0 and give a reference.
-    grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps)
+    reinforce_baseline
+                  A_t = whiten_batch(G_t of r'_t),  r'_t = r_t - [t last] * mean_g r
+                  (LightRFT / REINFORCE++-baseline: the group mean removed from the outcome,
+                  then normalised over all trained tokens of the batch, all ranks)
+    grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps); `group_std` picks sigma:
+    (group_norm)  population (default) or unbiased (n - 1, LightRFT's torch.std)
     dr_grpo       A_i = r_i - mean_g r
     rloo          A_i = r_i - mean_{j in g, j != i} r_j
     remax         A_i = r_i - b_i, b_i = shape(batch key `baseline_rewards`) [B], the raw
@@ -45,6 +50,7 @@ from areal_like.algorithms.advantages import (
 )
 from areal_like.algorithms.normalize import clip_filter_weights, normalize
 from areal_like.algorithms.registry import register_advantage_estimator
+from areal_like.algorithms.rewards import place_at_last_token
 
 if TYPE_CHECKING:
     from areal_like.api.config import AlgorithmConfig
@@ -105,9 +111,29 @@ def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: boo
     return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
 
 
+@register_advantage_estimator("reinforce_baseline", group_based=True, kl_placement="token")
+def reinforce_baseline(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    r, gi = inputs.seq_rewards.to(torch.float64), inputs.group_index.long()
+    n_groups = int(gi.max()) + 1 if r.numel() else 1
+    sums = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add(0, gi, r)
+    means = sums / torch.bincount(gi, minlength=n_groups).clamp(min=1).to(torch.float64)
+    # -mean_g r at each row's last trained token; the token KL (if any) stays in r_t
+    centred = inputs.token_rewards - place_at_last_token(means[gi], inputs.loss_mask)
+    ret = discounted_returns(centred, inputs.loss_mask, config.discount)
+    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
+                    all_reduce=inputs.all_reduce)
+    return AdvantageOutputs(adv, ret)
+
+
 @register_advantage_estimator("grpo", group_based=True, kl_placement="outcome")
 def grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
-    return _group_outcome(inputs, config, std=True, leave_one_out=False)
+    scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=True,
+                       eps=config.adv_norm_eps, unbiased=config.group_std == "unbiased")
+    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+
+
+# LightRFT's name for GRPO's group normalisation
+register_advantage_estimator("group_norm", group_based=True, kl_placement="outcome")(grpo)
 
 
 @register_advantage_estimator("dr_grpo", group_based=True, kl_placement="outcome")

@@ -2,7 +2,9 @@
 and across batches with running statistics; plus the clip-filter sample weights.
 
 For the masked-in entries x of a group g (all tokens of all its sequences; for sequence-level
-scores one entry per sequence), with n_g entries, mean mu_g and population std sigma_g:
+scores one entry per sequence), with n_g entries, mean mu_g and population std sigma_g
+(with `unbiased`: sqrt(sum (x - mu_g)^2 / (n_g - 1)), torch.std's default, as LightRFT and
+OpenRLHF compute GRPO's group std):
 
     mean only:       a = x - b
     std only:        a = x / (sigma_g + eps)
@@ -38,6 +40,7 @@ def normalize(
     eps: float = 1e-5,
     all_reduce: bool = False,
     reduce_group: Optional[object] = None,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """Normalise `x` ([B] scores or [B, L] per-token values) per group (see module doc).
 
@@ -76,7 +79,8 @@ def normalize(
     g_sq = torch.zeros_like(g_sum).index_add(0, gi, dev.square().sum(1))
     if all_reduce:
         _all_reduce(g_sq, dist.ReduceOp.SUM, reduce_group)
-    g_std = (g_sq / g_cnt.clamp(min=1)).sqrt()
+    # a one-entry group is flat, so its n - 1 = 0 never divides
+    g_std = (g_sq / (g_cnt - float(unbiased)).clamp(min=1)).sqrt()
     flat = g_max <= g_min  # all entries equal (or no entries)
 
     out = xf

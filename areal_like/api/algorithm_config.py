@@ -18,8 +18,12 @@ class AlgorithmConfig:
     GSPO, ReMax, PPO, CISPO, CPGD) are in `areal_like.algorithms.presets`.
     """
 
-    # gae | grpo | dr_grpo | rloo | reinforce | reinforce_pp | remax | cpgd (or a registered name)
+    # gae | grpo (= group_norm) | dr_grpo | rloo | reinforce | reinforce_pp |
+    # reinforce_baseline | remax | cpgd (or a registered name)
     adv_estimator: str = "grpo"
+    # std of grpo's group normalisation: population (divide by n) | unbiased (n - 1, torch's
+    # default std, as LightRFT / OpenRLHF)
+    group_std: str = "population"
     policy_loss: str = "ppo"  # ppo | gspo | cispo | reinforce | cpgd
     loss_agg_mode: str = "token-mean"
     # normaliser for loss_agg_mode="constant" (Dr.GRPO); None: the generation budget
@@ -53,6 +57,11 @@ class AlgorithmConfig:
     adv_norm_eps: float = 1e-5
     adv_norm_running_decay: float = 1.0  # running level: weight kept by old stats (1 = all)
     kl_ctl: float = 0.0  # KL-to-reference coefficient (needs a reference model when > 0)
+    # adaptive KL controller (PPO paper / OpenRLHF): None keeps kl_ctl fixed; else kl_ctl is the
+    # initial coefficient, multiplied after every step by 1 + clip(KL / kl_target - 1, +-0.2)
+    # * n_samples / kl_horizon
+    kl_target: Optional[float] = None
+    kl_horizon: int = 10000
     kl_estimator: str = "k3"
     kl_in_reward: bool = False  # fold the token KL into the reward instead of the loss
     entropy_coef: float = 0.0
@@ -102,6 +111,12 @@ class AlgorithmConfig:
         _check(name, "adv_norm_running_decay", 0.0 <= self.adv_norm_running_decay <= 1.0,
                self.adv_norm_running_decay, "in [0, 1]")
         _check(name, "kl_ctl", self.kl_ctl >= 0, self.kl_ctl, ">= 0")
+        _one_of(name, "group_std", self.group_std, ("population", "unbiased"))
+        if self.kl_target is not None:
+            _check(name, "kl_target", self.kl_target > 0, self.kl_target, "> 0 (or None: fixed)")
+            _check(name, "kl_ctl", self.kl_ctl > 0, self.kl_ctl,
+                   "> 0 with kl_target set (the adaptive controller multiplies it)")
+        _check(name, "kl_horizon", self.kl_horizon >= 1, self.kl_horizon, ">= 1")
         _check(name, "top_entropy_ratio", 0.0 < self.top_entropy_ratio <= 1.0,
                self.top_entropy_ratio, "in (0, 1]")
         _check(name, "clip_filter_max_weight", self.clip_filter_max_weight >= 1.0,

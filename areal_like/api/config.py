@@ -311,6 +311,11 @@ class RewardConfig:
     # Import path of your own reward function, 'my_pkg.rewards:score' (called as
     # fn(prompt, completion, **item)); empty: the task's own verifier.
     fn: str = ""
+    # URL of a remote reward model (POST {query, prompts, labels} -> {rewards}) that replaces
+    # the task's verifier, like `fn` (see areal_like/rewards/remote_rm.py); empty: none
+    remote_rm_url: str = ""
+    remote_rm_batch_size: int = 8  # queries per request (concurrent calls are batched)
+    remote_rm_max_retries: int = 2  # extra attempts after a connection error or HTTP 5xx
     timeout: float = 15.0  # seconds of execution per call (queueing time does not count)
     max_workers: int = 2  # worker processes for sync reward functions
     use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
@@ -326,6 +331,13 @@ class RewardConfig:
         _check(name, "fn", not self.fn or bool(IMPORT_PATH.match(self.fn)),
                self.fn, "empty or an import path like 'my_pkg.rewards:score'")
         _check(name, "timeout", self.timeout > 0, self.timeout, "> 0 seconds")
+        _check(name, "remote_rm_url", not self.remote_rm_url or (
+            self.remote_rm_url.startswith(("http://", "https://")) and not self.fn),
+            self.remote_rm_url, "empty or an http(s):// URL, and not together with reward.fn")
+        _check(name, "remote_rm_batch_size", self.remote_rm_batch_size >= 1,
+               self.remote_rm_batch_size, ">= 1")
+        _check(name, "remote_rm_max_retries", self.remote_rm_max_retries >= 0,
+               self.remote_rm_max_retries, ">= 0")
         _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
                "> 0 seconds")

@@ -18,7 +18,11 @@ from areal_like.rewards.errors import RewardFunctionError
 
 
 def reward_name(fn: Callable[..., Any]) -> str:
-    """A short, stable name for logs and metric keys (the function's qualified name)."""
+    """A short, stable name for logs and metric keys (the function's qualified name, or
+    the `areal_reward_name` of the object a bound method belongs to, e.g. a remote RM's URL)."""
+    explicit = getattr(getattr(fn, "__self__", None), "areal_reward_name", None)
+    if isinstance(explicit, str):
+        return explicit
     name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn))
     return name.replace(".<locals>.", ".")
 

@@ -176,10 +176,15 @@ class RewardExecutor:
     async def _call_async(self, fn: Callable[..., Any], prompt: str, completion: str,
                           data: dict[str, Any], ids: TokenIds = None) -> float:
         try:
-            value = await asyncio.wait_for(invoke(fn, prompt, completion, data, ids),
-                                           self.config.timeout)
+            call = invoke(fn, prompt, completion, data, ids)
+            # a self-timed function (the remote RM) bounds its requests itself: a clock here
+            # would count its batching window as work
+            value = await (call if _self_timed(fn) else
+                           asyncio.wait_for(call, self.config.timeout))
         except _TIMEOUTS:
             raise self._timeout(fn) from None
+        except RewardFailure:
+            raise
         except Exception as e:
             raise RewardFailure(reward_name(fn), "raised", f"{type(e).__name__}: {e}",
                                 traceback.format_exc()) from e
@@ -270,6 +275,10 @@ class RewardExecutor:
         if self.config.on_failure == "constant":
             return self.config.failure_reward
         raise failure
+
+
+def _self_timed(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(getattr(fn, "__self__", fn), "self_timed", False))
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

@@ -16,16 +16,20 @@ logger = logging.getLogger(__name__)
 
 
 def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
-                    rollout: Optional[RolloutProcess]) -> None:
+                    rollout: Optional[RolloutProcess],
+                    stateful: Optional[dict[str, Any]] = None) -> None:
     """Train state on every rank; executor state (data position, buffered trajectories,
-    counters) from rank 0."""
+    counters) and `stateful` objects' `state_dict()` (e.g. an actor's KL coefficient, the
+    same on every rank) from rank 0."""
     state: dict[str, Any] = {"executor": rollout.state_dict() if rollout else None}
+    state["objects"] = {name: obj.state_dict() for name, obj in (stateful or {}).items()}
     ckpt.save(step, engine, state)
 
 
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
                   rollout: Optional[RolloutProcess],
-                  broadcaster: Optional[WeightBroadcaster] = None) -> int:
+                  broadcaster: Optional[WeightBroadcaster] = None,
+                  stateful: Optional[dict[str, Any]] = None) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.
 
     On recover the engine gets its weights, optimizer, scheduler, RNG and version back, the
@@ -38,6 +42,12 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
         return 0
     state = ckpt.load(path, engine)
     version = engine.get_version()
+    saved = state.get("objects", {})
+    for name, obj in (stateful or {}).items():
+        if name not in saved:
+            raise KeyError(f"checkpoint {path} has no state for {name!r} (saved: "
+                           f"{sorted(saved)}); it was written by a run that did not track it")
+        obj.load_state_dict(saved[name])
     if rollout is not None and state.get("executor") is not None:
         rollout.load_state_dict(state["executor"], restore_version=False)
     push_weights(engine, rollout, version, run.weights_dir,

@@ -37,6 +37,7 @@ from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.tasks import build_task
 from areal_like.rewards.errors import RewardFunctionError
 from areal_like.rewards.executor import configure_rewards
+from areal_like.rewards.remote_rm import remote_reward_fn
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import Evaluator
@@ -69,6 +70,8 @@ class RLSetup:
         self.tokenizer = load_tokenizer(config.model)
         self.task = build_task(config.train_dataset, config.reward.fn)
         self.valid = build_task(config.valid_dataset, config.reward.fn)
+        if config.reward.remote_rm_url:  # a remote reward model replaces both verifiers
+            self.task.reward_fn = self.valid.reward_fn = remote_reward_fn(config.reward)
         self.data_stats: dict[str, float] = {}
         for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
             task.dataset, dropped = limit_prompt_length(task.dataset, self.tokenizer,
@@ -99,6 +102,15 @@ class RLSetup:
         self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
                             if config.rollout.weight_transport == "distributed" else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
+        self.stateful: dict[str, Any] = {}  # name -> object with state_dict/load_state_dict
+
+    def track_state(self, name: str, obj: Any) -> None:
+        """Save `obj.state_dict()` with every checkpoint and restore it on recover (e.g. the
+        actor's adaptive KL coefficient). Call before `train`."""
+        for method in ("state_dict", "load_state_dict"):
+            if not callable(getattr(obj, method, None)):
+                raise TypeError(f"track_state({name!r}): {type(obj).__name__} has no {method}()")
+        self.stateful[name] = obj
 
     def _wait_rollout_ready(self) -> None:
         if self.rollout is not None:
@@ -157,7 +169,7 @@ class RLSetup:
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout,
-                              self.broadcaster)
+                              self.broadcaster, self.stateful)
         if start == 0:
             self.run.log_step(0, self.data_stats)
             self.start_evaluation(0)
@@ -232,7 +244,7 @@ class RLSetup:
         save = self.ckpt.should_save(step, last)
         self.log_evaluations(wait=save)  # ... and every evaluation started before it
         if save:
-            save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout)
+            save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout, self.stateful)
 
     def finish(self) -> None:
         """Print accuracy before -> after, write the curves PNG, release everything."""

@@ -19,7 +19,7 @@ zeroed at masked-out positions before use, so NaN/inf there reach neither loss n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from tensordict import TensorDict
@@ -47,9 +47,12 @@ def _zero_if_empty(loss: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor)
     return loss if bool(mask.any()) else loss + 0.0 * logits.sum()
 
 
-def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
-    """The PPO-family loss closure for `config` (policy loss looked up by name)."""
+def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
+                        kl_coef: Optional[float] = None) -> LossFn:
+    """The PPO-family loss closure for `config` (policy loss looked up by name); `kl_coef`
+    is the KL controller's current coefficient (None: config.kl_ctl)."""
     policy_loss = get_policy_loss(config.policy_loss)
+    coef = config.kl_ctl if kl_coef is None else kl_coef
 
     def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
         logp, entropy = next_token_logprobs_entropy(logits, mb, config.temperature)
@@ -72,7 +75,7 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
         if config.kl_ctl and not config.kl_in_reward:
             (ref,) = masked_inputs(mask, mb["ref_logp"].float())
             kl = kl_estimate(logp, ref, config.kl_estimator)
-            token_loss = token_loss + config.kl_ctl * kl
+            token_loss = token_loss + coef * kl
         token_loss = torch.where(mask, token_loss, torch.zeros_like(token_loss))
         loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss_agg_mode,
                               config.loss_agg_constant)

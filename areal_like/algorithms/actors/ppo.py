@@ -47,6 +47,7 @@ from areal_like.algorithms.filters import (
 )
 from areal_like.algorithms.functional import group_index_from_ids, shift_to_next_token
 from areal_like.algorithms.kl import kl_estimate
+from areal_like.algorithms.kl_controller import KLController
 from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights, normalize
 from areal_like.algorithms.registry import (
     estimator_traits,
@@ -91,6 +92,22 @@ class PPOActor:
                              "set clip_filter_weight=False")
         self.running = (RunningMoments(config.adv_norm_running_decay)
                         if config.adv_norm_level == "running" else None)
+        # the KL coefficient in use (fixed kl_ctl, or adapted to kl_target after each step)
+        self.kl_controller = KLController(config.kl_ctl, config.kl_target, config.kl_horizon)
+        self._observed_kl: Optional[torch.Tensor] = None  # [sum of per-seq mean KL, n seqs]
+
+    # ---- state a checkpoint carries --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The KL coefficient and the running advantage statistics (same on every rank)."""
+        state: dict[str, Any] = {"kl_controller": self.kl_controller.state_dict()}
+        if self.running is not None:
+            state["running"] = vars(self.running).copy()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kl_controller.load_state_dict(state["kl_controller"])
+        if self.running is not None and "running" in state:
+            vars(self.running).update(state["running"])
 
     # ---- forwards ------------------------------------------------------------------------
     @torch.no_grad()
@@ -174,8 +191,11 @@ class PPOActor:
         if cfg.kl_ctl > 0:
             ref = torch.where(mask, extra["ref_logp"].float(), zero)
             token_kl = torch.where(mask, kl_estimate(old, ref, cfg.kl_estimator), zero)
+        kl_coef = self.kl_controller.value
+        if token_kl is not None:
+            self._observe_kl(token_kl, mask)
         if kl_in_reward and self.traits.kl_placement == "token":
-            token_r = token_r - cfg.kl_ctl * token_kl.double()
+            token_r = token_r - kl_coef * token_kl.double()
 
         values = batch.get("values", None)
         if values is not None:
@@ -202,7 +222,7 @@ class PPOActor:
             adv = adv * weights[:, None]
         if kl_in_reward and self.traits.kl_placement == "outcome":
             # the penalty's return-to-go, after normalisation (OpenRLHF / LightRFT order)
-            adv = adv - cfg.kl_ctl * discounted_returns(token_kl.double(), mask, cfg.discount)
+            adv = adv - kl_coef * discounted_returns(token_kl.double(), mask, cfg.discount)
 
         prepared = {
             "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
@@ -258,9 +278,31 @@ class PPOActor:
             token_stats["version_lag"] = torch.where(mask, lag, 0).float()
         t.stat(denominator="n_valid_tokens", **token_stats)
 
+    def _observe_kl(self, token_kl: torch.Tensor, mask: torch.Tensor) -> None:
+        # LightRFT's info["kl"]: each sequence's mean token KL; sequences without tokens skipped
+        n_tok = mask.sum(-1)
+        seq = token_kl.double().sum(-1) / n_tok.clamp(min=1)
+        has = n_tok > 0
+        self._observed_kl = torch.stack([seq[has].sum(), has.sum().double()]).cpu()
+
+    def update_kl_controller(self) -> None:
+        """Adapt the KL coefficient to the KL of the batch prepared last (pooled over ranks,
+        so every rank holds the same coefficient). `update` calls it after training."""
+        if self._observed_kl is None:
+            return
+        observed, self._observed_kl = self._observed_kl, None
+        if _distributed():
+            dist.all_reduce(observed, op=dist.ReduceOp.SUM)
+        total, n = float(observed[0]), int(observed[1])
+        if n == 0:
+            return
+        self.kl_controller.update(total / n, n)
+        with self.tracker.scope(self.scope):
+            self.tracker.scalar(kl_coef=self.kl_controller.value, kl_observed=total / n)
+
     # ---- training ------------------------------------------------------------------------
     def make_loss_fn(self):
-        return make_policy_loss_fn(self.config, self.tracker)
+        return make_policy_loss_fn(self.config, self.tracker, kl_coef=self.kl_controller.value)
 
     def update(self, batch: TensorDict) -> dict[str, float]:
         """One training step on `batch` (`ppo_n_minibatches` optimizer steps). Computes the
@@ -271,5 +313,7 @@ class PPOActor:
         mask_key = "policy_mask" if "policy_mask" in prepared.keys() else "loss_mask"
         weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode,
                                       mask_key=mask_key)
-        return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
-                                 weight_fn, self.tracker, self.scope)
+        stats = train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
+                                  weight_fn, self.tracker, self.scope)
+        self.update_kl_controller()  # after the step, like PPO / OpenRLHF / LightRFT
+        return stats

@@ -1,5 +1,7 @@
-"""A tool-using memory agent trained with RL: it reads chunks, writes memory with tool calls,
-answers questions from memory; per-action rewards sit on its action tokens.
+"""The memory agent trained with GRPO as Mem-alpha does: n rollouts per instance, each reading
+the chunks with memory tool calls, then answering the questions from its memory; every action
+a gets r_a = r1 + r2_a + beta*r3 + gamma*r4_a, normalised over all actions of the step
+(`action_norm`), and its advantage trains that action's tokens.
 
     python -m areal_like.launcher.local agent [key=value ...]
 """
@@ -9,10 +11,9 @@ from __future__ import annotations
 from tensordict import TensorDict
 
 from areal_like.algorithms import PPOActor
-from areal_like.algorithms.rewards import place_at_last_token
 from areal_like.runtime.cli import parse_recipe_args
-from areal_like.runtime.evaluation import record_episode_metrics
 from areal_like.runtime.rl_setup import RLSetup
+from areal_like.utils import stats_tracker
 from recipes.configs import AgentConfig
 from workflows import MemoryAgentWorkflow
 
@@ -21,19 +22,22 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(AgentConfig, "agent_memory.yaml", argv)
 
     def workflow(rl: RLSetup, greedy: bool = False) -> MemoryAgentWorkflow:
-        return MemoryAgentWorkflow(config.gconfig.new(greedy=greedy), rl.tokenizer,
-                                   config.max_steps, config.beta, config.gamma)
+        gconfig = config.gconfig.new(greedy=True, n_samples=1) if greedy else config.gconfig
+        return MemoryAgentWorkflow(gconfig, rl.tokenizer, config.max_steps, config.beta,
+                                   config.gamma, config.answerer)
 
     rl = RLSetup(config, eval_workflow=lambda rl: workflow(rl, greedy=True))
-    actor = PPOActor(rl.actor_engine, config.algorithm)  # dense action rewards + outcome
+    actor = PPOActor(rl.actor_engine, config.algorithm)
+    rl.track_state("actor", actor)  # KL coefficient, running statistics
     train_workflow = workflow(rl)
 
     def train_step(batch: TensorDict) -> dict[str, float]:
-        record_episode_metrics(batch, train_workflow.metric_keys)  # QA accuracy, tool success
-        # per-action rewards on action tokens + the episode outcome on the last token
-        loss_mask = batch["loss_mask"].bool()
-        batch["rewards"] = (batch["action_rewards"] * loss_mask
-                            + place_at_last_token(batch["outcome_rewards"], loss_mask))
+        # QA accuracy, tool success, compression, content quality, mean reward: every row of a
+        # rollout holds its values and rollouts have equally many rows
+        with stats_tracker.scope("episode"):
+            stats_tracker.scalar(**{k: float(batch[k].float().mean())
+                                    for k in train_workflow.metric_keys})
+        batch["rewards"] = batch["action_rewards"]  # r_a on each action's last token
         batch["prox_logp"] = actor.compute_logp(batch)
         return actor.update(actor.compute_advantages(batch))
 

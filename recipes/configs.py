@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_like.api.config import BaseExperimentConfig, ModelConfig, TrainEngineConfig
+from areal_like.api.config_checks import check, one_of
 from areal_like.api.config_loader import register_config_dir, register_schema
 
 
@@ -35,11 +36,18 @@ class MultiTurnConfig(GRPOConfig):
 
 @dataclass
 class AgentConfig(GRPOConfig):
-    """The memory agent: tool calls to build a memory, then questions answered from it."""
+    """The memory agent (Mem-alpha): tool calls build a memory, then the questions are
+    answered from it; `gconfig.n_samples` rollouts per item."""
 
-    max_steps: int = 2  # tool-calling steps per chunk
-    beta: float = 0.2  # weight of memory compression in the reward
-    gamma: float = 0.1  # weight of per-action content validity
+    max_steps: int = 1  # generated turns per chunk (each one action)
+    beta: float = 0.05  # weight of memory compression (r3) in every action's reward
+    gamma: float = 0.1  # weight of the action's content quality (r4)
+    answerer: str = "retrieval"  # retrieval (a memory lookup) | policy (untrained turns)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of("AgentConfig", "answerer", self.answerer, ("retrieval", "policy"))
+        check("AgentConfig", "max_steps", self.max_steps >= 1, self.max_steps, ">= 1")
 
 
 @dataclass

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rl = RLSetup(config, eval_workflow=lambda rl: workflow(rl, greedy=True))
     actor = PPOActor(rl.actor_engine, config.algorithm)
+    rl.track_state("actor", actor)  # KL coefficient, running statistics
     train_workflow = workflow(rl)
 
     def train_step(batch: TensorDict) -> dict[str, float]:  # one conversation per prompt

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(PPOConfig, "ppo_addition.yaml", argv)
     rl = RLSetup(config)
     actor = PPOActor(rl.actor_engine, config.algorithm)
+    rl.track_state("actor", actor)  # KL coefficient, running statistics
     critic = CriticActor(start_engine(config.critic), config.algorithm)
     workflow = rl.make_workflow(RLVRWorkflow)  # or rollout.workflow's class
 

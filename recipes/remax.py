@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(GRPOConfig, "remax_addition.yaml", argv)
     rl = RLSetup(config)
     actor = PPOActor(rl.actor_engine, config.algorithm)  # remax estimator + reinforce loss
+    rl.track_state("actor", actor)  # KL coefficient, running statistics
     workflow = ReMaxWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer)
 
     def train_step(batch: TensorDict) -> dict[str, float]:

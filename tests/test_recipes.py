@@ -52,7 +52,7 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2", "train_dat
     ("remax", ["gconfig.n_samples=2"]),
     ("ppo", ["gconfig.n_samples=2"]),
     ("multi_turn", ["max_turns=2"]),
-    ("agent", ["gconfig.max_new_tokens=8", "max_steps=1", "train_dataset.size=20",
+    ("agent", ["gconfig.max_new_tokens=8", "gconfig.n_samples=2", "train_dataset.size=20",
                "valid_dataset.size=2", "evaluation.n_prompts=2"]),
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
@@ -66,6 +66,10 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert last["weight_sync/export_s"] > 0
     if recipe == "ppo":
         assert "critic/loss" in last
+    if recipe == "agent":  # Mem-alpha's statistics, per step and at evaluation
+        for key in ("accuracy", "tool_success", "compression", "content_quality",
+                    "mean_reward"):
+            assert f"episode/{key}" in last and f"eval/{key}" in last, key
 
 
 # GRPO whose runs differ wherever sampling does: the untrained model earns no task reward, so

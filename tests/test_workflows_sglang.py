@@ -16,7 +16,8 @@ from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdate
 from areal_like.api.config import RewardConfig
 from areal_like.api.errors import RolloutTimeoutError, RolloutWorkflowError
 from areal_like.api.trajectory import validate_trajectory
-from areal_like.rewards import exact_match_reward, extract_final_answer
+from areal_like.data.memory_episodes import answer_from_memory
+from areal_like.rewards import exact_match_reward
 from areal_like.rewards.executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from engines.remote_sglang import RemoteSGLangEngine
@@ -31,6 +32,7 @@ from workflows import (
     parse_tool_calls,
 )
 from workflows.common import stable_id
+from workflows.memory_agent import MemoryStore, content_validity
 
 pytestmark = pytest.mark.sglang
 GCONFIG = GenerationHyperparameters(n_samples=4, max_new_tokens=6, temperature=1.0)
@@ -217,30 +219,57 @@ async def test_tool_agent_with_scripted_call(engine, tokenizer, rewards):
 
 
 async def test_memory_agent_episode(engine, tokenizer, rewards):
+    """Mem-alpha's rollouts against a real server: n rollouts of one item, one row per chunk
+    conversation, each action's reward r1 + r2 + beta*r3 + gamma*r4 on its last token —
+    recomputed here by replaying each rollout's actions (a scripted fact, then what the model
+    generated) into a fresh memory."""
     episode = make_memory_episodes(1, seed=3, n_chunks=2)[0]
-    fact = episode["chunks"][0].splitlines()
-    fact = next(line for line in fact if ": my " in line)
+    fact = next(line for line in episode["chunks"][0].splitlines() if ": my " in line)
     insert = json.dumps({"name": "memory_insert", "arguments": {"content": fact}})
     episode["scripted_actions"] = [f"<tool_call>{insert}</tool_call>"]
-    workflow = MemoryAgentWorkflow(GCONFIG.new(max_new_tokens=6), tokenizer, max_steps=1,
-                                   reward_executor=rewards)
+    workflow = MemoryAgentWorkflow(GCONFIG.new(max_new_tokens=24, n_samples=2), tokenizer,
+                                   max_steps=1, beta=0.05, gamma=0.1, reward_executor=rewards)
     td = await workflow.arun_episode(engine, episode)
     validate_trajectory(td)
-    assert td.batch_size[0] == 4  # two chunk conversations, two questions
+    assert td.batch_size[0] == 2 * 2  # two rollouts x two chunk conversations
     assert (td["group_id"] == td["group_id"][0]).all()
-    assert float(td["action_rewards"][0].max()) == pytest.approx(workflow.gamma)  # valid write
-    assert (td["tool_success"] > 0).all() and (td["compression"] >= 0).all()
-    assert (td["content_quality"] == 1.0).all()  # the one write stores words of its chunk
-    right = []  # QA accuracy recomputed from the answer rows' generated tokens
-    for i, answer in enumerate(episode["answers"]):
-        row = 2 + i
-        text = tokenizer.decode(td["input_ids"][row][td["loss_mask"][row].bool()].tolist(),
-                                skip_special_tokens=True)
-        final = "" if parse_tool_calls(text) else extract_final_answer(text)
-        right.append(final.lower() == answer.lower())
-    assert (td["accuracy"] == sum(right) / len(right)).all()
-    answers = tokenizer.decode(td["input_ids"][2])
-    assert fact in answers  # the question turn sees the memory the scripted call wrote
+    assert td["rollout_id"].tolist() == [0, 0, 1, 1]
+    source_len = sum(len(c) for c in episode["chunks"])
+    for k in range(2):
+        memory = MemoryStore()
+        tools = memory.registry()
+        await tools.call(parse_tool_calls(episode["scripted_actions"][0])[0])
+        scores = []
+        for i, chunk in enumerate(episode["chunks"]):
+            row = 2 * k + i
+            trained = td["loss_mask"][row].bool()
+            assert int(td["num_actions"][row]) == 1  # max_steps=1: one generated turn
+            text = tokenizer.decode(td["input_ids"][row][trained].tolist(),
+                                    skip_special_tokens=True)
+            calls = parse_tool_calls(text)
+            results = [await tools.call(c) for c in calls]
+            ok = [r.ok for r in results]
+            valid = [r.ok and content_validity(c, chunk) == 1.0
+                     for c, r in zip(calls, results, strict=True)]
+            scores.append((sum(ok) / len(ok), sum(valid) / len(valid)) if calls else (0, 0))
+        got = [answer_from_memory([memory.entries[j] for j in sorted(memory.entries)], q)
+               for q in episode["questions"]]
+        r1 = sum(a == b.lower() for a, b in zip(got, episode["answers"], strict=True)) / 2
+        assert r1 >= 0.5  # the scripted fact answers the first question
+        r3 = max(0.0, 1 - len(memory.render()) / source_len)
+        for i, (r2, r4) in enumerate(scores):
+            row = 2 * k + i
+            dense = td["action_rewards"][row]
+            last_trained = int(td["loss_mask"][row].bool().nonzero().max())
+            assert dense.nonzero().flatten().tolist() == [last_trained]  # on the action's end
+            assert float(dense[last_trained]) == pytest.approx(
+                r1 + r2 + 0.05 * r3 + 0.1 * r4, abs=1e-6)
+            assert float(td["accuracy"][row]) == r1
+            assert float(td["compression"][row]) == pytest.approx(r3, abs=1e-6)
+        want_mean = sum(r1 + r2 + 0.05 * r3 + 0.1 * r4 for r2, r4 in scores) / 2
+        assert float(td["mean_reward"][2 * k]) == pytest.approx(want_mean, abs=1e-6)
+    answers_turn = tokenizer.decode(td["input_ids"][1])
+    assert fact not in answers_turn  # chunk 2's prompt does not carry chunk 1's text
 
 
 def test_executor_state_survives_round_trip(sglang_fleet, tokenizer, rewards, tmp_path):

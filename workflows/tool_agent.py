@@ -37,11 +37,20 @@ def tool_success_reward(call: ToolCall, result: ToolResult, data: dict[str, Any]
 
 
 @dataclass
+class Turn:
+    """One generated assistant turn: where its last token is, and the calls it made."""
+
+    end: int
+    calls: list[tuple[ToolCall, ToolResult]]
+
+
+@dataclass
 class Conversation:
     """One agent conversation as tokens, plus what happened in it."""
 
     builder: TrajectoryBuilder
     actions: list[tuple[ToolCall, ToolResult, int]] = field(default_factory=list)  # (.., pos)
+    turns: list[Turn] = field(default_factory=list)  # generated turns (not scripted ones)
     final_text: str = ""
 
 
@@ -92,9 +101,12 @@ class ToolAgentWorkflow(RolloutWorkflow):
         tools: ToolRegistry,
         scripted_actions: tuple[str, ...] = (),
         rid: str = "",
+        system: Optional[str] = None,
     ) -> Conversation:
-        system = {"role": "system", "content": tools.describe()}
-        conv = Conversation(TrajectoryBuilder(chat_prompt_ids(self.tokenizer, [system, *messages])))
+        """`system` replaces the tools' own description as the system prompt."""
+        system_msg = {"role": "system", "content": system or tools.describe()}
+        conv = Conversation(TrajectoryBuilder(chat_prompt_ids(self.tokenizer,
+                                                              [system_msg, *messages])))
         builder = conv.builder
         for step in range(self.max_steps + len(scripted_actions)):
             if step < len(scripted_actions):
@@ -109,10 +121,12 @@ class ToolAgentWorkflow(RolloutWorkflow):
                 builder.add_generation(resp)
                 text = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
             calls = parse_tool_calls(text)
+            results = [await tools.call(c) for c in calls]
+            if step >= len(scripted_actions):
+                conv.turns.append(Turn(len(builder) - 1, list(zip(calls, results, strict=True))))
             if not calls:
                 conv.final_text = text
                 break
-            results = [await tools.call(c) for c in calls]
             self.n_tool_errors += sum(not r.ok for r in results)
             for call, result in zip(calls, results, strict=True):
                 conv.actions.append((call, result, len(builder) - 1))

@@ -5,6 +5,7 @@ An algorithm is an advantage estimator + a policy loss + a loss aggregation, cho
 Importing this package registers the built-in estimators and losses.
 """
 
+from areal_like.algorithms import action_norm as _action_norm  # noqa: F401  (registers)
 from areal_like.algorithms import estimators as _estimators  # noqa: F401  (registers)
 from areal_like.algorithms import losses as _losses  # noqa: F401  (registers)
 from areal_like.algorithms.actors import (

@@ -245,7 +245,8 @@ class RolloutConfig:
 @dataclass
 class DatasetConfig:
     """A task: `addition` (procedural), `gsm8k` (local JSONL/parquet), `memory_agent`
-    (procedural agent episodes), `reasoning_gym:<name>`."""
+    (procedural agent episodes; `memory_agent_demos`: SFT demonstrations of its tool-call
+    format), `reasoning_gym:<name>`."""
 
     type: str = "addition"
     path: str = ""  # for gsm8k: a .jsonl / .parquet file
@@ -264,9 +265,10 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         own = bool(IMPORT_PATH.match(self.type))
-        ok = self.type in ("addition", "gsm8k", "memory_agent") or own
+        ok = self.type in ("addition", "gsm8k", "memory_agent", "memory_agent_demos") or own
         _check("DatasetConfig", "type", ok, self.type,
-               "'addition', 'gsm8k', 'memory_agent', 'reasoning_gym:<task name>' or the "
+               "'addition', 'gsm8k', 'memory_agent', 'memory_agent_demos', "
+               "'reasoning_gym:<task name>' or the "
                "import path of your own task function, 'my_pkg.tasks:make_task'")
         _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),
                self.size, ">= 1 (0 = every row, for type=gsm8k only)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 OWN_TASK_PARAMETERS = {"addition": ("num_digits", "worked_fraction"), "gsm8k": (),
-                       "memory_agent": ()}
+                       "memory_agent": (), "memory_agent_demos": ()}
 TASK_FIELDS = {"num_digits": 2, "worked_fraction": 0.0}  # addition's own fields, and defaults
 
 

@@ -10,7 +10,7 @@ from datasets import Dataset
 from areal_like.api.config import DatasetConfig
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
-from areal_like.data.memory_episodes import load_memory_episodes
+from areal_like.data.memory_episodes import load_memory_demos, load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
 from areal_like.rewards import exact_match_reward, math_verify_reward, reasoning_gym_reward
 from areal_like.utils.imports import load_object
@@ -63,6 +63,8 @@ def _build(config: DatasetConfig) -> Task:
         return Task(load_gsm8k(config.path, config.size), math_verify_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
+    if config.type == "memory_agent_demos":  # SFT: the memory agent's tool-call format
+        return Task(load_memory_demos(config.size, config.split, config.seed), _own_reward)
     if not config.type.startswith("reasoning_gym:"):
         return _user_task(config)
     name = config.type.split(":", 1)[1]

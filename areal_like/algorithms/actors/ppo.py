@@ -272,4 +272,5 @@ class PPOActor:
         weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode,
                                       mask_key=mask_key)
         return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
-                                 weight_fn, self.tracker, self.scope)
+                                 weight_fn, self.tracker, self.scope,
+                                 n_epochs=self.config.ppo_epochs)

@@ -1,6 +1,7 @@
 """Step-labelled worked additions for a process reward model, and a CLI that builds one.
 
-    python -m areal_like.data.prm_addition --out .cache/models/addition-prm --seconds 120
+    python -m areal_like.data.prm_addition --out .cache/models/addition-prm --seconds 120 \
+        [--init-from .cache/models/addition-sft-worked]
 
 Each example is a chat prompt ("What is a + b?") and the worked answer of
 `addition.worked_addition` cut into steps at "; " (one step per column, the last one ending
@@ -78,8 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="1m")
     parser.add_argument("--seconds", type=float, default=120.0, help="training time budget")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--init-from", default=None,
+                        help="causal LM folder whose backbone starts the PRM (e.g. the SFT "
+                        "warm start); default: random weights")
     args = parser.parse_args(argv)
-    out = build_prm(args.out, args.size, args.seed)
+    out = build_prm(args.out, args.size, args.seed, init_from=args.init_from)
     tokenizer = AutoTokenizer.from_pretrained(out)
     start = time.perf_counter()
     stats = train_prm(out, prm_examples(tokenizer, 20000, seed=args.seed), args.seconds,

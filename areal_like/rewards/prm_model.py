@@ -43,17 +43,25 @@ def encode_steps(tokenizer: PreTrainedTokenizerBase, prompt: str,
     return ids, ends
 
 
-def build_prm(out: str | Path, size: str = "1m", seed: int = 1) -> Path:
-    """Write a tokenizer + randomly initialised 2-label token-classification Qwen2 to `out`."""
-    if size not in SIZES:
-        raise ValueError(f"unknown PRM size {size!r}; choose one of {sorted(SIZES)}")
+def build_prm(out: str | Path, size: str = "1m", seed: int = 1,
+              init_from: str | Path | None = None) -> Path:
+    """Write a 2-label token-classification Qwen2 + tokenizer to `out`: randomly initialised
+    (tiny tokenizer), or the backbone and tokenizer of the causal LM at `init_from` (e.g. the
+    policy's SFT warm start, which already reads the task) with a new score head."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(SIZES[size][0], seed)
-    config = build_config(size, tokenizer)
-    config.num_labels = 2
     torch.manual_seed(seed)
-    Qwen2ForTokenClassification(config).save_pretrained(out, safe_serialization=True)
+    if init_from is not None:
+        model = Qwen2ForTokenClassification.from_pretrained(init_from, num_labels=2)
+        tokenizer = AutoTokenizer.from_pretrained(init_from)
+    else:
+        if size not in SIZES:
+            raise ValueError(f"unknown PRM size {size!r}; choose one of {sorted(SIZES)}")
+        tokenizer = build_tokenizer(SIZES[size][0], seed)
+        config = build_config(size, tokenizer)
+        config.num_labels = 2
+        model = Qwen2ForTokenClassification(config)
+    model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
 

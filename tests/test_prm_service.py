@@ -102,8 +102,8 @@ async def test_killed_server_fails_then_the_budget_stops_the_run(prm_dir, execut
         for _ in range(2):
             with pytest.raises(RewardFailure, match=rf"request to {svc.url}/score failed"):
                 await client.score(PROMPT, STEPS)
-        with pytest.raises(RewardBudgetExceeded, match=rf"prm {svc.url}/score failed 3 of its "
-                                                        r"last 4 calls"):
+        with pytest.raises(RewardBudgetExceeded, match=rf"prm@127.0.0.1:{svc.port} failed 3 of "
+                                                        rf"its last 4 calls.*{svc.url}/score"):
             await client.score(PROMPT, STEPS)
     finally:
         await client.close()

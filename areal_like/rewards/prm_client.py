@@ -2,7 +2,7 @@
 
 A call that times out, cannot connect, gets a non-200 answer or a malformed / non-finite
 score list raises `RewardFailure` naming the URL — never a default score. Every call is
-counted by a `RewardExecutor` (stats and error budget, reward name `prm <url>`): past the
+counted by a `RewardExecutor` (stats and error budget, reward name `prm@host:port`): past the
 budget `RewardBudgetExceeded` stops the run.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import urllib.parse
 from typing import Any, Optional
 
 import aiohttp
@@ -35,7 +36,8 @@ class PRMClient:
 
     @property
     def name(self) -> str:
-        return f"prm {self.url}/score"
+        """The reward name in stats and errors: `prm@host:port` (metric keys stay plain)."""
+        return "prm@" + urllib.parse.urlsplit(self.url).netloc
 
     @property
     def executor(self) -> RewardExecutor:

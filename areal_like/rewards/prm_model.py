@@ -84,7 +84,7 @@ def _batch(tokenizer: PreTrainedTokenizerBase, examples: Sequence[PRMExample]
 
 
 def train_prm(path: str | Path, examples: Sequence[PRMExample], seconds: float,
-              batch_size: int = 32, lr: float = 2e-3, seed: int = 1) -> dict[str, float]:
+              batch_size: int = 32, lr: float = 5e-4, seed: int = 1) -> dict[str, float]:
     """Train the PRM at `path` in place for about `seconds` (cross-entropy on step-end
     tokens); returns {"steps", "loss"} of the last batch."""
     tokenizer = AutoTokenizer.from_pretrained(path)

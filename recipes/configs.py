@@ -38,6 +38,10 @@ class PRMConfig:
     timeout: float = 30.0  # seconds per scoring request; a late answer is a failed sample
     startup_timeout: float = 120.0  # seconds to wait for the started service's /health
     empty_reward: float = 0.0  # reward of a completion without text (it has no step)
+    # divide each step score by the number of steps (total = mean score): no gain from
+    # cutting text into many short steps
+    average_steps: bool = False
+    outcome_coef: float = 0.0  # > 0: add this x the task verifier's reward on the last token
 
     def __post_init__(self) -> None:
         if not self.step_delimiter:

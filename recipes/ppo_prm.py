@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
                 startup_timeout=config.prm.startup_timeout, log_path=rl.run.dir / "prm.log")).url
         prm = PRMClient(url, config.prm.timeout) if rl.run.is_main else None
         workflow = PRMWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, prm,
-                               config.prm.step_delimiter, config.prm.empty_reward)
+                               config.prm.step_delimiter, config.prm.empty_reward,
+                               config.prm.average_steps, config.prm.outcome_coef)
 
         def train_step(batch: TensorDict) -> dict[str, float]:
             batch["prox_logp"] = actor.compute_logp(batch)

@@ -207,3 +207,33 @@ def test_epochs_times_minibatches_optimizer_steps_each_row_once_per_epoch(epochs
 def test_ppo_epochs_is_checked():
     with pytest.raises(ValueError, match="ppo_epochs"):
         AlgorithmConfig(ppo_epochs=0)
+
+
+class _FixedPRM:
+    """Stands in for PRMClient inside this unit test only (the service is tested for real in
+    test_prm_service.py)."""
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores = scores
+
+    async def score(self, prompt: str, steps: list[str]) -> list[float]:
+        assert len(steps) == len(self.scores)
+        return self.scores
+
+
+async def test_average_steps_and_outcome_reward(tok):
+    ids = tok.encode(WORKED, add_special_tokens=False)
+    _, positions = step_end_tokens(tok, ids, "; ")
+    resp = _resp(ids)
+    summed = PRMWorkflow(right_if_42, _gconfig(), tok, _FixedPRM([0.9, 0.5]), "; ")
+    rewards, n = await summed.step_rewards("p", resp)
+    assert n == 2 and [rewards[p] for p in positions] == [0.9, 0.5]
+    averaged = PRMWorkflow(right_if_42, _gconfig(), tok, _FixedPRM([0.9, 0.5]), "; ",
+                           average_steps=True, outcome_coef=2.0)
+    rewards, n = await averaged.step_rewards("p", resp)
+    assert [rewards[p] for p in positions] == pytest.approx([0.45, 0.25])
+    with_outcome, _ = averaged.add_outcome((rewards, n), 1.0)
+    assert with_outcome[-1] == pytest.approx(rewards[-1] + 2.0)
+    assert with_outcome[:-1] == rewards[:-1]
+    failure = RewardFailure("right_if_42", "raised", "boom")
+    assert averaged.add_outcome((rewards, n), failure) is failure

@@ -6,6 +6,11 @@ token ids, never re-tokenized); the PRM is reached over HTTP by `PRMClient`, who
 follow the reward rules: the sample is excluded and counted, never scored 0.0, and past the
 error budget the run stops naming the URL. A completion with no text (it stopped at once)
 has no step: its one reward, `empty_reward`, sits on its last token.
+
+Against step spam (a policy that cuts its text into many short "steps" the PRM likes: seen
+on the addition task with summed scores), `average_steps` divides each score by the number
+of steps K (the total is the mean step score, whatever K), and `outcome_coef` > 0 adds
+outcome_coef x the task verifier's reward on the completion's last token.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ class PRMWorkflow(RLVRWorkflow):
     def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str, prm: Optional[PRMClient],
                  step_delimiter: str = "\n", empty_reward: float = 0.0,
+                 average_steps: bool = False, outcome_coef: float = 0.0,
                  reward_executor: Optional[RewardExecutor] = None) -> None:
         super().__init__(reward_fn, gconfig, tokenizer, reward_executor)
         if not step_delimiter:
             raise ValueError("prm.step_delimiter is empty; set the text between steps")
         self.prm, self.step_delimiter, self.empty_reward = prm, step_delimiter, empty_reward
+        self.average_steps, self.outcome_coef = average_steps, outcome_coef
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
@@ -62,7 +69,21 @@ class PRMWorkflow(RLVRWorkflow):
         for d in dense:  # a spent budget or a bug stops the run; a RewardFailure excludes
             if isinstance(d, BaseException) and not isinstance(d, RewardFailure):
                 raise d
-        return self.rows(input_ids, responses, list(dense), stable_id(data.get("id", prompt)))
+        dense = list(dense)
+        if self.outcome_coef:
+            outcomes = await self.score(prompt, responses, data)  # the task verifier
+            dense = [self.add_outcome(d, o) for d, o in zip(dense, outcomes, strict=True)]
+        return self.rows(input_ids, responses, dense, stable_id(data.get("id", prompt)))
+
+    def add_outcome(self, dense: tuple[list[float], int] | RewardFailure,
+                    outcome: float | RewardFailure) -> tuple[list[float], int] | RewardFailure:
+        """outcome_coef x outcome added on the last completion token (either failure wins)."""
+        if isinstance(dense, RewardFailure):
+            return dense
+        if isinstance(outcome, RewardFailure):
+            return outcome
+        rewards, n_steps = dense
+        return rewards[:-1] + [rewards[-1] + self.outcome_coef * outcome], n_steps
 
     async def step_rewards(self, prompt: str, resp: ModelResponse) -> tuple[list[float], int]:
         """(per-completion-token rewards: each step's PRM score on its last token, steps)."""
@@ -75,6 +96,8 @@ class PRMWorkflow(RLVRWorkflow):
             raise RuntimeError("PRMWorkflow was built without a PRMClient (prm=None); pass "
                                "one where episodes run")
         scores = await self.prm.score(prompt, steps)
+        if self.average_steps:
+            scores = [x / len(steps) for x in scores]
         return place_step_rewards(resp.output_len, positions, scores), len(steps)
 
     def rows(self, input_ids: list[int], responses: list[ModelResponse],

@@ -5,9 +5,11 @@
 
 Each example is a chat prompt ("What is a + b?") and the worked answer of
 `addition.worked_addition` cut into steps at "; " (one step per column, the last one ending
-with "#### <sum>"). Half the examples have one corrupted step (a wrong column total, or a
-wrong final sum); the labels follow Math-Shepherd: 1 while every step so far is correct, 0
-from the first wrong step on.
+with "#### <sum>"). A `malformed` share is the worked text cut at random places into 2-6
+"steps" (label 0 throughout: a policy trained against summed or averaged scores otherwise
+learns to cut junk into many short steps the PRM never saw); half of the rest have one
+corrupted step (a wrong column total, or a wrong final sum). Labels follow Math-Shepherd:
+1 while every step so far is correct, 0 from the first wrong step on.
 """
 
 from __future__ import annotations
@@ -42,8 +44,18 @@ def _corrupt(step: str, rng: random.Random) -> str:
     return _TOTAL.sub(f"= {wrong}, write {new_written}", step, count=1)
 
 
-def prm_examples(tokenizer, n: int, num_digits: int = 2, seed: int = 1) -> list[PRMExample]:
-    """`n` (chat prompt, steps, labels) examples, half with one corrupted step."""
+def _malformed(text: str, rng: random.Random) -> list[str]:
+    """`text` cut at 1-5 random places that are not step boundaries, each piece + "; "."""
+    inner = [i for i in range(1, len(text)) if not text[:i].endswith(STEP_DELIMITER)]
+    cuts = sorted(rng.sample(inner, rng.randint(1, 5)))
+    pieces = [text[a:b].strip() for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    return [p + STEP_DELIMITER for p in pieces[:-1] if p] + [pieces[-1] or "#"]
+
+
+def prm_examples(tokenizer, n: int, num_digits: int = 2, seed: int = 1,
+                 malformed: float = 0.25) -> list[PRMExample]:
+    """`n` (chat prompt, steps, labels) examples: a `malformed` share cut at random places,
+    half of the others with one corrupted step."""
     rng = random.Random(f"prm-addition-{num_digits}-{seed}")
     lo, hi = (0 if num_digits == 1 else 10 ** (num_digits - 1)), 10**num_digits - 1
     out: list[PRMExample] = []
@@ -52,7 +64,10 @@ def prm_examples(tokenizer, n: int, num_digits: int = 2, seed: int = 1) -> list[
         prompt = render_chat(tokenizer, [{"role": "user", "content": addition_question(a, b)}])
         steps = split_steps(worked_addition(a, b), STEP_DELIMITER)
         labels = [1] * len(steps)
-        if rng.random() < 0.5:
+        if rng.random() < malformed:
+            steps = _malformed(worked_addition(a, b), rng)
+            labels = [0] * len(steps)
+        elif rng.random() < 0.5:
             k = rng.randrange(len(steps))
             steps[k] = _corrupt(steps[k], rng)
             labels[k:] = [0] * (len(steps) - k)

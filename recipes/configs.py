@@ -42,6 +42,7 @@ class PRMConfig:
     # cutting text into many short steps
     average_steps: bool = False
     outcome_coef: float = 0.0  # > 0: add this x the task verifier's reward on the last token
+    score_offset: float = 0.0  # step reward = PRM score - this (0.5: a doubted step costs)
 
     def __post_init__(self) -> None:
         if not self.step_delimiter:

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         prm = PRMClient(url, config.prm.timeout) if rl.run.is_main else None
         workflow = PRMWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, prm,
                                config.prm.step_delimiter, config.prm.empty_reward,
-                               config.prm.average_steps, config.prm.outcome_coef)
+                               config.prm.average_steps, config.prm.outcome_coef,
+                               config.prm.score_offset)
 
         def train_step(batch: TensorDict) -> dict[str, float]:
             batch["prox_logp"] = actor.compute_logp(batch)

@@ -232,6 +232,10 @@ async def test_average_steps_and_outcome_reward(tok):
                            average_steps=True, outcome_coef=2.0)
     rewards, n = await averaged.step_rewards("p", resp)
     assert [rewards[p] for p in positions] == pytest.approx([0.45, 0.25])
+    offset = PRMWorkflow(right_if_42, _gconfig(), tok, _FixedPRM([0.9, 0.25]), "; ",
+                         score_offset=0.5)
+    off_rewards, _ = await offset.step_rewards("p", resp)
+    assert [off_rewards[p] for p in positions] == pytest.approx([0.4, -0.25])
     with_outcome, _ = averaged.add_outcome((rewards, n), 1.0)
     assert with_outcome[-1] == pytest.approx(rewards[-1] + 2.0)
     assert with_outcome[:-1] == rewards[:-1]

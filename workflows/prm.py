@@ -8,9 +8,11 @@ error budget the run stops naming the URL. A completion with no text (it stopped
 has no step: its one reward, `empty_reward`, sits on its last token.
 
 Against step spam (a policy that cuts its text into many short "steps" the PRM likes: seen
-on the addition task with summed scores), `average_steps` divides each score by the number
-of steps K (the total is the mean step score, whatever K), and `outcome_coef` > 0 adds
-outcome_coef x the task verifier's reward on the completion's last token.
+on the addition task with summed scores): `score_offset` b makes each step reward p_k - b,
+so a step the PRM doubts costs reward; `average_steps` divides each score by the number of
+steps K (the total is the mean step score, whatever K; but an earlier step's reward then
+depends on later actions, which returns-to-go do not charge them for); `outcome_coef` > 0
+adds outcome_coef x the task verifier's reward on the completion's last token.
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ class PRMWorkflow(RLVRWorkflow):
                  tokenizer: PreTrainedTokenizerBase | str, prm: Optional[PRMClient],
                  step_delimiter: str = "\n", empty_reward: float = 0.0,
                  average_steps: bool = False, outcome_coef: float = 0.0,
+                 score_offset: float = 0.0,
                  reward_executor: Optional[RewardExecutor] = None) -> None:
         super().__init__(reward_fn, gconfig, tokenizer, reward_executor)
         if not step_delimiter:
             raise ValueError("prm.step_delimiter is empty; set the text between steps")
         self.prm, self.step_delimiter, self.empty_reward = prm, step_delimiter, empty_reward
         self.average_steps, self.outcome_coef = average_steps, outcome_coef
+        self.score_offset = score_offset
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
@@ -95,7 +99,7 @@ class PRMWorkflow(RLVRWorkflow):
         if self.prm is None:
             raise RuntimeError("PRMWorkflow was built without a PRMClient (prm=None); pass "
                                "one where episodes run")
-        scores = await self.prm.score(prompt, steps)
+        scores = [x - self.score_offset for x in await self.prm.score(prompt, steps)]
         if self.average_steps:
             scores = [x / len(steps) for x in scores]
         return place_step_rewards(resp.output_len, positions, scores), len(steps)

@@ -28,6 +28,41 @@ class PPOConfig(GRPOConfig):
 
 
 @dataclass
+class PRMConfig:
+    """The process reward model: a service the recipe starts, or one already running."""
+
+    url: str = ""  # http://host:port of a running PRM service; empty: start one from model_path
+    # PRM folder served by `python -m areal_like.rewards.prm_server` (token classification)
+    model_path: str = ".cache/models/addition-prm"
+    port: int = 0  # port of the started service; 0: a free one (binds 127.0.0.1)
+    step_delimiter: str = "; "  # text that ends a reasoning step (kept with the step)
+    timeout: float = 30.0  # seconds per scoring request; a late answer is a failed sample
+    startup_timeout: float = 120.0  # seconds to wait for the started service's /health
+    empty_reward: float = 0.0  # reward of a completion without text (it has no step)
+    # divide each step score by the number of steps (total = mean score): no gain from
+    # cutting text into many short steps
+    average_steps: bool = False
+    outcome_coef: float = 0.0  # > 0: add this x the task verifier's reward on the last token
+    score_offset: float = 0.0  # step reward = PRM score - this (0.5: a doubted step costs)
+
+    def __post_init__(self) -> None:
+        if not self.step_delimiter:
+            raise ValueError("PRMConfig.step_delimiter='' : set the text that ends a step")
+        if self.timeout <= 0 or self.startup_timeout <= 0:
+            raise ValueError(f"PRMConfig.timeout={self.timeout}, startup_timeout="
+                             f"{self.startup_timeout}: both must be > 0")
+        if not self.url and not self.model_path:
+            raise ValueError("PRMConfig: set prm.url (a running service) or prm.model_path")
+
+
+@dataclass
+class PPOPRMConfig(PPOConfig):
+    """PPO with a critic on process (step-level) rewards from a PRM service."""
+
+    prm: PRMConfig = field(default_factory=PRMConfig)
+
+
+@dataclass
 class MultiTurnConfig(GRPOConfig):
     max_turns: int = 3
     turn_discount: float = 0.9
@@ -57,6 +92,7 @@ class SFTConfig(BaseExperimentConfig):
 
 
 SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
+           "ppo_prm_schema": PPOPRMConfig,
            "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
            "sft_schema": SFTConfig}
 for _name, _cls in SCHEMAS.items():
@@ -69,6 +105,7 @@ RECIPES: dict[str, tuple[type, str, bool]] = {
     "grpo": (GRPOConfig, "grpo_addition.yaml", True),
     "remax": (GRPOConfig, "remax_addition.yaml", True),
     "ppo": (PPOConfig, "ppo_addition.yaml", True),
+    "ppo_prm": (PPOPRMConfig, "ppo_prm_addition.yaml", True),
     "multi_turn": (MultiTurnConfig, "multi_turn_addition.yaml", True),
     "agent": (AgentConfig, "agent_memory.yaml", True),
     "sft": (SFTConfig, "sft_addition.yaml", False),

@@ -30,7 +30,8 @@ class AlgorithmConfig:
     # (gconfig.max_new_tokens), filled in by the recipe config
     loss_agg_constant: Optional[float] = None
     group_size: int = 1  # samples per prompt when the batch has no `group_id`/`uid` key
-    ppo_n_minibatches: int = 1  # optimizer steps per batch
+    ppo_n_minibatches: int = 1  # optimizer steps per batch and epoch
+    ppo_epochs: int = 1  # passes over each batch (actor and critic), mini-batches in order
     temperature: float = 1.0  # sampling temperature: log-probs are taken of logits / temperature
     eps_clip: float = 0.2  # epsilon_low of the ratio clip
     eps_clip_high: Optional[float] = None  # clip-higher (DAPO); None: same as eps_clip
@@ -82,6 +83,7 @@ class AlgorithmConfig:
         _check(name, "group_size", self.group_size >= 1, self.group_size, ">= 1")
         _check(name, "ppo_n_minibatches", self.ppo_n_minibatches >= 1, self.ppo_n_minibatches,
                ">= 1")
+        _check(name, "ppo_epochs", self.ppo_epochs >= 1, self.ppo_epochs, ">= 1")
         _check(name, "temperature", self.temperature > 0, self.temperature, "> 0")
         _check(name, "eps_clip", self.eps_clip > 0, self.eps_clip, "> 0")
         if self.eps_clip_high is not None:

@@ -164,10 +164,31 @@ class RewardExecutor:
                 value = await self._call_in_thread(reward_fn, prompt, completion, data, token_ids)
         except RewardFailure as failure:
             return self._failed(name, failure)
-        self.n_calls += 1
-        stats_tracker.add(**{"reward/calls": 1})
-        self.budget.record(name, None)
+        self.record(name, None)
         return value
+
+    def record(self, name: str, failure: Optional[RewardFailure]) -> None:
+        """Count one call of reward `name` made outside `__call__` (e.g. a process reward
+        model over HTTP, which returns a score per step): same stats, logs and error budget;
+        raises RewardBudgetExceeded past the budget. The caller excludes a failed sample."""
+        self.n_calls += 1
+        if failure is None:
+            stats_tracker.add(**{"reward/calls": 1})
+            self.budget.record(name, None)
+            return
+        self.failures[failure.kind] += 1
+        counts = {"reward/calls": 1, "reward/failed": 1, f"reward/{name}/failed": 1}
+        if failure.kind == "timeout":
+            counts |= {"reward/timeouts": 1, f"reward/{name}/timeouts": 1}
+        stats_tracker.add(**counts)
+        if name not in self._logged_first:
+            self._logged_first.add(name)
+            logger.error("%s (first failure of this function; failed samples are excluded "
+                         "from training)%s", failure,
+                         f"\n{failure.traceback_text}" if failure.traceback_text else "")
+        else:
+            logger.warning("%s", failure)
+        self.budget.record(name, failure)  # raises RewardBudgetExceeded past the budget
 
     def _failure(self, fn: Callable[..., Any], outcome: tuple) -> RewardFailure:
         kind, detail = outcome[0], outcome[1]
@@ -258,20 +279,7 @@ class RewardExecutor:
             raise RewardFailure(reward_name(fn), "invalid", str(e)) from None
 
     def _failed(self, name: str, failure: RewardFailure) -> float:
-        self.n_calls += 1
-        self.failures[failure.kind] += 1
-        counts = {"reward/calls": 1, "reward/failed": 1, f"reward/{name}/failed": 1}
-        if failure.kind == "timeout":
-            counts |= {"reward/timeouts": 1, f"reward/{name}/timeouts": 1}
-        stats_tracker.add(**counts)
-        if name not in self._logged_first:
-            self._logged_first.add(name)
-            logger.error("%s (first failure of this function; failed samples are excluded "
-                         "from training)%s", failure,
-                         f"\n{failure.traceback_text}" if failure.traceback_text else "")
-        else:
-            logger.warning("%s", failure)
-        self.budget.record(name, failure)  # raises RewardBudgetExceeded past the budget
+        self.record(name, failure)
         if self.config.on_failure == "constant":
             return self.config.failure_reward
         raise failure

@@ -91,16 +91,23 @@ def split_minibatches(batch: TensorDict, n: int) -> list[TensorDict]:
 
 
 def train_minibatches(engine: TrainEngine, batch: TensorDict, n_minibatches: int, loss_fn: LossFn,
-                      loss_weight_fn: LossWeightFn, tracker: Any, scope: str) -> dict[str, float]:
-    """One optimizer step per mini-batch of `batch`; each step's engine stats go to `tracker`
-    under `<scope>/update`; returns their mean."""
+                      loss_weight_fn: LossWeightFn, tracker: Any, scope: str,
+                      n_epochs: int = 1) -> dict[str, float]:
+    """`n_epochs` passes over `batch`, one optimizer step per mini-batch (the same contiguous
+    chunks, in order, every epoch: each row is trained on once per epoch, and the ratio keeps
+    using the batch's fixed old log-probs); each step's engine stats go to `tracker` under
+    `<scope>/update`; returns their mean."""
+    if n_epochs < 1:
+        raise ValueError(f"train_minibatches: n_epochs={n_epochs}; expected >= 1")
     results = []
     engine.train()
+    minibatches = split_minibatches(batch, n_minibatches)
     with tracker.scope(scope), tracker.scope("update"):
-        for mb in split_minibatches(batch, n_minibatches):
-            stats = engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=loss_weight_fn)
-            tracker.scalar(**stats)
-            results.append(stats)
+        for _ in range(n_epochs):
+            for mb in minibatches:
+                stats = engine.train_batch(mb, loss_fn=loss_fn, loss_weight_fn=loss_weight_fn)
+                tracker.scalar(**stats)
+                results.append(stats)
     return mean_stats(results)
 
 

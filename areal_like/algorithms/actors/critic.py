@@ -59,4 +59,5 @@ class CriticActor:
         loss_fn = make_value_loss_fn(self.config, self.tracker)
         weight_fn = functools.partial(loss_weight, mode="token-mean")
         return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
-                                 weight_fn, self.tracker, self.scope)
+                                 weight_fn, self.tracker, self.scope,
+                                 n_epochs=self.config.ppo_epochs)

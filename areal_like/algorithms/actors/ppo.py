@@ -314,6 +314,7 @@ class PPOActor:
         weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode,
                                       mask_key=mask_key)
         stats = train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
-                                  weight_fn, self.tracker, self.scope)
+                                  weight_fn, self.tracker, self.scope,
+                                  n_epochs=self.config.ppo_epochs)
         self.update_kl_controller()  # after the step, like PPO / OpenRLHF / LightRFT
         return stats

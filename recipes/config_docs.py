@@ -45,10 +45,11 @@ SECTIONS: list[tuple[str, str]] = [
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
     ("algorithm", "AlgorithmConfig"), ("train_dataset", "DatasetConfig"),
-    ("valid_dataset", "DatasetConfig"), ("checkpoint", "CheckpointConfig"),
+    ("valid_dataset", "DatasetConfig"), ("reward", "RewardConfig"),
+    ("checkpoint", "CheckpointConfig"),
     ("evaluation", "EvaluationConfig"), ("logging", "LoggingConfig"),
     ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
-    ("critic", "TrainEngineConfig (ppo recipe)"),
+    ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
 ]
 
 
@@ -60,8 +61,10 @@ def documented_classes() -> list[type]:
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
         core.RolloutConfig, core.SGLangServerConfig, core.TrainEngineConfig,
         core.OptimizerConfig, core.MicroBatchSpec, core.AlgorithmConfig, core.DatasetConfig,
+        core.RewardConfig,
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
-        recipes.GRPOConfig, recipes.PPOConfig, recipes.MultiTurnConfig, recipes.AgentConfig,
+        recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,
+        recipes.MultiTurnConfig, recipes.AgentConfig,
         recipes.SFTConfig,
     ]
 

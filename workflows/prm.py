@@ -27,7 +27,6 @@ from transformers import PreTrainedTokenizerBase
 from areal_like.api import (
     GenerationHyperparameters,
     InferenceEngine,
-    ModelRequest,
     ModelResponse,
     validate_trajectory,
 )
@@ -63,11 +62,7 @@ class PRMWorkflow(RLVRWorkflow):
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
         prompt = self.tokenizer.decode(input_ids)
-        single = self.gconfig.new(n_samples=1)
-        responses = await asyncio.gather(*[
-            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
-            for _ in range(self.gconfig.n_samples)
-        ])
+        responses = await self.sample_group(engine, input_ids)
         dense = await asyncio.gather(*[self.step_rewards(prompt, r) for r in responses],
                                      return_exceptions=True)
         for d in dense:  # a spent budget or a bug stops the run; a RewardFailure excludes

@@ -59,14 +59,19 @@ class RLVRWorkflow(RolloutWorkflow):
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         return chat_prompt_ids(self.tokenizer, data["messages"], **extra)
 
+    async def sample_group(self, engine: InferenceEngine, input_ids: list[int]
+                           ) -> list[ModelResponse]:
+        """`gconfig.n_samples` completions of one prompt, requested concurrently."""
+        single = self.gconfig.new(n_samples=1)
+        return list(await asyncio.gather(*[
+            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
+            for _ in range(self.gconfig.n_samples)
+        ]))
+
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
         prompt = self.tokenizer.decode(input_ids)
-        single = self.gconfig.new(n_samples=1)
-        responses = await asyncio.gather(*[
-            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
-            for _ in range(self.gconfig.n_samples)
-        ])
+        responses = await self.sample_group(engine, input_ids)
         rewards = await self.score(prompt, responses, data)
         return self.group_trajectory(input_ids, responses, rewards,
                                      stable_id(data.get("id", prompt)))

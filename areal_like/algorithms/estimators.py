@@ -105,20 +105,18 @@ def reinforce_pp(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageO
 
 
 def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: bool,
-                   leave_one_out: bool) -> AdvantageOutputs:
+                   leave_one_out: bool, unbiased: bool = False) -> AdvantageOutputs:
     scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=std,
-                       leave_one_out=leave_one_out, eps=config.adv_norm_eps)
+                       leave_one_out=leave_one_out, eps=config.adv_norm_eps, unbiased=unbiased)
     return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
 
 
 @register_advantage_estimator("reinforce_baseline", group_based=True, kl_placement="token")
 def reinforce_baseline(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
-    r, gi = inputs.seq_rewards.to(torch.float64), inputs.group_index.long()
-    n_groups = int(gi.max()) + 1 if r.numel() else 1
-    sums = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add(0, gi, r)
-    means = sums / torch.bincount(gi, minlength=n_groups).clamp(min=1).to(torch.float64)
+    r = inputs.seq_rewards.to(torch.float64)
+    group_mean = r - normalize(r, None, inputs.group_index, mean=True, std=False)
     # -mean_g r at each row's last trained token; the token KL (if any) stays in r_t
-    centred = inputs.token_rewards - place_at_last_token(means[gi], inputs.loss_mask)
+    centred = inputs.token_rewards - place_at_last_token(group_mean, inputs.loss_mask)
     ret = discounted_returns(centred, inputs.loss_mask, config.discount)
     adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
                     all_reduce=inputs.all_reduce)
@@ -127,9 +125,8 @@ def reinforce_baseline(inputs: AdvantageInputs, config: AlgorithmConfig) -> Adva
 
 @register_advantage_estimator("grpo", group_based=True, kl_placement="outcome")
 def grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
-    scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=True,
-                       eps=config.adv_norm_eps, unbiased=config.group_std == "unbiased")
-    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+    return _group_outcome(inputs, config, std=True, leave_one_out=False,
+                          unbiased=config.group_std == "unbiased")
 
 
 # LightRFT's name for GRPO's group normalisation

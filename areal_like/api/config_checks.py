@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # my_pkg.module:name
+
 
 def check(cls_name: str, key: str, ok: bool, value: object, expected: str) -> None:
     if not ok:

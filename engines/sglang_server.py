@@ -29,9 +29,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from areal_like.api.config import SGLangServerConfig
+from areal_like.utils.cpus import check_cpus
 from areal_like.utils.network import find_free_port, is_loopback
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -145,8 +146,10 @@ def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     return env
 
 
-def die_with_parent(parent_pid: int, nice: int = 0) -> Callable[[], None]:
-    """A `preexec_fn`: the child gets SIGTERM when the thread that started it dies."""
+def die_with_parent(parent_pid: int, nice: int = 0,
+                    cpus: Sequence[int] = ()) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets SIGTERM when the thread that started it dies; `nice` and
+    `cpus` (affinity) apply to it and to the processes it starts."""
     def preexec() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -154,6 +157,8 @@ def die_with_parent(parent_pid: int, nice: int = 0) -> Callable[[], None]:
             os._exit(1)
         if nice:
             os.nice(nice)  # the scheduler and detokenizer it starts inherit it
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
 
     return preexec
 
@@ -224,6 +229,10 @@ class SGLangFleet:
                 f"model_path {self.model_path!r} is not an HF model folder (no config.json)"
             )
         self._python = resolve_sglang_python(self.config.venv)
+        try:
+            check_cpus("server.cpus", self.config.cpus)
+        except ValueError as e:
+            raise SGLangServerError(str(e)) from None
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for i in range(self.config.n_servers):
@@ -255,7 +264,7 @@ class SGLangFleet:
             process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent(os.getpid(), self.config.nice),
+                preexec_fn=die_with_parent(os.getpid(), self.config.nice, self.config.cpus),
             )
         if self.config.nice:
             _nice_session(process.pid, self.config.nice)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from areal_like.utils.cpus import split_cores
 from areal_like.utils.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,35 @@ def test_typo_fails_before_any_process_starts():
     assert proc.returncode == 2
     assert "did you mean 'actor.optimizer.lr'" in out
     assert "starting" not in out and "[trainer]" not in out
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("key", ["launcher.trainer_cpus", "rollout.controller_cpus",
+                                 "server.cpus"])
+def test_cpus_the_machine_lacks_fail_before_any_process_starts(key, tiny_model_dir):
+    proc = _launch(["grpo", f"model.path={tiny_model_dir}", f"{key}=[4096]"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert f"{key}=[4096]: CPU [4096] not available to this process" in out
+    assert "servers ready" not in out and "[trainer]" not in out
+
+
+def test_split_cores_trainer_last_rollout_side_the_rest():
+    assert split_cores({0, 1}, 1) == ([0], [1])
+    assert split_cores({5, 2, 3}, 2) == ([2], [3, 5])
+    assert split_cores({4}, 1) is None  # nothing left for the servers
+
+
+def test_split_on_one_core_says_it_shares_them(tiny_model_dir):
+    one = min(os.sched_getaffinity(0))
+    # an explicit id the machine lacks still stops the launch after the allocation line
+    proc = _launch(["grpo", f"model.path={tiny_model_dir}", "launcher.cpu_allocation=split",
+                    "rollout.controller_cpus=[4096]"],
+                   preexec_fn=lambda: os.sched_setaffinity(0, {one}))
+    out, _ = proc.communicate(timeout=120)
+    assert "launcher.cpu_allocation=split: 1 core(s) leave none beside the trainer's 1" in out
+    assert proc.returncode == 1 and "rollout.controller_cpus=[4096]: CPU [4096]" in out
+    assert "starting" not in out
 
 
 def test_unknown_recipe_is_named():
@@ -136,11 +166,17 @@ SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/con
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_local_launcher_runs_a_users_script(tiny_model_dir, tmp_path):
+    # pinned as on a 2-core machine: servers on one core, the trainer and controller on another
+    cpus = sorted(os.sched_getaffinity(0))
     proc = _launch([*SCRIPT, f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
                           "total_train_steps=2", "evaluation.freq_steps=100",
-                          "logging.tensorboard=false", "logging.plot=false"])
+                          "logging.tensorboard=false", "logging.plot=false",
+                          f"server.cpus=[{cpus[0]}]", f"launcher.trainer_cpus=[{cpus[-1]}]",
+                          f"rollout.controller_cpus=[{cpus[-1]}]"])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
+    if (os.cpu_count() or 1) > 1:  # pinned to one of several: the trainer says where it runs
+        assert f"trainer rank 0 runs on CPUs [{cpus[-1]}]" in out, out[-4000:]
     records = read_metrics(tmp_path / "user_script" / "trial0" / "metrics.jsonl")
     stats = [r for r in records if "user/solved_fraction" in r]
     assert [r["step"] for r in stats] == [1, 2] and stats[0]["user/world_size"] == 1

@@ -42,13 +42,15 @@ def _process(fleet, tokenizer, **rollout) -> RolloutProcess:
 def test_batches_evaluations_and_errors_cross_the_process(sglang_fleet, tiny_model_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     # eta = 1: two batches at one version (and evaluation does not block, as at eta > 0)
+    core = max(os.sched_getaffinity(0))
     process = _process(sglang_fleet, tokenizer, consumer_batch_size=2,
-                       max_head_offpolicyness=1, controller_nice=2)
+                       max_head_offpolicyness=1, controller_nice=2, controller_cpus=[core])
     try:
         assert process.pid is not None and process.pid != os.getpid()
         # controller_nice: it yields the cores to the trainer (niceness relative to ours)
         assert os.getpriority(os.PRIO_PROCESS, process.pid) == min(
             19, os.getpriority(os.PRIO_PROCESS, 0) + 2)
+        assert os.sched_getaffinity(process.pid) == {core}  # controller_cpus
         workflow = RLVRWorkflow(exact_match_reward, GCONFIG, tokenizer)
         loader = [ITEMS[i:i + 2] for i in range(0, len(ITEMS), 2)]
         batch = process.prepare_batch(loader, workflow, timeout=300)

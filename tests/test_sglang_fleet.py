@@ -107,8 +107,9 @@ def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     require_sglang_venv()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path_factory.mktemp("cwd"))
-        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024,
-                                                               startup_timeout=300, nice=3),
+        config = SGLangServerConfig(n_servers=1, context_length=1024, startup_timeout=300,
+                                    nice=3, cpus=[min(os.sched_getaffinity(0))])
+        fleet = SGLangFleet(tiny_model_dir, config,
                             api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
         fleet.start()
     try:
@@ -130,6 +131,15 @@ def test_server_processes_run_at_the_configured_niceness(spare_server):
     autogroup = Path(f"/proc/{server_pid}/autogroup")
     if autogroup.exists():  # its own session's scheduling group is niced too
         assert autogroup.read_text().split()[-2:] == ["nice", "3"]
+
+
+@pytest.mark.sglang
+def test_server_processes_run_on_the_configured_cpus(spare_server):
+    # cpus=[first allowed core]: the server and the scheduler/detokenizer it started
+    pids = _live_pids_in_group(spare_server.processes[0].pid)
+    assert len(pids) >= 3, pids
+    assert {pid: os.sched_getaffinity(pid) for pid in pids} == {
+        pid: set(spare_server.config.cpus) for pid in pids}
 
 
 @pytest.mark.sglang

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from areal_like.api.algorithm_config import AlgorithmConfig
 from areal_like.api.config_checks import IMPORT_PATH
 from areal_like.api.config_checks import check as _check
+from areal_like.api.config_checks import cpu_list as _cpu_list
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.reward_config import RewardConfig
@@ -126,6 +127,9 @@ class SGLangServerConfig:
     # Niceness (0-19) of the server processes. Where they share cores with the trainer, a
     # positive value lets the trainer (the critical path) run first; rollouts fill the gaps.
     nice: int = 0
+    # CPU ids the servers (and the scheduler/detokenizer they start) run on; empty: any
+    # the servers' share of the cores, as GPUs are their share on a GPU machine
+    cpus: List[int] = field(default_factory=list)
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -146,6 +150,7 @@ class SGLangServerConfig:
                "> 0 seconds")
         _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
         _check(name, "nice", 0 <= self.nice <= 19, self.nice, "in 0..19")
+        _cpu_list(name, "cpus", self.cpus)
 
 
 @dataclass
@@ -179,6 +184,8 @@ class RolloutConfig:
     # Niceness (0-19) of the rollout controller process and its reward workers (see
     # SGLangServerConfig.nice): a positive value yields the cores to the trainer first.
     controller_nice: int = 0
+    # CPU ids of the rollout controller process and its reward workers; empty: the trainer's
+    controller_cpus: List[int] = field(default_factory=list)
     # How weights reach the fleet: "disk" (an HF folder every server reads) or "distributed"
     # (trainer rank 0 broadcasts them over a process group the servers join; no shared disk)
     weight_transport: str = "disk"
@@ -223,6 +230,7 @@ class RolloutConfig:
                "None or >= 0")
         _check("RolloutConfig", "controller_nice", 0 <= self.controller_nice <= 19,
                self.controller_nice, "in 0..19")
+        _cpu_list("RolloutConfig", "controller_cpus", self.controller_cpus)
         _one_of("RolloutConfig", "weight_transport", self.weight_transport,
                 ("disk", "distributed"))
         _check("RolloutConfig", "weight_bucket_mb", self.weight_bucket_mb > 0,
@@ -348,6 +356,12 @@ class LauncherConfig:
 
     n_trainer_procs: int = 1
     threads_per_trainer: int = 1
+    # Local launcher: "split" gives the trainer ranks n_trainer_procs x threads_per_trainer
+    # cores of their own (the last ones) and the servers and rollout controller the rest, as
+    # GPUs are split on a GPU machine; "shared": every process may run on every core
+    cpu_allocation: str = "shared"
+    # CPU ids the trainer ranks run on (local launcher); empty: any (see server.cpus)
+    trainer_cpus: List[int] = field(default_factory=list)
     master_port: int = 0  # the trainers' rendezvous port on rank 0's node; 0: a free one
     ray_address: str = "auto"  # an existing Ray cluster (`ray start --head` first)
     placement_strategy: str = "PACK"  # of the servers' and of the trainers' placement groups
@@ -366,6 +380,8 @@ class LauncherConfig:
         _check(name, "n_trainer_procs", self.n_trainer_procs >= 1, self.n_trainer_procs, ">= 1")
         _check(name, "threads_per_trainer", self.threads_per_trainer >= 1,
                self.threads_per_trainer, ">= 1")
+        _one_of(name, "cpu_allocation", self.cpu_allocation, ("shared", "split"))
+        _cpu_list(name, "trainer_cpus", self.trainer_cpus)
         _check(name, "master_port", 0 <= self.master_port <= 65535, self.master_port,
                "a port (1..65535), or 0 for a free one")
         _check(name, "ray_address", bool(self.ray_address.strip()), self.ray_address,

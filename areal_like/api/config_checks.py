@@ -14,3 +14,9 @@ def check(cls_name: str, key: str, ok: bool, value: object, expected: str) -> No
 
 def one_of(cls_name: str, key: str, value: str, choices: tuple[str, ...]) -> None:
     check(cls_name, key, value in choices, value, f"one of {choices}")
+
+
+def cpu_list(cls_name: str, key: str, cpus: list) -> None:
+    """CPU ids to pin to (the machine is not known yet): distinct ids >= 0; empty: not pinned."""
+    ok = all(isinstance(c, int) and c >= 0 for c in cpus) and len(set(cpus)) == len(cpus)
+    check(cls_name, key, ok, list(cpus), "distinct CPU ids >= 0 (empty: not pinned)")

@@ -14,12 +14,14 @@ A server that dies is restarted up to `server.max_restarts` times (the trainer k
 the others and loads its current weights on the restarted one); the run stops when fewer than
 `rollout.min_servers` are left, with every dead server's exit code or signal and log tail as the
 last thing on the screen. Ctrl-C stops everything. On CUDA machines servers take the first GPUs
-and trainers the next ones.
+and trainers the next ones; `launcher.cpu_allocation=split` splits the CPU cores the same way
+(or `server.cpus`, `launcher.trainer_cpus`, `rollout.controller_cpus` name them).
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import os
 import signal
 import subprocess
@@ -37,6 +39,7 @@ from areal_like.launcher.target import (
     resolve_target,
     trainer_error,
 )
+from areal_like.utils.cpus import check_cpus, split_cores
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import bindable, find_free_port
 
@@ -105,11 +108,40 @@ def _master_port(config: Any) -> int:
     return port
 
 
+def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
+    """Check the `*cpus` keys against this machine and resolve `launcher.cpu_allocation=split`
+    (explicit ids win); returns the servers' config and the trainer's cores (empty: any)."""
+    server, launcher, rollout = config.server, config.launcher, config.rollout
+    trainer_cpus, server_cpus = list(launcher.trainer_cpus), list(server.cpus)
+    if launcher.cpu_allocation == "split":
+        n_trainer = launcher.n_trainer_procs * launcher.threads_per_trainer
+        allowed = os.sched_getaffinity(0)
+        split = split_cores(allowed, n_trainer)
+        if split is None:
+            CONSOLE.line(f"[launcher] launcher.cpu_allocation=split: {len(allowed)} core(s) "
+                         f"leave none beside the trainer's {n_trainer}; all processes share them")
+        else:
+            trainer_cpus = trainer_cpus or split[1]
+            server_cpus = server_cpus or split[0]
+            if not rollout.controller_cpus:
+                overrides.append(f"rollout.controller_cpus=[{','.join(map(str, split[0]))}]")
+            CONSOLE.line(f"[launcher] cores: trainer {trainer_cpus}, servers {server_cpus}, "
+                         f"rollout controller {rollout.controller_cpus or split[0]}")
+    try:  # before anything starts
+        for key, cpus in (("launcher.trainer_cpus", trainer_cpus), ("server.cpus", server_cpus),
+                          ("rollout.controller_cpus", rollout.controller_cpus)):
+            check_cpus(key, cpus)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    return dataclasses.replace(server, cpus=server_cpus), set(trainer_cpus)
+
+
 def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int:
     """Run a recipe or a training script with its fleet; returns the trainer's exit code."""
     target = resolve_target(target_name, argv)  # fails fast on a typo
     config, overrides, needs_fleet = target.config, target.overrides, target.needs_fleet
     check_model_path(config)
+    server_config, trainer_cpus = _allocate_cpus(config, overrides)
     master_port = _master_port(config)
     log_dir = run_dir(config.logging)
     n_gpus = _gpu_count() if config.server.device == "cuda" else 0
@@ -124,7 +156,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
 
             CONSOLE.line(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
                          f"{config.model.path}")
-            fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
+            fleet = SGLangFleet(config.model.path, server_config, api_key=config.rollout.api_key,
                                 log_dir=log_dir / "servers")
             try:
                 fleet.start()
@@ -152,8 +184,10 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
                "--master_addr=127.0.0.1", f"--master_port={master_port}",
                *target.entry, *target.args([])]
         CONSOLE.line(f"[launcher] $ {' '.join(cmd)}")
-        trainer = subprocess.Popen(cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        trainer = subprocess.Popen(
+            cmd, cwd=os.getcwd(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, trainer_cpus)) if trainer_cpus else None)
         log_dir.mkdir(parents=True, exist_ok=True)
         pump = _stream("trainer", trainer.stdout, log_dir / "trainer.log", mute, last_lines)
         supervisor = None

@@ -313,6 +313,14 @@ def _exit_text(code: int) -> str:
 def launch(target_name: str, argv: list[str]) -> int:
     target = resolve_target(target_name, argv)  # fails fast on a typo
     check_model_path(target.config)
+    if target.config.launcher.cpu_allocation == "split":
+        CONSOLE.line("[launcher] launcher.cpu_allocation=split is the local launcher's; Ray "
+                     "places processes by launcher.cpus_per_server / cpus_per_trainer")
+    for key, cpus in (("server.cpus", target.config.server.cpus),
+                      ("launcher.trainer_cpus", target.config.launcher.trainer_cpus)):
+        if cpus:  # Ray hands out cores itself (launcher.cpus_per_server / cpus_per_trainer)
+            raise LaunchError(f"{key}={list(cpus)} pins processes of the local launcher; under "
+                              f"Ray use launcher.cpus_per_server / launcher.cpus_per_trainer")
     job = RayJob(target)
     try:
         job.start()

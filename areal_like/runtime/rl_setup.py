@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
@@ -67,6 +68,9 @@ class RLSetup:
         RLVR on the valid dataset's reward)."""
         self.config = config
         self.run = RunContext(config, console_keys=CONSOLE)
+        cpus = sorted(os.sched_getaffinity(0))
+        if self.run.is_main and len(cpus) < (os.cpu_count() or 0):  # pinned: say where
+            print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
         self.tokenizer = load_tokenizer(config.model)
         self.task = build_task(config.train_dataset, config.reward.fn)
         self.valid = build_task(config.valid_dataset, config.reward.fn)

@@ -25,6 +25,7 @@ from areal_like.rewards.executor import configure_rewards, default_reward_execut
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import Evaluator
 from areal_like.utils import stats_tracker
+from areal_like.utils.cpus import pin_to_cpus
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines import RemoteSGLangEngine
 
@@ -180,6 +181,11 @@ def serve(conn: Any, reward: RewardConfig, setup_bytes: bytes) -> None:
     setup: RolloutSetup = pickle.loads(setup_bytes)
     if setup.rollout.controller_nice:  # before the reward workers start: they inherit it
         os.nice(setup.rollout.controller_nice)
+    try:
+        pin_to_cpus("rollout.controller_cpus", setup.rollout.controller_cpus)
+    except ValueError as e:
+        conn.send(("error", _portable(e)))
+        return
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s [rollout-controller] %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

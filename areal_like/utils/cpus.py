@@ -9,16 +9,14 @@ import os
 from typing import Optional, Sequence
 
 
-def check_cpus(key: str, cpus: Sequence[int]) -> set[int]:
-    """The set of `cpus` if this process may run on every one of them; otherwise a ValueError
-    naming `key`, the bad ids and the cores that are allowed."""
+def check_cpus(key: str, cpus: Sequence[int]) -> None:
+    """A ValueError naming `key`, the bad ids and the allowed cores unless this process may
+    run on every one of `cpus`."""
     allowed = os.sched_getaffinity(0)
-    wanted = {int(c) for c in cpus}
-    missing = sorted(wanted - allowed)
+    missing = sorted(set(cpus) - allowed)
     if missing:
         raise ValueError(f"{key}={list(cpus)}: CPU {missing} not available to this process "
                          f"(allowed: {sorted(allowed)})")
-    return wanted
 
 
 def pin_to_cpus(key: str, cpus: Sequence[int]) -> None:
@@ -32,7 +30,6 @@ def pin_to_cpus(key: str, cpus: Sequence[int]) -> None:
     except OSError as e:
         raise ValueError(f"{key}={list(cpus)}: cannot run on these CPUs ({e.strerror}; this "
                          f"machine has {os.cpu_count()})") from None
-
 
 
 def split_cores(allowed: set[int], trainer_cores: int) -> Optional[tuple[list[int], list[int]]]:

@@ -6,4 +6,4 @@ bash scripts/install.sh
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m ruff check .
 "$PYTHON" -c "from importlinter.cli import lint_imports_command as c; c(['--no-logo'])"  # layers
-OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs "$@"
+OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rs --durations=25 "$@"

@@ -99,14 +99,34 @@ def perturbed_copy(src: Path, dst: Path, seed: int, scale: float = 0.05) -> Path
 
 def fleet_version(addresses: list[str], api_key: str | None) -> int:
     """The weight version every server of the fleet reports (they must agree)."""
-    versions = set()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    for addr in addresses:
-        req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            versions.add(int(json.load(resp)["weight_version"]))
+    versions = {_server_version(addr, headers) for addr in addresses}
     assert len(versions) == 1, f"servers disagree on the weight version: {versions}"
     return versions.pop()
+
+
+def restore_session_fleet(addresses: list[str], model_dir: str | Path,
+                          api_key: str | None) -> int:
+    """Every server back on the session weights under one fresh version, loaded server by
+    server (a test that left one server behind, or a load that failed, must not leave the
+    fleet disagreeing for the next test). Returns that version."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    version = max(_server_version(a, headers) for a in addresses) + 1
+    for addr in addresses:
+        body = json.dumps({"model_path": str(model_dir), "weight_version": str(version)})
+        req = urllib.request.Request(f"http://{addr}/update_weights_from_disk", body.encode(),
+                                     {**headers, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            reply = json.load(resp)
+        assert reply.get("success"), f"{addr} could not load {model_dir}: {reply}"
+    assert fleet_version(addresses, api_key) == version
+    return version
+
+
+def _server_version(addr: str, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return int(json.load(resp)["weight_version"])
 
 
 def server_pgid(port: int) -> int:
@@ -134,6 +154,20 @@ def _process_tree(root: int) -> list[int]:
             with contextlib.suppress(OSError):
                 todo += [int(c) for c in (task / "children").read_text().split()]
     return seen
+
+
+def processes_running_module(root: int, module: str) -> list[int]:
+    """The processes under `root` started as `python -m <module>` (e.g. torchrun's ranks)."""
+    found = []
+    for pid in _process_tree(root):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in args and args.index(b"-m") + 1 < len(args) \
+                and args[args.index(b"-m") + 1] == module.encode():
+            found.append(pid)
+    return found
 
 
 def _decode_address(hexaddr: str) -> tuple[str, int]:

@@ -25,6 +25,7 @@ from sglang_helpers import (
     make_controller,
     make_engine,
     perturbed_copy,
+    restore_session_fleet,
     server_pgid,
 )
 
@@ -50,14 +51,7 @@ def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
 
 
 def _restore_session_fleet(fleet: SGLangFleet, model_dir: Path) -> None:
-    """Both session servers back on the session weights, under one fresh version (other
-    tests require the fleet to agree on its version)."""
-    versions = [fleet_version([addr], SGLANG_TEST_API_KEY) for addr in fleet.addresses]
-    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
-    try:
-        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), max(versions) + 1))
-    finally:
-        engine.destroy()
+    restore_session_fleet(fleet.addresses, model_dir, SGLANG_TEST_API_KEY)
 
 
 def _until(predicate, what: str, timeout: float = BOUND_S) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_helpers import listening_sockets, server_pgid
+from sglang_helpers import listening_sockets, processes_running_module, server_pgid
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -61,6 +61,16 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
             ports = re.search(r"servers ready: \['[\d.]+:(\d+)', '[\d.]+:(\d+)'\]",
                               out_path.read_text()).groups()
             os.killpg(server_pgid(int(ports[1])), signal.SIGKILL)  # its own process group
+            _wait_for_output(proc, out_path, f":{ports[1]} taken out of service")
+            # hold the trainer (its rollout controller runs on) until the restarted server is
+            # back in service: the restart's duration, not the machine's speed, decides
+            trainer = processes_running_module(proc.pid, "recipes.grpo")
+            assert len(trainer) == 1, trainer
+            os.kill(trainer[0], signal.SIGSTOP)
+            try:
+                _wait_for_output(proc, out_path, f":{ports[1]} back in service")
+            finally:
+                os.kill(trainer[0], signal.SIGCONT)
             proc.wait(timeout=1200)
         finally:
             if proc.poll() is None:
@@ -90,3 +100,11 @@ def _logged_step(path: Path, step: int) -> bool:
     except FileNotFoundError:
         return False
     return any(json.loads(line)["step"] >= step for line in lines if line.strip())
+
+
+def _wait_for_output(proc: subprocess.Popen, out_path: Path, text: str) -> None:
+    deadline = time.monotonic() + 1200
+    while text not in out_path.read_text():
+        assert proc.poll() is None, f"exited before {text!r}: " + out_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"{text!r} not printed within 1200 s"
+        time.sleep(0.2)

@@ -18,6 +18,7 @@ from sglang_helpers import (
     hf_logprobs,
     make_engine,
     perturbed_copy,
+    restore_session_fleet,
 )
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
@@ -38,10 +39,9 @@ def engine(sglang_fleet, tiny_model_dir: Path) -> Iterator[RemoteSGLangEngine]:
     engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
     engine.set_version(fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY))  # earlier tests may have bumped it
     yield engine
-    # Restore the session's weights under a fresh version, so other tests see tiny_model_dir.
-    engine.update_weights(WeightUpdateMeta.from_disk(str(tiny_model_dir),
-                                                     engine.get_version() + 1))
     engine.destroy()
+    # the session's weights under a fresh version, so other tests see tiny_model_dir
+    restore_session_fleet(sglang_fleet.addresses, tiny_model_dir, SGLANG_TEST_API_KEY)
 
 
 def _assert_logprobs(model_dir: Path, prompt: list[int], output: list[int],

@@ -23,6 +23,7 @@ from sglang_helpers import (
     fleet_version,
     hf_logprobs,
     make_engine,
+    restore_session_fleet,
 )
 
 from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
@@ -122,13 +123,7 @@ def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
 
 
 def _restore(fleet: SGLangFleet, model_dir: Path) -> None:
-    """The shared servers back on the session weights, under one fresh version."""
-    engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
-    version = max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses)
-    try:
-        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version + 1))
-    finally:
-        engine.destroy()
+    restore_session_fleet(fleet.addresses, model_dir, SGLANG_TEST_API_KEY)
 
 
 def test_servers_serve_the_trainers_weights_after_each_broadcast(
@@ -142,6 +137,7 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
             stats = broadcaster.push(trainer, client, version)
             assert stats["weight_sync/buckets"] > 1
             assert client.get_version() == trainer.get_version() == version
+            assert not client.servers.out_of_service, client.servers.out_of_service
             assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == version
             _assert_serves(client, _export(trainer, tmp_path / f"v{version}"), version,
                            set(sglang_fleet.addresses))

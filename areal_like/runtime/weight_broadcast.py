@@ -21,6 +21,7 @@ import concurrent.futures
 import logging
 import os
 import time
+import uuid
 from typing import Any, Optional
 
 import torch
@@ -55,6 +56,9 @@ class WeightBroadcaster:
         self._store: Optional[Any] = None
         self._port = 0
         self._buffer: Optional[Any] = None  # rank 0: the largest bucket's bytes, reused
+        # unique per broadcaster: a server that kept an earlier broadcaster's group (its
+        # leave failed) refuses a second group of the same name
+        self._group_prefix = f"areal_like_weights_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
     def push(self, engine: TrainEngine, rollout: Optional[FleetClient],
              version: int) -> dict[str, float]:
@@ -76,7 +80,7 @@ class WeightBroadcaster:
         def prepare() -> None:
             assert rollout is not None
             self._form(rollout, state["failed"])
-            meta = WeightUpdateMeta.from_distributed(buckets, self._group_prefix(), version)
+            meta = WeightUpdateMeta.from_distributed(buckets, self._group_prefix, version)
             state["meta"] = meta
             state["members"] = rollout.begin_weight_broadcast(meta)
 
@@ -101,16 +105,13 @@ class WeightBroadcaster:
                 "weight_sync/buckets": float(len(buckets))}
 
     # ---- rank 0 -------------------------------------------------------------------------
-    def _group_prefix(self) -> str:
-        return f"areal_like_weights_{os.getpid()}"
-
     def _form(self, rollout: FleetClient, failed: dict[str, str]) -> None:
         addr = self.config.weight_group_addr
         timeout = self.config.weight_broadcast_timeout
         if self._store is None:
             self._store, self._port = host_store(addr, timeout)
         spec = WeightGroupSpec(
-            group_name=f"{self._group_prefix()}_{self.formations}", master_addr=addr,
+            group_name=f"{self._group_prefix}_{self.formations}", master_addr=addr,
             master_port=self._port, backend=self.backend, timeout_s=timeout)
         layout = rollout.form_weight_group(spec, force=not self.groups)
         for server in [s for s in self.groups if s not in layout.members]:

@@ -64,9 +64,23 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     timeout = args.collective_timeout
+    rank = int(os.environ["RANK"])
+    engine = rewards = None
+    if rank == 0 and args.mode != "unguarded":
+        # set up before the group exists: the other rank's collective timeout bounds only
+        # what follows, however long a busy machine takes to start a controller
+        rollout = RolloutConfig(
+            server_addrs=[args.addr], api_key=args.api_key, seed=1, request_retries=2,
+            retry_backoff=0.1, request_timeout=60, server_down_timeout=5.0,
+            health_check_interval=0.5)  # the only server dies: stop 5 s later
+        engine = RolloutController(rollout, RemoteSGLangEngine(rollout))
+        engine.initialize()
+        rewards = RewardExecutor(RewardConfig(max_workers=1, timeout=120))
+        workflow = RLVRWorkflow(reward_fns.sleeps_briefly, GCONFIG,
+                                AutoTokenizer.from_pretrained(args.model), rewards)
     start_together(Path(args.out))
     ensure_process_group("gloo", torch.device("cpu"), timeout)
-    rank = dist.get_rank()
+    assert dist.get_rank() == rank
     report: dict = {"rank": rank}
     out = Path(args.out) / f"rank{rank}.json"
 
@@ -81,17 +95,6 @@ def main() -> None:
         out.write_text(json.dumps(report))
         return
 
-    engine = rewards = None
-    if rank == 0:
-        rollout = RolloutConfig(
-            server_addrs=[args.addr], api_key=args.api_key, seed=1, request_retries=2,
-            retry_backoff=0.1, request_timeout=60, server_down_timeout=5.0,
-            health_check_interval=0.5)  # the only server dies: stop 5 s later
-        engine = RolloutController(rollout, RemoteSGLangEngine(rollout))
-        engine.initialize()
-        rewards = RewardExecutor(RewardConfig(max_workers=1, timeout=120))
-        workflow = RLVRWorkflow(reward_fns.sleeps_briefly, GCONFIG,
-                                AutoTokenizer.from_pretrained(args.model), rewards)
     try:
         if args.mode == "slow":
             # 2 items x 2 samples, each reward takes one collective timeout, in one worker

@@ -168,7 +168,7 @@ def test_always_rejecting_filter_times_out_with_counts(make_engine):
 def test_prepare_batch_with_rejecting_filter_does_not_hang(make_engine):
     ex = make_engine(max_head_offpolicyness=0, consumer_batch_size=2).executor
     with pytest.raises(RolloutTimeoutError, match="by should_accept"):
-        ex.prepare_batch(loader(3, 2), GroupWorkflow(), lambda td: False, timeout=0.3)
+        ex.prepare_batch(loader(3, 2), GroupWorkflow(), lambda td: False, timeout=3.0)
     assert ex.stats()["rejected_by_filter"] > 6  # it cycled the 6-item loader
 
 

@@ -123,7 +123,7 @@ async def test_hang_past_the_timeout_is_a_timeout_not_retried(server):
     assert isinstance(failure, RewardFailure) and failure.kind == "timeout"
     assert "reward.timeout=0.5" in str(failure)
     # the 0.2 s batching window is not work: the request itself had its whole 0.5 s
-    assert 0.7 <= elapsed < 3.0
+    assert 0.7 <= elapsed < 30.0  # no retry (counted below); the bound only says: no hang
     assert after - before == 1
     assert ex.failures["timeout"] == 1
     await rm.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -80,13 +81,13 @@ def test_server_whose_port_is_taken_fails_fast_with_its_log_tail(tiny_model_dir,
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=240),
+        # a start-up timeout longer than the test's own: only the bind error can end it
+        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=3600),
                             base_port=port, log_dir=tmp_path / "logs")
-        start = time.monotonic()
         with pytest.raises(SGLangServerError) as info:
             fleet.start()
-    assert time.monotonic() - start < 120
     msg = str(info.value)
+    assert "startup_timeout" not in msg, msg
     assert f"127.0.0.1:{port}" in msg and "server_0.log" in msg
     assert "address already in use" in msg.lower() or "exited with code" in msg
 
@@ -156,7 +157,9 @@ async def test_killing_a_server_mid_batch_loses_no_request(sglang_fleet, spare_s
                  for i in range(12)]
         while engine.inflight()[victim] == 0:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
+        # frozen, the victim finishes nothing more, however fast the machine: every request
+        # it holds now must be retried
+        spare_server.kill_server(0, signal.SIGSTOP)
         placed = engine.inflight()
         spare_server.kill_server(0)  # SIGKILL: the server and its scheduler vanish at once
         resps = await asyncio.gather(*tasks)

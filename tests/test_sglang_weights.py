@@ -76,30 +76,33 @@ async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_di
 
 
 async def _generate_across_update(engine: RemoteSGLangEngine, new_dir: Path, version: int,
-                                  n_tokens: int):
+                                  n_tokens: int, delay: float):
     g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                                   temperature=1.0)
     task = asyncio.ensure_future(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
     while sum(engine.inflight().values()) == 0:  # the request reached a server
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.3)  # let it generate some tokens with the old weights
+    await asyncio.sleep(delay)  # let it generate some tokens with the old weights
     await engine.aupdate_weights(WeightUpdateMeta.from_disk(str(new_dir), version))
     return await task
 
 
 async def test_request_in_flight_reports_both_versions(engine, tiny_model_dir, new_weights_dir):
-    # A long request, so the update lands mid-generation; on a very loaded machine the timing
-    # may miss, so try a few times with ever longer requests (no timing is asserted).
-    old_dir = tiny_model_dir  # the weights the servers hold before the update
-    for n_tokens in (600, 900, 1000):
+    # The update must land mid-generation. No timing is assumed: an update that came before
+    # the first token is tried again later, one after the last token earlier; the attempts
+    # alternate the two weight sets, so every update changes the weights.
+    old_dir, n_tokens, delay = tiny_model_dir, 1000, 0.3
+    for attempt in range(6):
+        new_dir = (new_weights_dir, tiny_model_dir)[attempt % 2]
         old = engine.get_version()
         new = old + 1
-        resp = await _generate_across_update(engine, new_weights_dir, new, n_tokens)
+        resp = await _generate_across_update(engine, new_dir, new, n_tokens, delay)
         assert len(resp.output_tokens) == n_tokens and resp.stop_reason == "length"
         assert set(resp.output_versions) <= {old, new}
         if len(set(resp.output_versions)) == 2:
             break
-        old_dir = new_weights_dir
+        delay = delay * 2.5 if resp.output_versions[0] == new else delay / 4
+        old_dir = new_dir
     else:
         pytest.fail("the weight update never landed while a request was generating")
     first = resp.output_versions.index(new)
@@ -108,7 +111,7 @@ async def test_request_in_flight_reports_both_versions(engine, tiny_model_dir, n
     banned = (eos_token_id(tiny_model_dir),)
     _assert_logprobs(old_dir, PROMPT, resp.output_tokens[:first], resp.output_logprobs[:first],
                      banned)
-    ref_new = hf_logprobs(new_weights_dir, PROMPT, resp.output_tokens, banned)[first:]
+    ref_new = hf_logprobs(new_dir, PROMPT, resp.output_tokens, banned)[first:]
     torch.testing.assert_close(torch.tensor(resp.output_logprobs[first:], dtype=torch.float64),
                                ref_new, atol=LOGPROB_ATOL, rtol=0)
 
@@ -118,18 +121,27 @@ async def test_abort_mode_pause_is_continued_transparently(sglang_fleet, engine)
                                pause_mode="abort")
     try:
         g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
-        task = asyncio.ensure_future(abort_engine.agenerate(ModelRequest(input_ids=PROMPT,
-                                                                         gconfig=g)))
-        while sum(abort_engine.inflight().values()) == 0:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
-        await abort_engine.apause()
-        await asyncio.sleep(0.2)
-        await abort_engine.aresume()
-        resp = await task
-        assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
-        assert resp.metadata["segments"] >= 2  # it was aborted and continued
-        assert len(resp.output_versions) == 800
+        # a pause that comes before the scheduler holds the request does not abort it (it
+        # waits in the HTTP front end): then pause later; one after the request ended: earlier
+        delay = 0.2
+        for _ in range(6):
+            task = asyncio.ensure_future(abort_engine.agenerate(ModelRequest(input_ids=PROMPT,
+                                                                             gconfig=g)))
+            while sum(abort_engine.inflight().values()) == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(delay)
+            ended_first = task.done()
+            await abort_engine.apause()
+            await asyncio.sleep(0.2)
+            await abort_engine.aresume()
+            resp = await task
+            assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
+            assert len(resp.output_versions) == 800
+            if resp.metadata["segments"] >= 2:  # it was aborted and continued
+                break
+            delay = delay / 4 if ended_first else delay * 2.5
+        else:
+            pytest.fail("the pause never caught the request in the scheduler")
     finally:
         abort_engine.destroy()
 

@@ -153,7 +153,10 @@ def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_m
     broadcaster = WeightBroadcaster(client.config)
     old_weights = _export(trainer, tmp_path / "old")
     try:
-        for attempt, n_tokens in enumerate((600, 900, 1000)):  # longer if the update missed it
+        # no timing assumed: a broadcast before the first token is tried again later, one
+        # after the last token earlier
+        n_tokens, delay = 1000, 0.3
+        for attempt in range(6):
             old = client.get_version()
             g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                                           temperature=1.0)
@@ -162,12 +165,13 @@ def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_m
                 client._rollout_loop())
             while sum(client.inflight().values()) == 0:  # it reached the server
                 time.sleep(0.01)
-            time.sleep(0.3)  # some tokens with the old weights
+            time.sleep(delay)  # some tokens with the old weights
             _perturb(trainer, seed=100 + attempt)
             broadcaster.push(trainer, client, old + 1)
             resp = future.result(timeout=300)
             if len(set(resp.output_versions)) == 2:
                 break
+            delay = delay * 2.5 if resp.output_versions[0] == old + 1 else delay / 4
             old_weights = _export(trainer, tmp_path / f"old{attempt}")
         else:
             pytest.fail("the broadcast never landed while a request was generating")
@@ -212,7 +216,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         version = client.get_version() + 1
         start = time.monotonic()
         broadcaster.push(trainer, client, version)  # on_weight_broadcast_failure=retry
-        assert time.monotonic() - start < BROADCAST_TIMEOUT_S + 30
+        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weight_update_timeout
         assert client.get_version() == version
         assert client.in_service() == [survivor] and victim in client.servers.out_of_service
         assert list(broadcaster.groups) == [survivor]  # the dead server's group is gone
@@ -257,7 +261,7 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
         with pytest.raises(WeightBroadcastFailed, match=victim) as info:
             broadcaster.push(trainer, client, version)
         # bounded by the broadcast timeout (plus the HTTP calls around it), not a hang
-        assert time.monotonic() - start < BROADCAST_TIMEOUT_S + 30
+        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weight_update_timeout
         assert "on_weight_broadcast_failure=stop" in str(info.value)
         assert survivor not in str(info.value)
         monkeypatch.undo()

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from areal_like.api.config import RolloutConfig
 from areal_like.rollout.controller import RolloutController
 from engines.remote_sglang import RemoteSGLangEngine
+from engines.sglang_server import SGLangFleet
 
 # SGLang computes in float32; the reference runs the same weights in float64. Measured max
 # |diff| on the 1m model is ~1e-6; 1e-4 leaves room for float32 reduction-order noise.
@@ -105,21 +106,20 @@ def fleet_version(addresses: list[str], api_key: str | None) -> int:
     return versions.pop()
 
 
-def restore_session_fleet(addresses: list[str], model_dir: str | Path,
-                          api_key: str | None) -> int:
+def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
     """Every server back on the session weights under one fresh version, loaded server by
     server (a test that left one server behind, or a load that failed, must not leave the
     fleet disagreeing for the next test). Returns that version."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    version = max(_server_version(a, headers) for a in addresses) + 1
-    for addr in addresses:
+    headers = {"Authorization": f"Bearer {fleet.api_key}"} if fleet.api_key else {}
+    version = max(_server_version(a, headers) for a in fleet.addresses) + 1
+    for addr in fleet.addresses:
         body = json.dumps({"model_path": str(model_dir), "weight_version": str(version)})
         req = urllib.request.Request(f"http://{addr}/update_weights_from_disk", body.encode(),
                                      {**headers, "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as resp:
             reply = json.load(resp)
         assert reply.get("success"), f"{addr} could not load {model_dir}: {reply}"
-    assert fleet_version(addresses, api_key) == version
+    assert fleet_version(fleet.addresses, fleet.api_key) == version
     return version
 
 
@@ -164,8 +164,9 @@ def processes_running_module(root: int, module: str) -> list[int]:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"-m" in args and args.index(b"-m") + 1 < len(args) \
-                and args[args.index(b"-m") + 1] == module.encode():
+        # the first `-m` is the process's own (a launcher may name the module later on)
+        first = args.index(b"-m") if b"-m" in args else len(args)
+        if args[first + 1:first + 2] == [module.encode()]:
             found.append(pid)
     return found
 

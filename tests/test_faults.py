@@ -50,10 +50,6 @@ def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
         yield fleet
 
 
-def _restore_session_fleet(fleet: SGLangFleet, model_dir: Path) -> None:
-    restore_session_fleet(fleet.addresses, model_dir, SGLANG_TEST_API_KEY)
-
-
 def _until(predicate, what: str, timeout: float = BOUND_S) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -113,7 +109,7 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
     finally:
         monkeypatch.undo()
         engine.destroy()
-        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def test_restarted_server_serves_only_after_loading_the_current_weights(
@@ -143,7 +139,7 @@ def test_restarted_server_serves_only_after_loading_the_current_weights(
         assert max(abs(a - b) for a, b in zip(resp.output_logprobs, ref.tolist(), strict=True)) < 1e-4
     finally:
         engine.destroy()
-        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def test_server_added_through_the_addrs_file_joins_with_the_current_weights(
@@ -163,7 +159,7 @@ def test_server_added_through_the_addrs_file_joins_with_the_current_weights(
         assert engine.fleet_stats()["fleet/added_total"] == 1
     finally:
         engine.destroy()
-        _restore_session_fleet(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def test_serve_restarts_a_dead_server_then_stops_naming_it(tiny_model_dir, tmp_path):

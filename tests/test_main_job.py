@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,8 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
             cwd=REPO, env=ENV, stdout=out_file, stderr=subprocess.STDOUT)
         try:
             # kill server 1 once step 10 is logged, however fast the machine is
-            deadline = time.monotonic() + 1200
-            while not _logged_step(run_dir / "metrics.jsonl", 10):
-                assert proc.poll() is None, out_path.read_text()[-4000:]
-                assert time.monotonic() < deadline, "step 10 not logged within 1200 s"
-                time.sleep(0.2)
+            _wait_until(proc, out_path, lambda: _logged_step(run_dir / "metrics.jsonl", 10),
+                        "step 10 logged")
             # every socket the job listens on (servers, their schedulers, the rendezvous,
             # gloo) is on loopback
             sockets = listening_sockets(proc.pid)
@@ -61,14 +59,16 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
             ports = re.search(r"servers ready: \['[\d.]+:(\d+)', '[\d.]+:(\d+)'\]",
                               out_path.read_text()).groups()
             os.killpg(server_pgid(int(ports[1])), signal.SIGKILL)  # its own process group
-            _wait_for_output(proc, out_path, f":{ports[1]} taken out of service")
+            _wait_until(proc, out_path, _printed(out_path, f":{ports[1]} taken out of service"),
+                        "server 1 taken out of service")
             # hold the trainer (its rollout controller runs on) until the restarted server is
             # back in service: the restart's duration, not the machine's speed, decides
             trainer = processes_running_module(proc.pid, "recipes.grpo")
             assert len(trainer) == 1, trainer
             os.kill(trainer[0], signal.SIGSTOP)
             try:
-                _wait_for_output(proc, out_path, f":{ports[1]} back in service")
+                _wait_until(proc, out_path, _printed(out_path, f":{ports[1]} back in service"),
+                            "server 1 back in service")
             finally:
                 os.kill(trainer[0], signal.SIGCONT)
             proc.wait(timeout=1200)
@@ -102,9 +102,14 @@ def _logged_step(path: Path, step: int) -> bool:
     return any(json.loads(line)["step"] >= step for line in lines if line.strip())
 
 
-def _wait_for_output(proc: subprocess.Popen, out_path: Path, text: str) -> None:
+def _printed(out_path: Path, text: str) -> Callable[[], bool]:
+    return lambda: text in out_path.read_text()
+
+
+def _wait_until(proc: subprocess.Popen, out_path: Path, done: Callable[[], bool],
+                what: str) -> None:
     deadline = time.monotonic() + 1200
-    while text not in out_path.read_text():
-        assert proc.poll() is None, f"exited before {text!r}: " + out_path.read_text()[-4000:]
-        assert time.monotonic() < deadline, f"{text!r} not printed within 1200 s"
+    while not done():
+        assert proc.poll() is None, f"exited before {what}: " + out_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"not {what} within 1200 s"
         time.sleep(0.2)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_helpers import assert_same_records
+from sglang_helpers import assert_same_records, processes_running_module
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -62,21 +62,6 @@ def _records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line]
 
 
-def _trainer_pids(log_dir: Path) -> list[int]:
-    """The recipe processes (torchrun's workers) of the run logging to `log_dir`."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (b"recipes.grpo" in args and f"logging.log_dir={log_dir}".encode() in args
-                and not any(launcher in a for a in args for launcher in (
-                    b"torch.distributed.run", b"torchrun_loopback", b"launcher.local"))):
-            pids.append(int(cmdline.parent.name))
-    return pids
-
-
 def _kill_trainer_after(model_dir: Path, log_dir: Path, eta: int, step: int) -> None:
     """Start a run, SIGKILL its trainer once metrics of `step` (after a checkpoint) exist."""
     run_dir = log_dir / "grpo_addition" / "trial0"
@@ -92,7 +77,7 @@ def _kill_trainer_after(model_dir: Path, log_dir: Path, eta: int, step: int) -> 
                     r["step"] >= step for r in _records(run_dir)):
                 break
             time.sleep(0.05)
-        pids = _trainer_pids(log_dir)
+        pids = processes_running_module(proc.pid, "recipes.grpo")
         assert pids, "trainer process not found"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)  # kill -9, no cleanup runs

@@ -41,7 +41,7 @@ def engine(sglang_fleet, tiny_model_dir: Path) -> Iterator[RemoteSGLangEngine]:
     yield engine
     engine.destroy()
     # the session's weights under a fresh version, so other tests see tiny_model_dir
-    restore_session_fleet(sglang_fleet.addresses, tiny_model_dir, SGLANG_TEST_API_KEY)
+    restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def _assert_logprobs(model_dir: Path, prompt: list[int], output: list[int],

@@ -122,10 +122,6 @@ def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
     client.destroy()
 
 
-def _restore(fleet: SGLangFleet, model_dir: Path) -> None:
-    restore_session_fleet(fleet.addresses, model_dir, SGLANG_TEST_API_KEY)
-
-
 def test_servers_serve_the_trainers_weights_after_each_broadcast(
         trainer, sglang_fleet, tiny_model_dir, tmp_path):
     client = _fleet_client(sglang_fleet.addresses)
@@ -144,7 +140,7 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
         assert broadcaster.formations == 2  # a group per server, formed once, then reused
     finally:
         _leave(client, broadcaster)
-        _restore(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_model_dir,
@@ -187,7 +183,32 @@ def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_m
                 atol=LOGPROB_ATOL, rtol=0)
     finally:
         _leave(client, broadcaster)
-        _restore(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
+def test_a_group_left_on_a_server_does_not_block_the_next_broadcaster(
+        trainer, sglang_fleet, tiny_model_dir, tmp_path):
+    """A server still holds a group of an earlier broadcaster of this process (its client went
+    away without leaving): the next broadcaster forms its own group beside it and pushes."""
+    server = sglang_fleet.addresses[:1]
+    first_client = _fleet_client(server)
+    first = WeightBroadcaster(first_client.config)
+    second_client = second = None
+    try:
+        first.push(trainer, first_client, first_client.get_version() + 1)
+        first.close()  # the trainer's side is gone; the server keeps its side of the group
+        second_client = _fleet_client(server)  # knows nothing of the first group
+        second = WeightBroadcaster(second_client.config)
+        _perturb(trainer, seed=7)
+        version = second_client.get_version() + 1
+        second.push(trainer, second_client, version)
+        assert not second_client.servers.out_of_service, second_client.servers.out_of_service
+        _assert_serves(second_client, _export(trainer, tmp_path / "v"), version, set(server))
+    finally:
+        if second_client is not None and second is not None:
+            _leave(second_client, second)
+        _leave(first_client, first)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 @pytest.fixture
@@ -234,7 +255,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         _assert_serves(client, _export(trainer, tmp_path / "newer"), version, {survivor, victim})
     finally:
         _leave(client, broadcaster)
-        _restore(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_bucket(
@@ -271,7 +292,7 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
     finally:
         monkeypatch.undo()
         _leave(client, broadcaster)
-        _restore(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
 def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: str) -> list:

@@ -118,6 +118,26 @@ def test_stale_groups_are_dropped_and_counted(make_engine):
     assert s["staleness_accepted"] == 2  # dropped groups gave their budget back
 
 
+def test_a_run_that_starts_at_a_later_version_gets_the_same_bound(make_engine):
+    """The fleet is at version 5 when the run begins (a restarted job, a shared fleet): the
+    bound counts versions from the first admission, so (eta + 1) * B groups run ahead, not
+    (eta + 5 + 1) * B, and an 8-item epoch is not wrapped into the first two batches."""
+    eta, batch_size = 1, 2
+    engine = make_engine(max_head_offpolicyness=eta, consumer_batch_size=batch_size,
+                         max_concurrent_rollouts=64)
+    engine.set_version(5)
+    ex, wf, data = engine.executor, GroupWorkflow(n=2), loader(4, 2)  # items 0..7: one epoch
+    assert group_ids(ex.prepare_batch(data, wf)) == [0, 1]
+    assert group_ids(ex.prepare_batch(data, wf)) == [2, 3]  # still version 5
+    s = ex.stats()
+    assert s["accepted"] == s["consumed"] == (eta + 1) * batch_size and s["running"] == 0
+    assert s["submitted"] == (eta + 2) * batch_size  # the bound + one batch of slack drawn
+    state = ex.state_dict()
+    assert state["start_version"] == 5 and state["data_position"]["epoch"] == 0
+    engine.set_version(6)
+    assert group_ids(ex.prepare_batch(data, wf)) == [4, 5]
+
+
 def test_workflow_exception_reaches_wait_with_id_and_traceback(make_engine):
     engine = make_engine(max_head_offpolicyness=10, consumer_batch_size=1)
     ex = engine.executor

@@ -458,6 +458,7 @@ class WorkflowExecutor:
             "next_seq": snapshot["next_seq"],
             "seed": snapshot["seed"],
             "rollouts_of": snapshot["rollouts_of"],
+            "start_version": snapshot["start_version"],
         }
 
     def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
@@ -479,7 +480,9 @@ class WorkflowExecutor:
         pending = list(zip(state["pending_data"], map(int, state["pending_seeds"]), strict=True))
         self._state.restore(state["counters"], ready, pending, bool(state["paused"]),
                             int(state["next_seq"]), int(state["seed"]),
-                            {str(k): int(v) for k, v in state["rollouts_of"].items()})
+                            {str(k): int(v) for k, v in state["rollouts_of"].items()},
+                            start if (start := state.get("start_version", 0)) is None
+                            else int(start))  # saved before it was recorded: started at 0
         self._cursor = None
         self._restored_position = dict(state["data_position"]) if state["data_position"] else None
         if restore_version:

@@ -114,6 +114,9 @@ class ExecutorState:
     closed: bool = False
     fatal: Optional[BaseException] = None
     next_seq: int = 0
+    # the version at which the first bounded rollout was admitted: the bound counts versions
+    # from there (a run may start at any version, e.g. a fleet already at v = 5)
+    start_version: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.config.seed is not None:
@@ -207,10 +210,16 @@ class ExecutorState:
             self.enqueue(data, workflow, should_accept, bounded=True, episode_seed=seed)
         return len(pending)
 
+    def versions_since_start(self, version: int) -> int:
+        """The `v` of the staleness bound: versions since the first bounded admission."""
+        with self.cond:
+            return 0 if self.start_version is None else max(0, version - self.start_version)
+
     def capacity(self, version: int) -> int:
         with self.cond:
             cfg = self.config
-            return admission_capacity(cfg.max_head_offpolicyness, version,
+            return admission_capacity(cfg.max_head_offpolicyness,
+                                      self.versions_since_start(version),
                                       cfg.consumer_batch_size,
                                       self.counters.staleness_accepted, self.running_bounded)
 
@@ -224,6 +233,8 @@ class ExecutorState:
             while free > 0 and self.queued_sync:
                 started.append(self.queued_sync.popleft())
                 free -= 1
+            if self.start_version is None and self.queued:
+                self.start_version = version
             capacity = self.capacity(version)
             while free > 0 and capacity > 0 and self.queued:
                 started.append(self.queued.popleft())
@@ -323,7 +334,8 @@ class ExecutorState:
         are replaced while the trainer is busy."""
         with self.cond:
             cfg = self.config
-            bound = staleness_bound(cfg.max_head_offpolicyness, version, cfg.consumer_batch_size)
+            bound = staleness_bound(cfg.max_head_offpolicyness,
+                                    self.versions_since_start(version), cfg.consumer_batch_size)
             in_pipeline = (self.counters.staleness_accepted + self.running_bounded
                            + len(self.queued))
             need = bound + cfg.consumer_batch_size - in_pipeline
@@ -419,8 +431,9 @@ class ExecutorState:
                 hints.append(
                     f"admission is blocked by the staleness bound (accepted "
                     f"{c.staleness_accepted} + running {self.running_bounded} >= (eta {eta} + "
-                    f"version {version} + 1) x consumer_batch_size {b}); advance the version "
-                    f"after each consumed batch or raise max_head_offpolicyness"
+                    f"{self.versions_since_start(version)} versions since the first admission + "
+                    f"1) x consumer_batch_size {b}); advance the version after each consumed "
+                    f"batch or raise max_head_offpolicyness"
                 )
             due = sorted(s.seq for s in self.running.values()
                          if s.bounded and s.admit_version <= version - eta)
@@ -451,11 +464,13 @@ class ExecutorState:
                 "next_seq": self.next_seq,
                 "seed": self.seed,
                 "rollouts_of": dict(self.rollouts_of),
+                "start_version": self.start_version,
             }
 
     def restore(self, counters: dict[str, int], ready: list[EpisodeResult],
                 pending: list[tuple[dict[str, Any], int]], paused: bool, next_seq: int,
-                seed: int, rollouts_of: dict[str, int]) -> None:
+                seed: int, rollouts_of: dict[str, int],
+                start_version: Optional[int]) -> None:
         with self.cond:
             busy = len(self.running) + len(self.queued) + len(self.queued_sync) + len(self.ready)
             if busy or self.counters.submitted:
@@ -474,3 +489,4 @@ class ExecutorState:
             self.next_seq = next_seq
             self.seed = seed
             self.rollouts_of = dict(rollouts_of)
+            self.start_version = start_version

@@ -1,7 +1,8 @@
 """Staleness arithmetic and the executor's counters.
 
-With η = `max_head_offpolicyness`, B = `consumer_batch_size` and v the current policy version,
-a new rollout is admitted only while
+With η = `max_head_offpolicyness`, B = `consumer_batch_size` and v the number of policy
+versions since the executor admitted its first rollout (a run may start at any version), a new
+rollout is admitted only while
 
     accepted + running < (η + v + 1) · B
 

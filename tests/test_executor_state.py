@@ -21,35 +21,39 @@ def loader() -> list[list[dict]]:
     return [items(2 * b, 2 * b + 2) for b in range(7)]  # 14 items: the run wraps an epoch
 
 
-def started_engine() -> InstantEngine:
+def started_engine(version: int = 0) -> InstantEngine:
     engine = InstantEngine(RolloutConfig(**CONFIG))
     engine.initialize()
+    engine.set_version(version)
     return engine
 
 
-def run_steps(engine: InstantEngine, data, first_step: int, steps: int) -> list[list[int]]:
+def run_steps(engine: InstantEngine, data, first_step: int, steps: int,
+              base: int = 0) -> list[list[int]]:
     out = []
     for step in range(first_step, first_step + steps):
         out.append(group_ids(engine.executor.prepare_batch(data, GroupWorkflow())))
-        engine.set_version(step + 1)
+        engine.set_version(base + step + 1)
     return out
 
 
-def test_state_dict_round_trip_resumes_exactly():
-    reference = started_engine()
+# base: the version the run starts at (a fleet already at version 3): the same run, shifted
+@pytest.mark.parametrize("base", [0, 3])
+def test_state_dict_round_trip_resumes_exactly(base: int):
+    reference = started_engine(base)
     try:
-        expected = run_steps(reference, loader(), 0, 9)
+        expected = run_steps(reference, loader(), 0, 9, base)
     finally:
         reference.destroy()
     assert [i for batch in expected for i in batch][:14] == list(range(14))
 
-    first = started_engine()
+    first = started_engine(base)
     try:
         data = loader()
-        got = run_steps(first, data, 0, 4)
+        got = run_steps(first, data, 0, 4, base)
         ex = first.executor
         got.append(group_ids(ex.prepare_batch(data, GroupWorkflow())))  # step 4, no bump
-        # at version 4 the bound (1 + 4 + 1) x 2 = 12 admits groups 0..11 and 10 are consumed;
+        # at step 4 the bound (1 + 4 + 1) x 2 = 12 admits groups 0..11 and 10 are consumed;
         # prefetch drew 2 more (12, 13) that wait for the next version
         eventually(lambda: ex.stats()["buffered"] == 2 and ex.stats()["running"] == 0,
                    what="admitted groups finished")
@@ -61,18 +65,21 @@ def test_state_dict_round_trip_resumes_exactly():
     assert buffered_ids == [10, 11]
     assert [d["id"] for d in state["pending_data"]] == [12, 13]
     assert state["data_position"] == {"epoch": 0, "batches_drawn": 7, "items_drawn": 14}
+    assert state["start_version"] == base
     blob = io.BytesIO()
     torch.save(state, blob)
     blob.seek(0)
     restored_state = torch.load(blob, weights_only=True)
+    if base == 0:  # a state saved before the start version was recorded: its run began at 0
+        del restored_state["start_version"]
 
     second = InstantEngine(RolloutConfig(**CONFIG))
     second.initialize()
     try:
         second.executor.load_state_dict(restored_state)
-        assert second.get_version() == 4
+        assert second.get_version() == base + 4
         assert second.executor.stats()["buffered"] == 2
-        second.set_version(5)
+        second.set_version(base + 5)
         data = loader()  # a new, equal dataloader: the executor resumes its position
         first_batch = second.executor.prepare_batch(data, GroupWorkflow())
         assert group_ids(first_batch) == buffered_ids
@@ -81,8 +88,8 @@ def test_state_dict_round_trip_resumes_exactly():
         for key, value in saved:
             region = tuple(slice(0, n) for n in value.shape)
             assert torch.equal(first_batch[key][region], value), key
-        second.set_version(6)
-        got += [group_ids(first_batch)] + run_steps(second, data, 6, 3)
+        second.set_version(base + 6)
+        got += [group_ids(first_batch)] + run_steps(second, data, 6, 3, base)
         s = second.executor.stats()
         assert s["consumed"] == 18 and s["dropped_stale"] == 0
         assert second.executor.state_dict()["data_position"]["epoch"] == 1

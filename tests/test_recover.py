@@ -1,7 +1,8 @@
 """`kill -9` of the trainer mid-run, then `checkpoint.recover=auto` (real SGLang + torchrun):
 
-- eta = 0: two uninterrupted runs with one seed are bit-identical (weights and metrics), and a
-  killed-then-recovered run ends with exactly the same weights and per-step metrics;
+- eta = 0: a killed-then-recovered run ends with exactly the weights and per-step metrics of an
+  uninterrupted run with its seed (the two are separate processes from the start, so this
+  also checks that one seed gives one run);
 - eta = 2: no trajectory is trained twice, the buffered trajectories restored are exactly the
   checkpointed ones (by episode id) and are trained after the resume, the staleness bound holds
   across the resume, and the metrics log has every step once.
@@ -100,15 +101,11 @@ def _stable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
 
 
-def test_eta0_runs_are_bit_identical_and_a_killed_run_resumes_exactly(tiny_model_dir,
-                                                                       tmp_path):
-    a, b, c = (tmp_path / name for name in ("a", "b", "c"))
+def test_eta0_a_killed_run_resumes_bit_identical_to_an_uninterrupted_one(tiny_model_dir,
+                                                                         tmp_path):
+    a, c = tmp_path / "a", tmp_path / "c"
     _run(tiny_model_dir, a, eta=0)
-    _run(tiny_model_dir, b, eta=0)
     run = lambda root: root / "grpo_addition" / "trial0"  # noqa: E731
-    assert_same_records(_stable(_records(run(a))), _stable(_records(run(b))))
-    assert _weights_sha(run(a)) == _weights_sha(run(b))
-
     _kill_trainer_after(tiny_model_dir, c, eta=0, step=random.randint(3, STEPS - 2))
     out = _run(tiny_model_dir, c, eta=0)
     assert "recovered from" in out

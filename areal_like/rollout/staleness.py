@@ -23,7 +23,8 @@ from typing import Optional
 
 
 def staleness_bound(eta: int, version: int, consumer_batch_size: int) -> int:
-    """How many groups may be accepted + running at `version`."""
+    """How many groups may be accepted + running at `version` (counted from the version of
+    the first admission, see `ExecutorState.versions_since_start`)."""
     return (eta + version + 1) * consumer_batch_size
 
 

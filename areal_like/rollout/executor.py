@@ -481,8 +481,7 @@ class WorkflowExecutor:
         self._state.restore(state["counters"], ready, pending, bool(state["paused"]),
                             int(state["next_seq"]), int(state["seed"]),
                             {str(k): int(v) for k, v in state["rollouts_of"].items()},
-                            start if (start := state.get("start_version", 0)) is None
-                            else int(start))  # saved before it was recorded: started at 0
+                            state.get("start_version", 0))  # older states: began at 0
         self._cursor = None
         self._restored_position = dict(state["data_position"]) if state["data_position"] else None
         if restore_version:

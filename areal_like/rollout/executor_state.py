@@ -489,4 +489,4 @@ class ExecutorState:
             self.next_seq = next_seq
             self.seed = seed
             self.rollouts_of = dict(rollouts_of)
-            self.start_version = start_version
+            self.start_version = None if start_version is None else int(start_version)

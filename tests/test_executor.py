@@ -138,6 +138,35 @@ def test_a_run_that_starts_at_a_later_version_gets_the_same_bound(make_engine):
     assert group_ids(ex.prepare_batch(data, wf)) == [4, 5]
 
 
+def test_the_bound_starts_at_the_first_admission_not_the_first_queued_item(make_engine):
+    """Bounded items queued while every slot is taken (by a synchronous rollout_batch) are
+    first admitted at version 3: the bound counts from there, so (eta + 1) * B = 4 groups are
+    admitted, not (eta + 3 + 1) * B = 7."""
+    engine = make_engine(max_head_offpolicyness=3, consumer_batch_size=1,
+                         max_concurrent_rollouts=1)
+    ex, gate, synced = engine.executor, threading.Event(), []
+    sync = threading.Thread(target=lambda: synced.append(
+        ex.rollout_batch(items(0, 1), GroupWorkflow(gate=gate))))
+    ex.pause()  # everything queued first, so one admission at version 0 sees it all
+    sync.start()
+    try:
+        eventually(lambda: ex.stats()["queued"] == 1, what="rollout_batch queued")
+        for item in items(1, 9):
+            ex.submit(item, GroupWorkflow())
+        ex.resume()
+        # the synchronous item takes the one slot; the bounded ones wait for it
+        eventually(lambda: ex.stats()["running"] == 1, what="rollout_batch holds the slot")
+        engine.set_version(3)
+    finally:
+        gate.set()
+        sync.join(30)
+    assert group_ids(synced[0]) == [0]
+    assert group_ids(ex.wait(4, timeout=10)) == [1, 2, 3, 4]
+    assert ex.state_dict()["start_version"] == 3
+    s = ex.stats()
+    assert (s["capacity"], s["running"], s["queued"]) == (0, 0, 4), s
+
+
 def test_workflow_exception_reaches_wait_with_id_and_traceback(make_engine):
     engine = make_engine(max_head_offpolicyness=10, consumer_batch_size=1)
     ex = engine.executor

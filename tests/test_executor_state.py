@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import random
+import threading
 
 import pytest
 import torch
@@ -96,6 +97,64 @@ def test_state_dict_round_trip_resumes_exactly(base: int):
     finally:
         second.destroy()
     assert got == expected
+
+
+def test_a_state_restored_twice_counts_every_submission_once():
+    """Saved again before its unfinished items were re-queued, a restored state still counts
+    them as submitted (once)."""
+    engine = started_engine()
+    try:
+        data = loader()
+        run_steps(engine, data, 0, 4)
+        engine.executor.prepare_batch(data, GroupWorkflow())  # step 4: 12, 13 drawn, not run
+        eventually(lambda: engine.executor.stats()["running"] == 0, what="admitted finished")
+        state = engine.executor.state_dict()
+    finally:
+        engine.destroy()
+    assert len(state["pending_data"]) == 2 and state["counters"]["submitted"] == 14
+    for _ in range(2):  # restore, save at once, restore that
+        again = InstantEngine(RolloutConfig(**CONFIG))
+        again.executor.load_state_dict(state)
+        state = again.executor.state_dict()
+        assert state["counters"]["submitted"] == 14
+        assert [d["id"] for d in state["pending_data"]] == [12, 13]
+    again.initialize()
+    try:
+        assert again.executor.resubmit_restored(GroupWorkflow()) == 2
+        assert again.executor.stats()["submitted"] == 14
+    finally:
+        again.destroy()
+
+
+def test_state_dict_never_sees_data_drawn_but_not_yet_queued():
+    """prepare_batch in one thread, state_dict in another: the saved position never counts
+    items that the saved queue does not hold (they would be skipped after a resume)."""
+    engine = started_engine()
+    ex, drawn, go, saved = engine.executor, threading.Event(), threading.Event(), []
+    enqueue = ex._state.enqueue
+
+    def held_enqueue(*args, **kwargs):  # the cursor has moved; the items are not queued yet
+        drawn.set()
+        go.wait(30)
+        return enqueue(*args, **kwargs)
+
+    ex._state.enqueue = held_enqueue
+    batch = threading.Thread(target=ex.prepare_batch, args=(loader(), GroupWorkflow()))
+    saver = threading.Thread(target=lambda: saved.append(ex.state_dict()))
+    try:
+        batch.start()
+        assert drawn.wait(30)
+        saver.start()
+        saver.join(0.5)  # room to save inside the window, if it could
+        go.set()
+        saver.join(30)
+        batch.join(30)
+        assert not saver.is_alive() and not batch.is_alive()
+    finally:
+        go.set()
+        engine.destroy()
+    state = saved[0]
+    assert state["data_position"]["items_drawn"] == state["counters"]["submitted"] > 0, state
 
 
 def test_load_state_dict_needs_a_fresh_executor():

@@ -28,12 +28,12 @@ ITEMS = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"What is {i} 
           "answer": str(2 * i)} for i in range(8)]
 
 
-def _process(fleet, tokenizer, **rollout) -> RolloutProcess:
+def _process(fleet, tokenizer, eval_timeout: float = 600.0, **rollout) -> RolloutProcess:
     config = RolloutConfig(server_addrs=list(fleet.addresses), api_key=SGLANG_TEST_API_KEY,
                            seed=3, **rollout)
     evaluator = Evaluator(ITEMS[:4], exact_match_reward, tokenizer, GCONFIG)
     process = RolloutProcess(RolloutSetup(rollout=config, reward=RewardConfig(max_workers=1),
-                                          evaluator=evaluator))
+                                          evaluator=evaluator, eval_timeout=eval_timeout))
     process.initialize()
     process.set_version(fleet_version(fleet.addresses, SGLANG_TEST_API_KEY))
     return process
@@ -71,6 +71,29 @@ def test_batches_evaluations_and_errors_cross_the_process(sglang_fleet, tiny_mod
         with pytest.raises(TypeError, match="must be picklable"):
             process.submit(ITEMS[0], workflow, should_accept=lambda td: True)
         assert process.get_version() == version + 1  # still usable
+    finally:
+        process.destroy()
+
+
+def test_at_eta0_an_evaluation_past_its_timeout_is_an_error(sglang_fleet, tiny_model_dir: Path):
+    """At eta = 0 training waits for evaluation (nothing it trains on shares the servers with
+    it); one that does not finish within the evaluation timeout is an error naming the
+    version, not an evaluation left running beside training."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    process = _process(sglang_fleet, tokenizer, eval_timeout=2.0, max_head_offpolicyness=0)
+    try:
+        version = process.get_version()
+        process.pause()  # the fleet holds every request: the evaluation cannot finish
+        try:
+            with pytest.raises(TimeoutError, match=f"evaluation of version {version} did "
+                                                   "not finish within 2 s"):
+                process.start_evaluation(version)
+        finally:
+            process.resume()
+        assert process.finished_evaluations(wait=True) == []  # not left to fail later
+        process.start_evaluation(version)  # the fleet serves again: so does evaluation
+        [(evaluated, metrics)] = process.finished_evaluations(wait=True)
+        assert evaluated == version and metrics["eval/n"] == 4.0
     finally:
         process.destroy()
 

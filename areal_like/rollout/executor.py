@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -94,6 +95,8 @@ class WorkflowExecutor:
         self._tasks: set[asyncio.Task] = set()
         self._cursor: Optional[DataCursor] = None
         self._restored_position: Optional[dict[str, int]] = None
+        # held while data is drawn and queued, and by state_dict: it sees both or neither
+        self._drawing = threading.Lock()
         self._initialized = False
         self._closed = False
         self._admit_scheduled = False
@@ -318,15 +321,17 @@ class WorkflowExecutor:
         (see `state_dict`); always pass the same dataloader (or, after a restore, an equal
         one)."""
         self._check_open()
-        cursor = self._cursor_for(dataloader)
-        self._state.resubmit_restored(workflow, should_accept)
+        with self._drawing:
+            cursor = self._cursor_for(dataloader)
+            self._state.resubmit_restored(workflow, should_accept)
 
         def refill(need: int) -> None:
-            while need > 0:
-                items = cursor.next_items()
-                for item in items:
-                    self._state.enqueue(item, workflow, should_accept, bounded=True)
-                need -= len(items)
+            with self._drawing:
+                while need > 0:
+                    items = cursor.next_items()
+                    for item in items:
+                        self._state.enqueue(item, workflow, should_accept, bounded=True)
+                    need -= len(items)
 
         batch = self.config.consumer_batch_size
         return self._wait_groups(batch, timeout, refill, what=f"prepare_batch({batch} groups)")
@@ -436,11 +441,10 @@ class WorkflowExecutor:
         a restore). A pending workflow error is raised here rather than lost."""
         self._state.raise_if_fatal()
         version = self.engine.get_version()
-        snapshot = self._state.checkpoint()
-        if self._cursor is not None:
-            position = self._cursor.position()
-        else:
-            position = self._restored_position
+        with self._drawing:
+            snapshot = self._state.checkpoint()
+            cursor = self._cursor
+            position = cursor.position() if cursor is not None else self._restored_position
         return {
             "format": STATE_FORMAT,
             "version": version,
@@ -487,12 +491,12 @@ class WorkflowExecutor:
         if restore_version:
             self.engine.set_version(int(state["version"]))
 
-    def resubmit_restored(
-        self, workflow: RolloutWorkflow, should_accept: Optional[ShouldAccept] = None
-    ) -> int:
+    def resubmit_restored(self, workflow: RolloutWorkflow,
+                          should_accept: Optional[ShouldAccept] = None) -> int:
         """Re-queue the unfinished data items of a restored state (prepare_batch does this
         itself); returns how many. For users of plain submit/wait."""
         self._check_open()
-        n = self._state.resubmit_restored(workflow, should_accept)
+        with self._drawing:
+            n = self._state.resubmit_restored(workflow, should_accept)
         self._kick()
         return n

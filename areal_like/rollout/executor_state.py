@@ -233,10 +233,10 @@ class ExecutorState:
             while free > 0 and self.queued_sync:
                 started.append(self.queued_sync.popleft())
                 free -= 1
-            if self.start_version is None and self.queued:
-                self.start_version = version
             capacity = self.capacity(version)
             while free > 0 and capacity > 0 and self.queued:
+                if self.start_version is None:  # the first bounded admission, not the first try
+                    self.start_version = version
                 started.append(self.queued.popleft())
                 self.running_bounded += 1
                 free -= 1
@@ -454,8 +454,11 @@ class ExecutorState:
                 [s for s in self.running.values() if s.ticket is None] + list(self.queued),
                 key=lambda s: s.seq,
             )
+            counters = self.counters.to_dict()
+            # restored items not yet re-queued were taken off `submitted` by restore
+            counters["submitted"] += len(self.restored_pending)
             return {
-                "counters": self.counters.to_dict(),
+                "counters": counters,
                 "ready": list(self.ready),
                 # restored items come first: they were drawn earliest
                 "pending": list(self.restored_pending)

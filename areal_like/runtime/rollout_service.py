@@ -150,7 +150,12 @@ class RolloutService:
         if self.setup.rollout.max_head_offpolicyness == 0:
             # eta = 0 is the synchronous reference and repeats bit for bit: nothing it
             # trains on may share the servers with evaluation requests (see docs)
-            concurrent.futures.wait([future], timeout=self.setup.eval_timeout)
+            done, _ = concurrent.futures.wait([future], timeout=self.setup.eval_timeout)
+            if not done:  # training must not go on beside it: that is no longer eta = 0
+                future.cancel()
+                self._evaluations.pop()
+                raise TimeoutError(f"evaluation of version {version} did not finish within "
+                                   f"{self.setup.eval_timeout:.0f} s")
 
     def finished_evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
         deadline = time.monotonic() + self.setup.eval_timeout

@@ -65,7 +65,7 @@ from engines.sglang_protocol import (
     generate_payload,
     parse_generate_reply,
 )
-from engines.sglang_routing import ServerPool
+from engines.sglang_routing import OwnAborts, ServerPool
 from engines.sglang_weight_group import FleetWeightGroup
 
 __all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
@@ -103,7 +103,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail)
         self.weight_group = FleetWeightGroup(config, self.membership, self._require_session)
-        self._abort_epoch = 0  # bumped whenever this engine pauses the fleet in "abort" mode
+        self._own_aborts = OwnAborts()  # this engine's "abort"-mode pauses: continued
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
@@ -281,7 +281,7 @@ class RemoteSGLangEngine(InferenceEngine):
                            seed: int) -> ModelResponse:
         g = req.gconfig
         start = time.monotonic()
-        epoch = self._abort_epoch
+        epoch = self._own_aborts.epoch
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -304,9 +304,9 @@ class RemoteSGLangEngine(InferenceEngine):
             logprobs += reply.logprobs
             versions += reply.versions
             stop_reason = reply.stop_reason
-            if stop_reason != "abort" or self._abort_epoch == epoch:
+            if stop_reason != "abort" or not self._own_aborts.ours(epoch):
                 break  # a real abort (not caused by our pause) is reported as such
-            epoch = self._abort_epoch
+            epoch = self._own_aborts.epoch
             segment += 1
             if len(tokens) >= g.max_new_tokens:
                 stop_reason = "length"
@@ -407,9 +407,10 @@ class RemoteSGLangEngine(InferenceEngine):
             raise errors[0][1]
 
     async def _pause_servers(self, mode: str) -> None:
-        if mode == "abort":
-            self._abort_epoch += 1
-        await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+        if mode != "abort":
+            return await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+        with self._own_aborts.pause():
+            await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
 
     async def apause(self) -> None:
         """Pause generation on every server (`config.pause_mode`)."""

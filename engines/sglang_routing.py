@@ -8,9 +8,11 @@ Not thread-safe on purpose: RemoteSGLangEngine only touches it from its rollout 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 
 MAX_STICKY_KEYS = 100_000  # LRU bound of the route key -> server map
 FAILED_SERVER_COOLDOWN_S = 5.0  # a server that just failed is avoided for this long
@@ -108,3 +110,26 @@ class ServerPool:
 
     def mark_failed(self, addr: str) -> None:
         self.failed_at[addr] = time.monotonic()
+
+
+class OwnAborts:
+    """Tells an abort caused by this engine pausing the fleet in "abort" mode (to be continued
+    transparently) from a real one. A request sent while the pause is on its way to the
+    server is aborted by it too, so the window counts as ours: `epoch` moves at both ends."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.pausing = 0
+
+    def ours(self, epoch_at_send: int) -> bool:
+        return self.pausing > 0 or self.epoch != epoch_at_send
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        self.epoch += 1
+        self.pausing += 1
+        try:
+            yield
+        finally:
+            self.pausing -= 1
+            self.epoch += 1

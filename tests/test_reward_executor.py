@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -117,6 +118,46 @@ async def test_timeout_counts_execution_not_queueing(executor_factory):
     assert executor.n_failed == 0
 
 
+async def test_threads_held_by_timed_out_calls_fail_later_calls_instead_of_hanging(
+        executor_factory):
+    """use_processes=false: a thread cannot be stopped, so once every thread still runs a call
+    that timed out, a queued call fails (counted) instead of waiting forever for a thread; once
+    a thread is free again calls run; a call still queued at shutdown fails too."""
+    executor = executor_factory(max_workers=1, timeout=0.5, use_processes=False)
+    entered, release, left = threading.Event(), threading.Event(), threading.Event()
+
+    def blocks(prompt, completion, **_):
+        entered.set()
+        try:
+            release.wait(60)
+        finally:
+            left.set()
+        return 1.0
+
+    try:
+        results = await _gather(executor, [(blocks, "x", {}), (reward_fns.right_if_42, "42", {})])
+        assert isinstance(results[0], RewardFailure) and results[0].kind == "timeout"
+        assert isinstance(results[1], RewardFailure) and results[1].kind == "timeout"
+        assert "all 1 reward threads still run calls that timed out" in str(results[1])
+        assert executor.failures == {"timeout": 2}
+    finally:
+        release.set()
+    assert await asyncio.to_thread(left.wait, 30)
+    assert await executor(reward_fns.right_if_42, "q", "42") == 1.0  # the thread is back
+
+    patient = executor_factory(max_workers=1, timeout=60, use_processes=False)
+    entered.clear()
+    release.clear()
+    first = asyncio.ensure_future(patient(blocks, "q", "x"))
+    queued = asyncio.ensure_future(patient(reward_fns.right_if_42, "q", "42"))
+    assert await asyncio.to_thread(entered.wait, 30)  # `first` holds the only thread
+    patient.shutdown()
+    release.set()
+    assert await asyncio.gather(first, queued, return_exceptions=True) == [1.0, queued.exception()]
+    assert isinstance(queued.exception(), RewardFailure)
+    assert "shut down before the call started" in str(queued.exception())
+
+
 async def test_a_crashed_worker_fails_only_its_own_call(executor_factory):
     executor = executor_factory(max_workers=2, timeout=60)
     results = await _gather(executor, [(reward_fns.exits, "x", {})]
@@ -161,6 +202,9 @@ def test_budget_trips_past_the_allowed_rate_and_stays_tripped():
     assert "Traceback ...\nValueError: boom" in message
     with pytest.raises(RewardBudgetExceeded):
         budget.record("f", None)
+    # the allowance is floor(rate x window) of the decimal numbers, not of their binary roundings
+    assert [FailureBudget(r, w).allowed for r, w in [(0.29, 100), (0.07, 100), (0.1, 20)]] == \
+        [29, 7, 2]
 
 
 async def test_budget_stops_a_reward_that_always_fails(executor_factory):

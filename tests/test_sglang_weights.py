@@ -146,6 +146,46 @@ async def test_abort_mode_pause_is_continued_transparently(sglang_fleet, engine)
         abort_engine.destroy()
 
 
+async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sglang_fleet):
+    """A request sent after this engine began an "abort"-mode pause but before the pause
+    reached the server is aborted by that pause: it is ours, so it is continued too, never
+    returned cut short as if it had ended."""
+    abort_engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY,
+                               pause_mode="abort")
+    g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
+    on_all, sent, ended_first, delay = abort_engine._on_all, [], [], 0.2
+
+    async def pause_after_a_request(path, body, timeout):  # runs inside the pause
+        if path == "/pause_generation":
+            loop = asyncio.get_running_loop()
+            sent.append(asyncio.run_coroutine_threadsafe(
+                abort_engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)), loop))
+            while sum(abort_engine.inflight().values()) == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(delay)  # let the scheduler hold it (see the test above)
+            ended_first.append(sent[-1].done())
+        return await on_all(path, body, timeout)
+
+    abort_engine._on_all = pause_after_a_request
+    try:
+        for _ in range(6):
+            await abort_engine.apause()
+            abort_engine._on_all = on_all
+            await abort_engine.aresume()
+            resp = await asyncio.wrap_future(sent[-1])
+            assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
+            assert len(resp.output_versions) == 800
+            if resp.metadata["segments"] >= 2:  # the pause caught it and it was continued
+                break
+            delay = delay / 4 if ended_first[-1] else delay * 2.5
+            abort_engine._on_all = pause_after_a_request
+        else:
+            pytest.fail("the pause never caught the request in the scheduler")
+    finally:
+        abort_engine._on_all = on_all
+        abort_engine.destroy()
+
+
 async def test_failed_update_names_the_server_and_keeps_serving(engine, sglang_fleet,
                                                                 tiny_model_dir, tmp_path):
     from engines.remote_sglang import RemoteSGLangError

@@ -3,6 +3,7 @@ stops, measured per function over its most recent calls."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter, deque
 from typing import Optional
@@ -18,7 +19,7 @@ class FailureBudget:
     def __init__(self, max_rate: float, window: int) -> None:
         self.max_rate = max_rate
         self.window = window
-        self.allowed = int(max_rate * window)
+        self.allowed = math.floor(max_rate * window + 1e-9)  # 0.29 * 100 is 28.999...: 29
         self._recent: dict[str, deque[bool]] = {}
         self._first: dict[str, RewardFailure] = {}
         self._kinds: dict[str, Counter[str]] = {}

@@ -65,6 +65,7 @@ class RewardExecutor:
         self.failures: Counter[str] = Counter()  # by kind
         self._pool: Optional[ProcessPool] = None
         self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._stuck_threads = 0  # threads still running a call that timed out
         self._lock = threading.Lock()
         self._logged_first: set[str] = set()
 
@@ -255,17 +256,45 @@ class RewardExecutor:
             loop.call_soon_threadsafe(_set_once, started)
             return pool_worker.call_reward(fn, prompt, completion, data, ids)
 
-        result = loop.run_in_executor(self._thread_pool(), run)
-        await started  # queueing for a thread is not execution: the clock starts now
-        try:
+        call = self._thread_pool().submit(run)
+        result = asyncio.wrap_future(call)
+        await self._thread_started(fn, started, call)  # queueing is not execution: the clock
+        try:                                            # starts now
             outcome = await asyncio.wait_for(asyncio.shield(result), self.config.timeout)
         except _TIMEOUTS:
             logger.error("reward %s still runs in a thread after its timeout; threads cannot be "
                          "stopped (reward.use_processes=true can)", reward_name(fn))
+            with self._lock:
+                self._stuck_threads += 1
+            call.add_done_callback(lambda _: self._thread_freed())
             raise self._timeout(fn) from None
         if outcome[0] != "ok":
             raise self._failure(fn, outcome)
         return float(outcome[1])
+
+    async def _thread_started(self, fn: Callable[..., Any], started: asyncio.Future[None],
+                              call: concurrent.futures.Future[Any]) -> None:
+        """Wait for a thread to take the call; fail it when it never can: the pool was shut
+        down (queued calls are cancelled), or every thread runs a call that timed out."""
+        while not started.done():
+            try:
+                await asyncio.wait({started}, timeout=1.0)
+            except asyncio.CancelledError:
+                call.cancel()  # not started yet: it never will be
+                raise
+            if started.done():
+                return
+            if call.cancelled():
+                raise RewardFailure(reward_name(fn), "raised", "could not run: the reward "
+                                    "executor was shut down before the call started")
+            if self._stuck_threads >= self.config.max_workers and call.cancel():
+                raise RewardFailure(reward_name(fn), "timeout", (
+                    f"not started: all {self.config.max_workers} reward threads still run calls "
+                    f"that timed out (reward.use_processes=true can stop them)"))
+
+    def _thread_freed(self) -> None:
+        with self._lock:
+            self._stuck_threads -= 1
 
     def _timeout(self, fn: Callable[..., Any]) -> RewardFailure:
         return RewardFailure(reward_name(fn), "timeout",

@@ -407,9 +407,7 @@ class RemoteSGLangEngine(InferenceEngine):
             raise errors[0][1]
 
     async def _pause_servers(self, mode: str) -> None:
-        if mode != "abort":
-            return await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
-        with self._own_aborts.pause():
+        with self._own_aborts.pause(aborts=mode == "abort"):
             await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
 
     async def apause(self) -> None:

@@ -3,7 +3,8 @@ route key (the request's rid), avoiding servers that failed a moment ago and nev
 server that is out of service (dead, failed a weight update, or not yet loaded with the
 current weights).
 
-Not thread-safe on purpose: RemoteSGLangEngine only touches it from its rollout loop.
+Also `OwnAborts`, which tells the engine's own abort-mode pauses from real aborts.
+Not thread-safe on purpose: RemoteSGLangEngine only touches these from its rollout loop.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ class OwnAborts:
         return self.pausing > 0 or self.epoch != epoch_at_send
 
     @contextlib.contextmanager
-    def pause(self) -> Iterator[None]:
+    def pause(self, aborts: bool) -> Iterator[None]:
+        """Around a pause of the fleet; only a pause in "abort" mode (`aborts`) counts."""
+        if not aborts:
+            yield
+            return
         self.epoch += 1
         self.pausing += 1
         try:

@@ -95,8 +95,7 @@ class WorkflowExecutor:
         self._tasks: set[asyncio.Task] = set()
         self._cursor: Optional[DataCursor] = None
         self._restored_position: Optional[dict[str, int]] = None
-        # held while data is drawn and queued, and by state_dict: it sees both or neither
-        self._drawing = threading.Lock()
+        self._drawing = threading.Lock()  # draw + queue data, or state_dict: one at a time
         self._initialized = False
         self._closed = False
         self._admit_scheduled = False
@@ -443,8 +442,7 @@ class WorkflowExecutor:
         version = self.engine.get_version()
         with self._drawing:
             snapshot = self._state.checkpoint()
-            cursor = self._cursor
-            position = cursor.position() if cursor is not None else self._restored_position
+            position = self._cursor.position() if self._cursor else self._restored_position
         return {
             "format": STATE_FORMAT,
             "version": version,

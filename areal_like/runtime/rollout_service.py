@@ -152,10 +152,8 @@ class RolloutService:
             # trains on may share the servers with evaluation requests (see docs)
             done, _ = concurrent.futures.wait([future], timeout=self.setup.eval_timeout)
             if not done:  # training must not go on beside it: that is no longer eta = 0
-                future.cancel()
                 self._evaluations.pop()
-                raise TimeoutError(f"evaluation of version {version} did not finish within "
-                                   f"{self.setup.eval_timeout:.0f} s")
+                raise self._overran(version, future)
 
     def finished_evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
         deadline = time.monotonic() + self.setup.eval_timeout
@@ -167,12 +165,15 @@ class RolloutService:
             try:
                 metrics = future.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise TimeoutError(f"evaluation of version {version} did not finish within "
-                                   f"{self.setup.eval_timeout:.0f} s") from None
+                raise self._overran(version, future) from None
             self._evaluations.pop(0)
             done.append((version, metrics))
         return done
+
+    def _overran(self, version: int, future: concurrent.futures.Future[Any]) -> TimeoutError:
+        future.cancel()
+        return TimeoutError(f"evaluation of version {version} did not finish within "
+                            f"{self.setup.eval_timeout:.0f} s")
 
 
 def serve(conn: Any, reward: RewardConfig, setup_bytes: bytes) -> None:

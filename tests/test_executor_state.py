@@ -107,8 +107,10 @@ def test_a_state_restored_twice_counts_every_submission_once():
         data = loader()
         run_steps(engine, data, 0, 4)
         engine.executor.prepare_batch(data, GroupWorkflow())  # step 4: 12, 13 drawn, not run
-        eventually(lambda: engine.executor.stats()["running"] == 0, what="admitted finished")
-        state = engine.executor.state_dict()
+        ex = engine.executor
+        eventually(lambda: ex.stats()["buffered"] == 2 and ex.stats()["running"] == 0,
+                   what="admitted groups finished")  # 10, 11: one at a time
+        state = ex.state_dict()
     finally:
         engine.destroy()
     assert len(state["pending_data"]) == 2 and state["counters"]["submitted"] == 14

@@ -22,7 +22,9 @@ and the cause. A server that stops answering leaves service (no request or weigh
 to it) and comes back only after loading the current weights (`engines/sglang_membership.py`);
 while no server is in service, requests wait for one up to `server_down_timeout` s, and past
 that every `on_fleet_failure` callback gets the error. Every token's version is the one the
-server reports (`meta_info.weight_versions` spans), not a client-side guess. If a request is
+server reports (`meta_info.weight_versions` spans), not a client-side guess; a reply older
+than the weights its server held when the request was sent (the server restarted between
+requests) is retried elsewhere while that server reloads the current weights. If a request is
 aborted because this engine paused the fleet in "abort" mode, it is continued from the tokens
 it already has once generation resumes, so callers never see that abort.
 """
@@ -72,12 +74,12 @@ __all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
 
 logger = logging.getLogger(__name__)
 
-# The server (uvicorn) closes idle keep-alive connections after 5 s; the client must drop them
-# first, or it reuses a closed one and gets "Server disconnected".
+# uvicorn closes idle keep-alive connections after 5 s; drop them first ("Server disconnected")
 KEEPALIVE_S = 4.0
 # A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
 # is treated like one that dropped the connection: the request goes to another server.
 _GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
+_NOT_INITIALIZED = "RemoteSGLangEngine is not initialized: call initialize() first"
 
 
 class RemoteSGLangEngine(InferenceEngine):
@@ -196,12 +198,12 @@ class RemoteSGLangEngine(InferenceEngine):
     # ---- loop plumbing ------------------------------------------------------------------
     def _require_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+            raise RuntimeError(_NOT_INITIALIZED)
         return self._session
 
     def _rollout_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop_thread is None:
-            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+            raise RuntimeError(_NOT_INITIALIZED)
         return self._loop_thread.loop
 
     def run_coroutine(self, coro: Awaitable[Any], timeout: float) -> Any:
@@ -209,7 +211,7 @@ class RemoteSGLangEngine(InferenceEngine):
         `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`."""
         if self._loop_thread is None:
             coro.close()  # type: ignore[attr-defined]
-            raise RuntimeError("RemoteSGLangEngine is not initialized: call initialize() first")
+            raise RuntimeError(_NOT_INITIALIZED)
         return self._loop_thread.run_coroutine(coro, timeout)  # type: ignore[arg-type]
 
     async def _on_rollout_loop(self, coro: Awaitable[Any]) -> Any:
@@ -329,6 +331,7 @@ class RemoteSGLangEngine(InferenceEngine):
         last_error: BaseException | None = None
         for attempt in range(self.config.request_retries):
             addr = await self.membership.wait_in_service(route_key, frozenset(tried))
+            floor = self.membership.served_version()  # what `addr` holds at least, now
             tried.append(addr)
             # A retry gets a fresh rid: the failed server may still hold the old one.
             payload["rid"] = rid if attempt == 0 else f"{rid}#retry{attempt}"
@@ -344,7 +347,10 @@ class RemoteSGLangEngine(InferenceEngine):
                             f"HTTP {resp.status}: {(await resp.text())[:500]}"
                         )
                     data = parse_json_reply(await resp.text(), addr, "/generate")
-                    return addr, parse_generate_reply(data, addr, payload["rid"])
+                    reply = parse_generate_reply(data, addr, payload["rid"])
+                last_error = self.membership.lost_weights(addr, reply.versions, floor)
+                if last_error is None:
+                    return addr, reply
             except _GENERATE_RETRYABLE as e:
                 if session.closed:  # this engine's destroy() closed it: no server is at fault
                     raise RemoteSGLangError(f"/generate rid={payload['rid']}: the engine was "
@@ -357,7 +363,8 @@ class RemoteSGLangEngine(InferenceEngine):
                     self.membership.check_soon(addr, e)  # dead or hung: out of service
                 logger.warning("SGLang server %s failed rid=%s (try %d/%d): %s: %s", addr,
                                payload["rid"], attempt + 1, self.config.request_retries,
-                               type(e).__name__, e)
+                               type(e).__name__,
+                               str(e) or f"no reply within {self.config.request_timeout} s")
                 if isinstance(e, asyncio.TimeoutError):
                     self._abort_later(addr, payload["rid"])
                 if attempt + 1 < self.config.request_retries:
@@ -386,36 +393,24 @@ class RemoteSGLangEngine(InferenceEngine):
         task.add_done_callback(self._background.discard)
 
     # ---- control calls ------------------------------------------------------------------
-    async def _post_json(
-        self, addr: str, path: str, body: dict[str, Any], timeout: float
-    ) -> Any:
+    async def _post_json(self, addr: str, path: str, body: dict[str, Any], timeout: float) -> Any:
         return await post_json(self._require_session(), addr, path, body, timeout)
 
-    async def _on_all(self, path: str, body: dict[str, Any], timeout: float) -> None:
-        """POST to every server in service concurrently; a server that fails leaves service
-        (it is continued and reloaded before it serves again). Raises only when all fail."""
-        targets = self.servers.in_service()
-        results = await asyncio.gather(
-            *(self._post_json(a, path, body, timeout) for a in targets), return_exceptions=True)
-        errors = [(a, r) for a, r in zip(targets, results, strict=True)
-                  if isinstance(r, BaseException)]
-        for addr, error in errors:
-            if not isinstance(error, Exception):
-                raise error
-            self.membership.take_out(addr, f"{path} failed: {error}")
-        if targets and len(errors) == len(targets):
-            raise errors[0][1]
-
     async def _pause_servers(self, mode: str) -> None:
+        self.membership.paused = True
         with self._own_aborts.pause(aborts=mode == "abort"):
-            await self._on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+            await self.membership.on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
 
     async def apause(self) -> None:
         """Pause generation on every server (`config.pause_mode`)."""
         await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
 
     async def aresume(self) -> None:
-        await self._on_rollout_loop(self._on_all("/continue_generation", {}, CONTROL_TIMEOUT_S))
+        await self._on_rollout_loop(self._resume_servers())
+
+    async def _resume_servers(self) -> None:
+        await self.membership.on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
+        self.membership.paused = False
 
     def pause(self) -> None:
         self._run_sync(self.apause(), 2 * CONTROL_TIMEOUT_S, "pause")
@@ -430,9 +425,8 @@ class RemoteSGLangEngine(InferenceEngine):
         by `config.weight_update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
         if meta.type != "disk":
-            raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: "
-                             "trainer rank 0 drives form_weight_group ... end_weight_broadcast "
-                             "(areal_like.runtime.weight_sync.push_weights)")
+            raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
+                             "areal_like.runtime.weight_sync.push_weights")
         await self._on_rollout_loop(self._update_from_disk(meta))
 
     async def _update_from_disk(self, meta: WeightUpdateMeta) -> None:
@@ -480,12 +474,10 @@ class RemoteSGLangEngine(InferenceEngine):
         with self._version_lock:
             return self._version
 
-    def inflight(self) -> dict[str, int]:
-        """In-flight requests per server (a snapshot)."""
+    def inflight(self) -> dict[str, int]:  # per server, a snapshot
         return dict(self.servers.inflight)
 
-    def in_service(self) -> list[str]:
-        """The servers that get requests and weight updates now."""
+    def in_service(self) -> list[str]:  # the servers that get requests and updates now
         return self.servers.in_service()
 
     def add_server(self, addr: str) -> None:

@@ -12,6 +12,7 @@ import aiohttp
 logger = logging.getLogger("engines.remote_sglang")
 
 CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
+GENERATION_PROBE_TIMEOUT_S = 60.0  # SGLang's /health_generate gives up by itself after 20 s
 CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
 
 
@@ -88,3 +89,16 @@ async def answers(session: aiohttp.ClientSession, addr: str, timeout: float) -> 
             return ""
     except RETRYABLE as e:
         return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def generates(session: aiohttp.ClientSession, addr: str) -> str:
+    """'' when the server's scheduler makes progress, else why not. GET /health_generate
+    succeeds as soon as the server emits any output (its one-token probe or another request's),
+    so a busy server passes at once; a server whose HTTP front end answers but whose scheduler
+    hangs passes `answers` and fails this. A paused server fails it too: do not probe one."""
+    try:
+        async with session.get(f"http://{addr}/health_generate", timeout=aiohttp.ClientTimeout(
+                total=GENERATION_PROBE_TIMEOUT_S)) as resp:
+            return "" if resp.status == 200 else f"/health_generate: HTTP {resp.status}"
+    except RETRYABLE as e:
+        return f"/health_generate: {type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -6,7 +6,10 @@ Everything here runs on the client's rollout loop. A weight update is pause -> l
 *per server*, the continue in that server's own `finally`; a server whose update failed is taken
 out of service, so it never serves old weights under the new label. A watch task probes the
 servers out of service every `health_check_interval` s, loads the current weights on those that
-answer and puts them back; it also adds servers listed in `server_addrs_file`. When fewer than
+answer and puts them back; it also adds servers listed in `server_addrs_file`. A server whose
+reply carries a version older than the one it held (restarted between requests) leaves service
+the same way; one whose scheduler hangs behind a live HTTP front end (a request timed out and a
+generation probe failed) comes back only after a generation probe passes. When fewer than
 `min_servers` are in service for longer than `server_down_timeout` s, `on_fatal` gets a
 `FleetUnavailableError` naming each server out of service and why.
 """
@@ -24,7 +27,13 @@ import aiohttp
 from areal_like.api.config import RolloutConfig
 from areal_like.api.errors import FleetUnavailableError
 from areal_like.api.io_struct import WeightUpdateMeta
-from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, answers, post_json
+from engines.sglang_http import (
+    CONTROL_TIMEOUT_S,
+    RemoteSGLangError,
+    answers,
+    generates,
+    post_json,
+)
 from engines.sglang_routing import NoServerInServiceError, ServerPool
 
 logger = logging.getLogger("engines.remote_sglang")
@@ -49,6 +58,7 @@ class FleetMembership:
         self._lock: Optional[asyncio.Lock] = None  # one update or readmission at a time
         self._below_min_since: Optional[float] = None
         self._checking: set[str] = set()
+        self._hung: set[str] = set()  # out for failing a generation probe: readmit after one
         self._probes: set[asyncio.Task[None]] = set()
         self._watch_task: Optional[asyncio.Task[None]] = None
         self._addrs_file_mtime: Optional[float] = None
@@ -57,6 +67,7 @@ class FleetMembership:
         self.awaiting_broadcast: set[str] = set()
         self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
         self.fatal: Optional[FleetUnavailableError] = None
+        self.paused = False  # the client paused the fleet: no server can pass a generation probe
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -87,6 +98,22 @@ class FleetMembership:
             logger.warning("SGLang server %s taken out of service: %s (%d of %d in service)",
                            addr, reason, len(self.pool.in_service()), len(self.pool.addresses))
 
+    def served_version(self) -> Optional[int]:
+        """The version every server in service holds at least (None: no update yet)."""
+        return None if self.current is None else self.current.version
+
+    def lost_weights(self, addr: str, versions: list[int],
+                     floor: Optional[int]) -> Optional[RemoteSGLangError]:
+        """A reply's tokens older than the version `addr` held when the request was sent:
+        the server restarted between requests (launch weights). It leaves service (the watch
+        loads the current weights on it) and the error is returned for the caller to retry."""
+        if floor is None or not versions or min(versions) >= floor:
+            return None
+        why = (f"answered with weights version {min(versions)} although it held version "
+               f"{floor} when the request was sent (restarted?)")
+        self.take_out(addr, why)
+        return RemoteSGLangError(f"SGLang server {addr} {why}")
+
     def await_broadcast(self, addr: str, reason: str) -> None:
         """Out of service until the next weight broadcast includes `addr`."""
         self.take_out(addr, reason)
@@ -107,14 +134,28 @@ class FleetMembership:
                            version, len(self.pool.in_service()), len(self.pool.addresses))
 
     def check_soon(self, addr: str, error: BaseException) -> None:
-        """A request to `addr` failed: probe it now, and take it out if it does not answer."""
+        """A request to `addr` failed: probe it now, and take it out if it does not answer.
+        After a timeout the probe is a generation (`generates`): a hung scheduler behind a
+        live HTTP front end would pass the liveness probe and time out every request sent to
+        it. That probe runs between weight updates (they pause the servers), never while the
+        client has the fleet paused."""
         if addr in self._checking or addr in self.pool.out_of_service:
             return
         self._checking.add(addr)
 
+        async def probe() -> str:
+            if isinstance(error, asyncio.TimeoutError) and not self.paused:
+                async with self._require_lock():
+                    if not self.paused and addr not in self.pool.out_of_service:
+                        why = await generates(self._session(), addr)
+                        if why:
+                            self._hung.add(addr)
+                        return why
+            return await answers(self._session(), addr, PROBE_TIMEOUT_S)
+
         async def check() -> None:
             try:
-                why = await answers(self._session(), addr, PROBE_TIMEOUT_S)
+                why = await probe()
                 if why:
                     self.take_out(addr, f"not answering ({why}) after "
                                         f"{type(error).__name__}: {error}")
@@ -146,6 +187,21 @@ class FleetMembership:
             f"SGLang fleet unavailable: {what}. {len(self.pool.in_service())} of "
             f"{len(self.pool.addresses)} servers in service (RolloutConfig.min_servers="
             f"{self.config.min_servers}); out of service: {self.pool.describe_out_of_service()}")
+
+    async def on_all(self, path: str, body: dict[str, Any], timeout: float) -> None:
+        """POST to every server in service concurrently; a server that fails leaves service
+        (it is continued and reloaded before it serves again). Raises only when all fail."""
+        targets, session = self.pool.in_service(), self._session()
+        results = await asyncio.gather(*(post_json(session, a, path, body, timeout)
+                                         for a in targets), return_exceptions=True)
+        errors = [(a, r) for a, r in zip(targets, results, strict=True)
+                  if isinstance(r, BaseException)]
+        for addr, error in errors:
+            if not isinstance(error, Exception):
+                raise error
+            self.take_out(addr, f"{path} failed: {error}")
+        if targets and len(errors) == len(targets):
+            raise errors[0][1]
 
     # ---- weight updates -----------------------------------------------------------------
     async def update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
@@ -239,8 +295,17 @@ class FleetMembership:
     async def _watch_once(self) -> None:
         self._read_addrs_file()
         for addr in list(self.pool.out_of_service):
-            if not await answers(self._session(), addr, PROBE_TIMEOUT_S):
-                await self.readmit(addr)
+            if await answers(self._session(), addr, PROBE_TIMEOUT_S):
+                continue
+            if addr in self._hung:
+                if self.paused:
+                    continue  # a paused server cannot show that it generates
+                why = await generates(self._session(), addr)
+                if why:  # loading weights on it would hold the lock until the load timed out
+                    self.pool.out_of_service[addr] = f"scheduler still not generating ({why})"
+                    continue
+                self._hung.discard(addr)
+            await self.readmit(addr)
         n = len(self.pool.in_service())
         if n >= self.config.min_servers:
             self._below_min_since = None

@@ -1,5 +1,6 @@
 """Fault injection against real SGLang servers: a server killed during a weight update, a dead
-server restarted and readmitted with the current weights, a server added to a running fleet,
+server restarted and readmitted with the current weights (also when no request saw it down), a
+server added to a running fleet, a server whose scheduler hangs behind a live HTTP front end,
 `areal-like serve` restarting a server, the last server gone, and servers that answer
 garbage, truncated JSON, HTTP 500, nothing at all or impossible log-probabilities.
 Every wait is for an observable event (a server leaving or rejoining service, a reply)."""
@@ -7,6 +8,7 @@ Every wait is for an observable event (a server leaving or rejoining service, a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -140,6 +142,87 @@ def test_restarted_server_serves_only_after_loading_the_current_weights(
     finally:
         engine.destroy()
         restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
+def test_server_restarted_between_requests_reloads_before_its_reply_counts(
+        spare, tiny_model_dir, new_weights):
+    """No request reaches the server while it is down, so only its first reply after the
+    restart shows that it lost its weights (launch version). That reply is not used: the server
+    leaves service, loads the current weights, and the request is answered with them."""
+    victim = spare.addresses[0]
+    engine = make_engine([victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         health_check_interval=0.5)
+    launch_version = fleet_version([victim], SGLANG_TEST_API_KEY)
+    engine.set_version(launch_version)
+    try:
+        version = launch_version + 1
+        engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
+        spare.kill_server(0)
+        spare.processes[0].wait(timeout=60)
+        spare.restart_server(0)
+        _until(lambda: _health(victim) == 200, "the restarted server to answer")
+        assert fleet_version([victim], SGLANG_TEST_API_KEY) == launch_version
+        assert engine.in_service() == [victim]  # nothing has told the engine yet
+        g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
+        resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
+        assert set(resp.output_versions) == {version}
+        stats = engine.fleet_stats()
+        assert stats["fleet/taken_out_total"] == 1 and stats["fleet/readmitted_total"] == 1
+        ref = hf_logprobs(new_weights, PROMPT, resp.output_tokens)
+        assert max(abs(a - b) for a, b in zip(resp.output_logprobs, ref.tolist(), strict=True)) < 1e-4
+    finally:
+        engine.destroy()
+
+
+def _children(pid: int) -> list[int]:
+    """The server's own processes (scheduler, detokenizer, ...): children of its HTTP process."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
+        sglang_fleet, spare):
+    """The server's HTTP front end answers (the liveness probe passes) but nothing behind it
+    runs (its scheduler and detokenizer are stopped): requests to it time out and go to the
+    other server, a generation probe takes it out of service, and it comes back only once it
+    generates again."""
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         health_check_interval=0.5, request_timeout=20.0)
+    stopped = _children(spare.processes[0].pid)
+    assert stopped, "the SGLang server has no child processes to stop"
+    try:
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
+        requests = [asyncio.run_coroutine_threadsafe(
+            engine.agenerate(ModelRequest(input_ids=[9, i + 1], gconfig=g)), engine._rollout_loop())
+            for i in range(4)]  # fewest in flight: some go to the victim
+        assert all(r.result(timeout=BOUND_S).metadata["server"] == survivor for r in requests)
+        _until(lambda: victim not in engine.membership._checking, "the probe of the victim")
+        assert victim not in engine.in_service()
+        assert "/health_generate" in engine.servers.out_of_service[victim]
+        # the watch probes it again and keeps it out while it does not generate
+        _until(lambda: "still not generating" in engine.servers.out_of_service.get(victim, ""),
+               "a failed generation probe of the victim out of service")
+        assert victim not in engine.in_service()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        _until(lambda: victim in engine.in_service(), "the victim to come back")
+        stats = engine.fleet_stats()
+        assert stats["fleet/taken_out_total"] == 1 and stats["fleet/readmitted_total"] == 1
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        engine.destroy()
 
 
 def test_server_added_through_the_addrs_file_joins_with_the_current_weights(

@@ -127,3 +127,24 @@ def test_requests_sharing_a_rid_are_sent_under_distinct_ones():
     assert pool.claim_rid("r") == "r~1"  # freed ids are reused; in-flight ones never
     pool.release_rid("r")
     assert pool.claim_rid("r") == "r"
+
+
+def test_a_reply_older_than_the_weights_its_server_held_takes_the_server_out():
+    """The floor is the version every server in service held when the request was sent; a
+    request in flight across an update starts at that version and ends at a newer one."""
+    from areal_like.api.config import RolloutConfig
+    from engines.sglang_membership import FleetMembership
+
+    a, b = "127.0.0.1:1", "127.0.0.1:2"
+    pool = ServerPool([a, b])
+    membership = FleetMembership(RolloutConfig(server_addrs=[a, b]), pool,
+                                 session=lambda: None, on_fatal=lambda e: None)  # type: ignore
+    assert membership.served_version() is None
+    assert membership.lost_weights(a, [0, 0], None) is None  # before any update: nothing known
+    assert membership.lost_weights(a, [], 3) is None  # no tokens: no evidence
+    assert membership.lost_weights(a, [3, 3, 4, 4], 3) is None  # across an update: kept
+    assert membership.lost_weights(a, [5], 3) is None
+    error = membership.lost_weights(b, [0, 0, 0], 3)
+    assert error is not None and b in str(error) and "version 0" in str(error)
+    assert pool.in_service() == [a] and "held version 3" in pool.out_of_service[b]
+    assert membership.counts["taken_out"] == 1

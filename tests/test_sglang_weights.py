@@ -153,7 +153,7 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sg
     abort_engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY,
                                pause_mode="abort")
     g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
-    on_all, sent, ended_first, delay = abort_engine._on_all, [], [], 0.2
+    on_all, sent, ended_first, delay = abort_engine.membership.on_all, [], [], 0.2
 
     async def pause_after_a_request(path, body, timeout):  # runs inside the pause
         if path == "/pause_generation":
@@ -166,11 +166,11 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sg
             ended_first.append(sent[-1].done())
         return await on_all(path, body, timeout)
 
-    abort_engine._on_all = pause_after_a_request
+    abort_engine.membership.on_all = pause_after_a_request
     try:
         for _ in range(6):
             await abort_engine.apause()
-            abort_engine._on_all = on_all
+            abort_engine.membership.on_all = on_all
             await abort_engine.aresume()
             resp = await asyncio.wrap_future(sent[-1])
             assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
@@ -178,11 +178,11 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sg
             if resp.metadata["segments"] >= 2:  # the pause caught it and it was continued
                 break
             delay = delay / 4 if ended_first[-1] else delay * 2.5
-            abort_engine._on_all = pause_after_a_request
+            abort_engine.membership.on_all = pause_after_a_request
         else:
             pytest.fail("the pause never caught the request in the scheduler")
     finally:
-        abort_engine._on_all = on_all
+        abort_engine.membership.on_all = on_all
         abort_engine.destroy()
 
 

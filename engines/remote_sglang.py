@@ -397,20 +397,15 @@ class RemoteSGLangEngine(InferenceEngine):
         return await post_json(self._require_session(), addr, path, body, timeout)
 
     async def _pause_servers(self, mode: str) -> None:
-        self.membership.paused = True
         with self._own_aborts.pause(aborts=mode == "abort"):
-            await self.membership.on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+            await self.membership.pause_all(mode)
 
     async def apause(self) -> None:
         """Pause generation on every server (`config.pause_mode`)."""
         await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
 
     async def aresume(self) -> None:
-        await self._on_rollout_loop(self._resume_servers())
-
-    async def _resume_servers(self) -> None:
-        await self.membership.on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
-        self.membership.paused = False
+        await self._on_rollout_loop(self.membership.continue_all())
 
     def pause(self) -> None:
         self._run_sync(self.apause(), 2 * CONTROL_TIMEOUT_S, "pause")

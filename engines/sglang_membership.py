@@ -67,7 +67,7 @@ class FleetMembership:
         self.awaiting_broadcast: set[str] = set()
         self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
         self.fatal: Optional[FleetUnavailableError] = None
-        self.paused = False  # the client paused the fleet: no server can pass a generation probe
+        self.paused = False  # pause_all .. continue_all: no server can pass a generation probe
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -202,6 +202,14 @@ class FleetMembership:
             self.take_out(addr, f"{path} failed: {error}")
         if targets and len(errors) == len(targets):
             raise errors[0][1]
+
+    async def pause_all(self, mode: str) -> None:
+        self.paused = True  # first: a probe during the pause must not try to generate
+        await self.on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+
+    async def continue_all(self) -> None:
+        await self.on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
+        self.paused = False
 
     # ---- weight updates -----------------------------------------------------------------
     async def update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:

@@ -143,7 +143,8 @@ def server_pgid(port: int) -> int:
     raise LookupError(f"no SGLang server process for port {port}")
 
 
-def _process_tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
+    """`root` and every process under it."""
     seen, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -159,7 +160,7 @@ def _process_tree(root: int) -> list[int]:
 def processes_running_module(root: int, module: str) -> list[int]:
     """The processes under `root` started as `python -m <module>` (e.g. torchrun's ranks)."""
     found = []
-    for pid in _process_tree(root):
+    for pid in process_tree(root):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -184,7 +185,7 @@ def listening_sockets(root: int) -> list[tuple[int, str, int]]:
     """(pid, address, port) of every listening TCP socket of `root` and its descendants,
     from /proc (LISTEN = state 0A in /proc/<pid>/net/tcp{,6}, matched by socket inode)."""
     found = []
-    for pid in _process_tree(root):
+    for pid in process_tree(root):
         table = {}
         for name in ("tcp", "tcp6"):
             try:

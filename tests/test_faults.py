@@ -27,6 +27,7 @@ from sglang_helpers import (
     make_controller,
     make_engine,
     perturbed_copy,
+    process_tree,
     restore_session_fleet,
     server_pgid,
 )
@@ -174,19 +175,6 @@ def test_server_restarted_between_requests_reloads_before_its_reply_counts(
         engine.destroy()
 
 
-def _children(pid: int) -> list[int]:
-    """The server's own processes (scheduler, detokenizer, ...): children of its HTTP process."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
         sglang_fleet, spare):
     """The server's HTTP front end answers (the liveness probe passes) but nothing behind it
@@ -196,7 +184,8 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
                          health_check_interval=0.5, request_timeout=20.0)
-    stopped = _children(spare.processes[0].pid)
+    root = spare.processes[0].pid  # its HTTP front end; under it scheduler, detokenizer
+    stopped = [pid for pid in process_tree(root) if pid != root]
     assert stopped, "the SGLang server has no child processes to stop"
     try:
         for pid in stopped:

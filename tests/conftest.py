@@ -18,6 +18,41 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# What a fixture costs marks every test that uses it (see docs/contributing.md): `sglang`
+# needs the SGLang venv, `e2e` is left out of the quick tier (`pytest -m "not e2e"`).
+FIXTURE_MARKERS = {
+    "sglang_fleet": ("sglang",),
+    "fresh_fleet": ("sglang", "e2e"),  # a run attached to the fleet
+    "spare": ("sglang", "e2e"),  # a server of its own, killed by the test
+    "spare_server": ("sglang", "e2e"),
+    "ray_address": ("e2e",),  # a Ray cluster of its own
+}
+QUICK_TIER_LIMIT_S = 20.0  # a quick-tier test slower than this is named at the end
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            for marker in FIXTURE_MARKERS.get(fixture, ()):
+                item.add_marker(marker)
+
+
+_slow_in_quick_tier: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    slow = report.duration > QUICK_TIER_LIMIT_S
+    if report.when == "call" and slow and "e2e" not in report.keywords:
+        _slow_in_quick_tier.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's own type)
+    if _slow_in_quick_tier:
+        terminalreporter.section("quick-tier tests over the limit (mark them e2e?)")
+        for nodeid, seconds in _slow_in_quick_tier:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1M-parameter Qwen2 model + byte-level BPE tokenizer (seed 1)."""
@@ -67,6 +102,42 @@ def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
                         log_dir=tmp_path_factory.mktemp("sglang_logs"))
     with fleet:
         yield fleet
+
+
+@pytest.fixture(scope="module")
+def _module_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet
+
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("spare"))
+    with fleet:
+        yield fleet
+
+
+@pytest.fixture
+def spare(_module_spare, tiny_model_dir: Path):
+    """One real server beside the session fleet that a test may kill, hang or restart (the
+    session fleet stays intact). Started once per test module: each test gets it serving the
+    session weights under version 0, as new (`sglang_helpers.revive_spare`)."""
+    from sglang_helpers import revive_spare
+
+    revive_spare(_module_spare, tiny_model_dir)
+    yield _module_spare
+
+
+@pytest.fixture
+def fresh_fleet(sglang_fleet, tiny_model_dir: Path):
+    """The session fleet as a just-started one: the session weights under version 0, not
+    paused (`sglang_helpers.reset_fleet`), before the test and again after it, whatever the
+    test's runs left behind. For runs that attach to it (`sglang_helpers.attach_args`) where
+    nothing about the servers' own start-up or death is under test: they then cost no server
+    start-up (~20-40 s each)."""
+    from sglang_helpers import reset_fleet
+
+    reset_fleet(sglang_fleet, tiny_model_dir)
+    yield sglang_fleet
+    reset_fleet(sglang_fleet, tiny_model_dir)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 
 from areal_like.utils.network import find_free_port
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
 LAUNCH_TIMEOUT_S = 600
 
 

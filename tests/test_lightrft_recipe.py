@@ -8,7 +8,7 @@ import pytest
 from test_recipes import SMALL, _run_recipe
 from test_remote_rm import RMServer
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 
 def test_grpo_with_remote_rm_and_adaptive_kl(sglang_fleet, tiny_model_dir, tmp_path):

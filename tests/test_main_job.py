@@ -2,7 +2,8 @@
 two real SGLang servers, one of which is killed (SIGKILL) mid-run: the launcher restarts it,
 the trainer takes it out of service and back with the current weights, no episode is lost, and
 held-out greedy accuracy and training reward still rise. Every socket of the running job
-listens on 127.0.0.1 only."""
+listens on 127.0.0.1 only. 30 steps: from the 0.715 warm start the main job's GRPO reaches
+0.96-0.98 in 30 steps (docs/benchmarks.md); the test needs +0.1."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _launch(*args: str) -> str:
 
 
 @pytest.mark.sglang
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     logs = tmp_path / "runs"
     _launch("sft", f"model.path={tiny_model_dir}", f"logging.log_dir={logs}",
@@ -44,8 +45,8 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     with open(out_path, "w") as out_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={warm}",
-             f"logging.log_dir={logs}", "server.n_servers=2", "total_train_steps=60",
-             "evaluation.freq_steps=60", "evaluation.n_prompts=100", "checkpoint.freq_steps=0",
+             f"logging.log_dir={logs}", "server.n_servers=2", "total_train_steps=30",
+             "evaluation.freq_steps=30", "evaluation.n_prompts=100", "checkpoint.freq_steps=0",
              "logging.tensorboard=false"],
             cwd=REPO, env=ENV, stdout=out_file, stderr=subprocess.STDOUT)
         try:
@@ -81,7 +82,7 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     assert "restarting SGLang server 1 (restart 1 of 3)" in out
     assert "eval/accuracy:" in out and "curves:" in out
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(61))  # training went on, every step
+    assert [r["step"] for r in records] == list(range(31))  # training went on, every step
     assert records[-1]["fleet/taken_out_total"] >= 1
     assert records[-1]["fleet/readmitted_total"] >= 1  # back with the current weights
     assert records[-1]["fleet/in_service"] == 2

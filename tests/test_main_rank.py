@@ -19,7 +19,7 @@ from areal_like.runtime.main_rank import heartbeat_interval
 from areal_like.utils.network import find_free_port
 from engines.sglang_server import SGLangFleet
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
 COLLECTIVE_TIMEOUT_S = 4.0  # heartbeats every 0.8 s: 3.2 s of slack on a busy machine
 LAUNCH_TIMEOUT_S = 600  # a hang is what this catches; the work itself takes seconds
 

@@ -9,7 +9,7 @@ from test_recipes import SMALL, _run_recipe
 from areal_like.rewards.prm_model import build_prm
 from areal_like.rewards.prm_server import PRMService
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 # the untrained policy writes random text: cut it at spaces so most completions have
 # several steps; 2 epochs x 2 mini-batches per step for actor and critic

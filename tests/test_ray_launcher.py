@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from sglang_helpers import assert_same_records
+from sglang_helpers import assert_same_records, attach_args
 
 from areal_like.utils.metrics_logger import read_metrics
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"  # loopback; Ray turns 127.0.0.1 into the machine's public address
@@ -123,14 +123,15 @@ def test_a_missing_cluster_is_named_with_the_command_that_starts_one(tiny_model_
     assert "ray start --head" in out
 
 
-@pytest.mark.slow
-def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path):
+def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path,
+                                               fresh_fleet):
     """1 server + 2 trainer ranks as Ray actors, the ranks on different nodes and the weights
-    sent over process groups, vs the local launcher's torchrun with disk weights, eta = 0."""
+    sent over process groups, vs the local launcher's torchrun with disk weights on the
+    session fleet (as new), eta = 0."""
     on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
               "rollout.weight_transport=distributed"]
     runs = {}
-    for launcher, extra in (("ray", on_ray), ("local", [])):
+    for launcher, extra in (("ray", on_ray), ("local", attach_args(fresh_fleet))):
         log_dir = tmp_path / launcher
         proc = _run(launcher, ["grpo", *_common(tiny_model_dir, log_dir, 3), *extra])
         out, _ = proc.communicate(timeout=900)
@@ -203,7 +204,6 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
     return proc.returncode, out, records, actors
 
 
-@pytest.mark.slow
 def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_dir, tmp_path):
     """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
     killing the server's actor stops the job within a bound, naming the actor, its node and
@@ -222,7 +222,6 @@ def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_d
     _assert_all_gone(actors)
 
 
-@pytest.mark.slow
 def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
     code, out, _, actors = _interrupted_long_job(
         ray_address, tiny_model_dir, tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT))

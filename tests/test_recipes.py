@@ -16,7 +16,7 @@ from areal_like.api import WeightUpdateMeta
 from areal_like.utils.metrics_logger import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 
 def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,

@@ -36,6 +36,7 @@ def _sft(model_dir: Path, log_dir: Path, steps: int, *extra: str) -> str:
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 def test_sft_evaluates_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "sft_addition" / "trial0"
     out = _sft(tiny_model_dir, tmp_path, 4)
@@ -53,6 +54,7 @@ def test_sft_evaluates_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text() == "step5"
 
 
+@pytest.mark.e2e
 def test_sft_with_every_prompt_too_long_fails_naming_the_key(tiny_model_dir, tmp_path):
     # 3-digit addition prompts are 20 tokens with the chat template
     proc = subprocess.run(

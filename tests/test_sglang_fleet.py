@@ -57,6 +57,7 @@ async def test_unreachable_server_fails_with_a_clear_error():
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path):
     require_sglang_venv()
     broken = tmp_path / "broken_model"
@@ -72,6 +73,7 @@ def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 def test_server_whose_port_is_taken_fails_fast_with_its_log_tail(tiny_model_dir, tmp_path):
     """A port taken between our choice and the server's bind leaves SGLang's process alive
     but never healthy; the fleet sees the bind error in the log instead of waiting out
@@ -121,6 +123,7 @@ def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 def test_server_processes_run_at_the_configured_niceness(spare_server):
     # nice=3: the server and the scheduler/detokenizer it started, relative to ours
     server_pid = spare_server.processes[0].pid
@@ -135,6 +138,7 @@ def test_server_processes_run_at_the_configured_niceness(spare_server):
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 def test_server_processes_run_on_the_configured_cpus(spare_server):
     # cpus=[first allowed core]: the server and the scheduler/detokenizer it started
     pids = _live_pids_in_group(spare_server.processes[0].pid)
@@ -144,6 +148,7 @@ def test_server_processes_run_on_the_configured_cpus(spare_server):
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 async def test_killing_a_server_mid_batch_loses_no_request(sglang_fleet, spare_server):
     survivor, victim = sglang_fleet.addresses[0], spare_server.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, request_retries=3,
@@ -204,6 +209,7 @@ def _live_pids_in_group(pgid: int) -> list[int]:
 
 
 @pytest.mark.sglang
+@pytest.mark.e2e  # servers of its own
 def test_servers_die_with_the_process_that_started_them(tiny_model_dir, tmp_path):
     require_sglang_venv()
     parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny_model_dir),

@@ -38,7 +38,7 @@ from engines import FSDPEngine, sglang_weight_group
 from engines.remote_sglang import RemoteSGLangEngine
 from engines.sglang_server import SGLangFleet
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 PROMPT = [11, 22, 33, 44, 55]
 TIMEOUT_S = 60.0  # rollout.weight_update_timeout of these tests: a failure ends well inside it
 # rollout.weight_broadcast_timeout: a peer killed mid-broadcast is noticed by gloo only when
@@ -97,23 +97,6 @@ def _assert_serves(client: RemoteSGLangEngine, weights: Path, version: int,
         ref = hf_logprobs(weights, PROMPT, r.output_tokens)
         torch.testing.assert_close(torch.tensor(r.output_logprobs, dtype=torch.float64), ref,
                                    atol=LOGPROB_ATOL, rtol=0)
-
-
-def _wait_healthy(addr: str, timeout: float = 300.0) -> None:
-    """Until `addr` answers /health (a restarted server's start-up)."""
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{addr}/health", timeout=30) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        assert time.monotonic() < deadline, f"{addr} did not come back within {timeout} s"
-        time.sleep(0.5)
 
 
 def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
@@ -211,17 +194,6 @@ def test_a_group_left_on_a_server_does_not_block_the_next_broadcaster(
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
-@pytest.fixture
-def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
-    """One extra real server that a test kills (the session fleet stays intact)."""
-    from areal_like.api.config import SGLangServerConfig
-
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
-                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "spare")
-    with fleet:
-        yield fleet
-
-
 def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         trainer, sglang_fleet, spare, tiny_model_dir, tmp_path):
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
@@ -245,7 +217,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         # restarted (base weights, version 0), it forms a group of its own at the next update
         # and serves only after receiving it
         spare.restart_server(0)
-        _wait_healthy(victim)
+        spare.wait_healthy(spare.config.startup_timeout)
         _perturb(trainer, seed=4)
         version = client.get_version() + 1
         broadcaster.push(trainer, client, version)
@@ -328,7 +300,6 @@ def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: s
     return read_metrics(next(log_dir.glob("*/trial0")) / "metrics.jsonl")
 
 
-@pytest.mark.slow
 @pytest.mark.torchrun
 def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny_model_dir,
                                                               tmp_path):

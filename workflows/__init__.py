@@ -1,10 +1,11 @@
 """Rollout workflows: RLVR, ReMax (greedy vs sample), multi-turn, tool-using agents, agents
 written for the OpenAI client."""
 
+import importlib
+from typing import Any
+
 from workflows.memory_agent import MemoryAgentWorkflow, MemoryStore, make_memory_episodes
 from workflows.multi_turn import MultiTurnWorkflow
-from workflows.openai_agent import OpenAIAgentWorkflow
-from workflows.openai_client import ArealOpenAI
 from workflows.remax import ReMaxWorkflow
 from workflows.rlvr import RLVRWorkflow
 from workflows.tool_agent import ToolAgentWorkflow
@@ -25,3 +26,13 @@ __all__ = [
     "make_memory_episodes",
     "parse_tool_calls",
 ]
+
+# Imported on first use: the openai package's types take ~1.3 s to import, paid otherwise by
+# every trainer, controller and reward-worker process of every run.
+_LAZY = {"ArealOpenAI": "workflows.openai_client", "OpenAIAgentWorkflow": "workflows.openai_agent"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workflows' has no attribute {name!r}")

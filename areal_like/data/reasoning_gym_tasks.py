@@ -8,9 +8,7 @@ import hashlib
 import json
 from typing import Any, Optional
 
-import reasoning_gym
 from datasets import Dataset
-from reasoning_gym.factory import DATASETS
 
 TEST_FRACTION = 10  # one question in TEST_FRACTION belongs to the test split (by a hash)
 MAX_DRAWS = 50  # candidates generated per item asked for, at most
@@ -21,19 +19,28 @@ def _split_of(question: str) -> str:
     return "test" if int.from_bytes(digest, "little") % TEST_FRACTION == 0 else "train"
 
 
+def _registry() -> dict[str, Any]:
+    """reasoning-gym's task registry, imported when a task is used: the package takes ~1.4 s
+    to import, paid otherwise by every trainer and worker process of every run."""
+    from reasoning_gym.factory import DATASETS
+
+    return DATASETS
+
+
 def task_parameters(name: str) -> list[str]:
     """The generator parameters of reasoning-gym task `name` (its config's fields)."""
     _check_name(name)
-    config_cls = DATASETS[name][1]
+    config_cls = _registry()[name][1]
     return [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
 
 
 def _check_name(name: str) -> None:
-    if name not in DATASETS:
-        close = difflib.get_close_matches(name, list(DATASETS), n=3)
+    tasks = _registry()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, list(tasks), n=3)
         raise KeyError(
             f"unknown reasoning-gym task {name!r}"
-            + (f"; did you mean {close}?" if close else f"; {len(DATASETS)} tasks available")
+            + (f"; did you mean {close}?" if close else f"; {len(tasks)} tasks available")
         )
 
 
@@ -57,6 +64,8 @@ def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1, split: str = 
         hints = [f"{u!r} (did you mean {c[0]!r}?)" if c else repr(u) for u, c in close.items()]
         raise ValueError(f"reasoning-gym task {name!r} has no parameter {', '.join(hints)} "
                          f"(task_kwargs); its parameters: {accepted}")
+    import reasoning_gym
+
     try:
         source = reasoning_gym.create_dataset(name, size=size * MAX_DRAWS, seed=seed, **params)
     except (AssertionError, TypeError, ValueError) as e:

@@ -7,12 +7,12 @@ from typing import Callable
 
 from datasets import Dataset
 
+from areal_like import rewards
 from areal_like.api.config import DatasetConfig
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.memory_episodes import load_memory_demos, load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
-from areal_like.rewards import exact_match_reward, math_verify_reward, reasoning_gym_reward
 from areal_like.utils.imports import load_object
 
 RewardFn = Callable[..., float]
@@ -56,11 +56,11 @@ def _build(config: DatasetConfig) -> Task:
         params = {"num_digits": config.num_digits, "worked_fraction": config.worked_fraction,
                   **config.task_kwargs}
         return Task(load_addition(params["num_digits"], config.size, config.split, config.seed,
-                                  params["worked_fraction"]), exact_match_reward)
+                                  params["worked_fraction"]), rewards.exact_match_reward)
     if config.type == "gsm8k":
         if not config.path:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
-        return Task(load_gsm8k(config.path, config.size), math_verify_reward)
+        return Task(load_gsm8k(config.path, config.size), rewards.math_verify_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
     if config.type == "memory_agent_demos":  # SFT: the memory agent's tool-call format
@@ -71,7 +71,7 @@ def _build(config: DatasetConfig) -> Task:
     # disjoint by a hash of the question; different seeds only vary the order
     seed = config.seed if config.split == "train" else config.seed + 1_000_003
     return Task(load_reasoning_gym(name, config.size, seed, config.split,
-                                   dict(config.task_kwargs)), reasoning_gym_reward)
+                                   dict(config.task_kwargs)), rewards.reasoning_gym_reward)
 
 
 def _own_reward(prompt: str, completion: str, **_: object) -> float:

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from areal_like.utils.metrics_logger import read_metrics  # noqa: E402
+from areal_like.utils.metrics_logger import read_metrics
 
 PANELS = [
     ("reward", ["actor/task_reward/avg"]),
@@ -21,6 +16,11 @@ PANELS = [
 
 def plot_run(metrics_jsonl: str | Path, out_png: str | Path, title: str = "") -> Path:
     """Plot whichever of the known keys the run logged; one panel per quantity."""
+    import matplotlib  # here, at the end of a run: every process of a run imports this module
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     records = read_metrics(metrics_jsonl)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for ax, (label, keys) in zip(axes.flat, PANELS, strict=True):

@@ -149,14 +149,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path, fresh_fleet):
+def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path):
     """examples/openai_agent: agent code for openai.AsyncOpenAI as the workflow of a real
-    asynchronous GRPO run (launcher, torchrun trainer, the session's SGLang fleet)."""
+    asynchronous GRPO run (launcher, SGLang server, torchrun trainer)."""
     import os
     import subprocess
     import sys
-
-    from sglang_helpers import attach_args
 
     from areal_like.utils.metrics_logger import read_metrics
 
@@ -164,7 +162,6 @@ def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path, fr
     proc = subprocess.run(
         [sys.executable, "-m", "areal_like.launcher.local", "grpo", "--config",
          "examples/openai_agent/config.yaml", f"model.path={tiny_model_dir}",
-         *attach_args(fresh_fleet),
          f"logging.log_dir={tmp_path}", "total_train_steps=2", "evaluation.freq_steps=100",
          "logging.tensorboard=false", "logging.plot=false"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -99,6 +99,23 @@ def _assert_serves(client: RemoteSGLangEngine, weights: Path, version: int,
                                    atol=LOGPROB_ATOL, rtol=0)
 
 
+def _wait_healthy(addr: str, timeout: float = 300.0) -> None:
+    """Until `addr` answers /health (a restarted server's start-up)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{addr}/health", timeout=30) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        assert time.monotonic() < deadline, f"{addr} did not come back within {timeout} s"
+        time.sleep(0.5)
+
+
 def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
     client.run_coroutine(client.weight_group.dissolve(), TIMEOUT_S)
     broadcaster.close()
@@ -194,6 +211,17 @@ def test_a_group_left_on_a_server_does_not_block_the_next_broadcaster(
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
+@pytest.fixture
+def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
+    """One extra real server that a test kills (the session fleet stays intact)."""
+    from areal_like.api.config import SGLangServerConfig
+
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "spare")
+    with fleet:
+        yield fleet
+
+
 def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         trainer, sglang_fleet, spare, tiny_model_dir, tmp_path):
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
@@ -217,7 +245,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         # restarted (base weights, version 0), it forms a group of its own at the next update
         # and serves only after receiving it
         spare.restart_server(0)
-        spare.wait_healthy(spare.config.startup_timeout)
+        _wait_healthy(victim)
         _perturb(trainer, seed=4)
         version = client.get_version() + 1
         broadcaster.push(trainer, client, version)

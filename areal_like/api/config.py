@@ -122,7 +122,7 @@ class SGLangServerConfig:
     threads_per_server: int = 1
     gpus_per_server: int = 1  # CUDA: each server gets its own slice of the visible GPUs (TP)
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
-    fork_children: bool = True  # CPU: fork, not spawn, the scheduler + detokenizer (no re-import)
+    fork_children: bool = False  # CPU: fork, not spawn, the scheduler + detokenizer (no re-import)
     startup_timeout: float = 300.0
     max_restarts: int = 3  # per server: the launcher restarts a dead server this many times
     # Niceness (0-19) of the server processes. Where they share cores with the trainer, a

@@ -43,8 +43,7 @@ PHASES = [("imports", "server_args="), ("children", "Init parallel begin"),
           ("model load", "Memory pool end"), ("HTTP up", "Uvicorn running")]
 
 RANK_SCRIPT = """
-import os, sys, time
-t0 = time.monotonic()
+import sys
 if sys.argv[1] == "trainer":
     import recipes.grpo  # noqa: F401  (the trainer's imports)
 import torch, torch.distributed as dist

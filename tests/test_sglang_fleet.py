@@ -106,12 +106,15 @@ def test_free_ports_are_below_the_ephemeral_range_and_never_repeat():
 def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One extra server the failover test may kill (the session fleet stays intact). Its log
     dir is given relative to the working directory, as the default `logging.log_dir=runs`
-    gives it: the servers' process-group store must still be found (it once waited forever)."""
+    gives it: the servers' process-group store must still be found (it once waited forever).
+    Its scheduler and detokenizer are forked (`fork_children`): niceness, CPUs and failover are
+    checked on that start method too."""
     require_sglang_venv()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path_factory.mktemp("cwd"))
         config = SGLangServerConfig(n_servers=1, context_length=1024, startup_timeout=300,
-                                    nice=3, cpus=[min(os.sched_getaffinity(0))])
+                                    nice=3, cpus=[min(os.sched_getaffinity(0))],
+                                    fork_children=True)
         fleet = SGLangFleet(tiny_model_dir, config,
                             api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
         fleet.start()

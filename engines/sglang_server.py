@@ -241,7 +241,7 @@ class SGLangFleet:
                 self.processes.append(self._spawn(i, port, "wb"))
                 self.addresses.append(f"{self.host}:{port}")
                 self.log_paths.append(self.log_dir / f"server_{i}.log")
-            self._wait_healthy(self.config.startup_timeout)
+            self.wait_healthy(self.config.startup_timeout)
         except BaseException:
             self.stop()
             raise
@@ -295,7 +295,9 @@ class SGLangFleet:
         return (f"SGLang server {index} ({self.addresses[index]}) died: {how}. Last lines of "
                 f"{self.log_paths[index]}:\n{tail_file(self.log_paths[index], n_lines)}")
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float) -> None:
+        """Until every server answers /health (after `start` or `restart_server`); raises
+        naming the server and its log tail if one exits or `timeout` passes first."""
         deadline = time.monotonic() + timeout
         pending = set(range(len(self.processes)))
         while pending:
@@ -333,17 +335,14 @@ class SGLangFleet:
                 os.killpg(proc.pid, sig)  # the group we created for this server only
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM every server group, wait up to `timeout`, then SIGKILL. Safe to call twice."""
+        """SIGKILL every server's process group and wait up to `timeout` for each. A server
+        holds nothing to save (its weights come from the trainer); SGLang's SIGTERM path
+        only adds its 5 s shutdown poll and leaves the same files behind. Safe to call twice."""
         with self._lock:
             for i in range(len(self.processes)):
-                self.kill_server(i, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            for i, proc in enumerate(self.processes):
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self.kill_server(i, signal.SIGKILL)
-                    proc.wait(timeout=10)
+                self.kill_server(i, signal.SIGKILL)
+            for proc in self.processes:
+                proc.wait(timeout=timeout)
                 # SGLang's children live in the same group: make sure none outlives the server.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -152,7 +152,19 @@ class FleetWeightGroup:
         async def begin_one(addr: str) -> None:
             await post_json(session, addr, "/pause_generation", {"mode": "retract"},
                             CONTROL_TIMEOUT_S)
-            await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+            try:
+                await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+            except RemoteSGLangError as refused:
+                # A broadcast that dropped this server (or a trainer killed mid-broadcast)
+                # left its session open; SGLang refuses a second one until it is ended.
+                # Still paused: the partial weights it ends with are replaced by this one.
+                try:
+                    await post_json(session, addr, "/end_weight_update", {}, CONTROL_TIMEOUT_S)
+                except RemoteSGLangError:
+                    raise refused from None  # no session was open: the refusal is the fault
+                logger.warning("SGLang server %s: %s; ended the session an earlier broadcast "
+                               "left open, beginning again", addr, refused)
+                await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
 
         failures = await self._each(members, begin_one)
         self._members = tuple(a for a in members if a not in failures)

@@ -103,6 +103,28 @@ def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         yield fleet
 
 
+@pytest.fixture(scope="module")
+def _module_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet
+
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("spare"))
+    with fleet:
+        yield fleet
+
+
+@pytest.fixture
+def spare(_module_spare, tiny_model_dir: Path):
+    """One real server beside the session fleet that a test may kill, hang or restart (the
+    session fleet stays intact). Started once per test module: each test gets it serving the
+    session weights under version 0, as new (`sglang_helpers.revive_spare`)."""
+    from sglang_helpers import revive_spare
+
+    revive_spare(_module_spare, tiny_model_dir)
+    yield _module_spare
+
+
 @pytest.fixture
 def busy_machine():
     """Two CPU-bound processes beside the test (the machine has two cores)."""

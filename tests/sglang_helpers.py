@@ -123,6 +123,31 @@ def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
     return version
 
 
+def reset_fleet(fleet: SGLangFleet, model_dir: str | Path, version: int = 0) -> None:
+    """The fleet as freshly started servers are: `model_dir`'s weights labelled `version`,
+    loaded through the project's own update path (a client that also continues a server a
+    killed trainer left paused), every server agreeing."""
+    from areal_like.api import WeightUpdateMeta
+
+    engine = make_engine(fleet.addresses, fleet.api_key)
+    try:
+        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version))
+        assert engine.in_service() == fleet.addresses, engine.in_service()
+    finally:
+        engine.destroy()
+    assert fleet_version(fleet.addresses, fleet.api_key) == version
+
+
+def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
+    """A one-server fleet that a test may have killed, as new: restarted if it is dead,
+    then `model_dir`'s weights under version 0 (`reset_fleet`)."""
+    if fleet.dead_servers():
+        fleet.kill_server(0)  # whatever of its process group is left
+        fleet.restart_server(0)
+        fleet.wait_healthy(fleet.config.startup_timeout)
+    reset_fleet(fleet, model_dir)
+
+
 def _server_version(addr: str, headers: dict[str, str]) -> int:
     req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:

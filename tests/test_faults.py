@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,25 +31,14 @@ from sglang_helpers import (
     server_pgid,
 )
 
-from areal_like.api.config import SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.rollout import FleetUnavailableError
 from engines import sglang_membership
-from engines.sglang_server import SGLangFleet
 
 pytestmark = pytest.mark.sglang
 PROMPT = [11, 22, 33, 44, 55]
 BOUND_S = 300.0  # generous: only a hang gets near it
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def spare(tiny_model_dir: Path, tmp_path: Path) -> Iterator[SGLangFleet]:
-    """One extra real server that a test may kill (the session fleet stays intact)."""
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
-                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "spare")
-    with fleet:
-        yield fleet
 
 
 def _until(predicate, what: str, timeout: float = BOUND_S) -> None:

@@ -119,23 +119,23 @@ def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
         with urllib.request.urlopen(req, timeout=300) as resp:
             reply = json.load(resp)
         assert reply.get("success"), f"{addr} could not load {model_dir}: {reply}"
-    assert fleet_version(fleet.addresses, fleet.api_key) == version
+    assert fleet_version(fleet.addresses, fleet.api_key) == 0
     return version
 
 
-def reset_fleet(fleet: SGLangFleet, model_dir: str | Path, version: int = 0) -> None:
-    """The fleet as freshly started servers are: `model_dir`'s weights labelled `version`,
+def reset_fleet(fleet: SGLangFleet, model_dir: str | Path) -> None:
+    """The fleet as freshly started servers are: `model_dir`'s weights labelled version 0,
     loaded through the project's own update path (a client that also continues a server a
     killed trainer left paused), every server agreeing."""
     from areal_like.api import WeightUpdateMeta
 
     engine = make_engine(fleet.addresses, fleet.api_key)
     try:
-        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version))
+        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), 0))
         assert engine.in_service() == fleet.addresses, engine.in_service()
     finally:
         engine.destroy()
-    assert fleet_version(fleet.addresses, fleet.api_key) == version
+    assert fleet_version(fleet.addresses, fleet.api_key) == 0
 
 
 def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:

@@ -119,7 +119,7 @@ def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
         with urllib.request.urlopen(req, timeout=300) as resp:
             reply = json.load(resp)
         assert reply.get("success"), f"{addr} could not load {model_dir}: {reply}"
-    assert fleet_version(fleet.addresses, fleet.api_key) == 0
+    assert fleet_version(fleet.addresses, fleet.api_key) == version
     return version
 
 

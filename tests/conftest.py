@@ -22,6 +22,7 @@ torch.set_num_threads(1)
 # needs the SGLang venv, `e2e` is left out of the quick tier (`pytest -m "not e2e"`).
 FIXTURE_MARKERS = {
     "sglang_fleet": ("sglang",),
+    "fresh_fleet": ("sglang", "e2e"),  # a run attached to the fleet
     "spare": ("sglang", "e2e"),  # a server of its own, killed by the test
     "spare_server": ("sglang", "e2e"),
     "ray_address": ("e2e",),  # a Ray cluster of its own
@@ -123,6 +124,20 @@ def spare(_module_spare, tiny_model_dir: Path):
 
     revive_spare(_module_spare, tiny_model_dir)
     yield _module_spare
+
+
+@pytest.fixture
+def fresh_fleet(sglang_fleet, tiny_model_dir: Path):
+    """The session fleet as a just-started one: the session weights under version 0, not
+    paused (`sglang_helpers.reset_fleet`), before the test and again after it, whatever the
+    test's runs left behind. For runs that attach to it (`sglang_helpers.attach_args`) where
+    nothing about the servers' own start-up or death is under test: they then cost no server
+    start-up (~20-40 s each)."""
+    from sglang_helpers import reset_fleet
+
+    reset_fleet(sglang_fleet, tiny_model_dir)
+    yield sglang_fleet
+    reset_fleet(sglang_fleet, tiny_model_dir)
 
 
 @pytest.fixture

@@ -148,6 +148,12 @@ def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
     reset_fleet(fleet, model_dir)
 
 
+def attach_args(fleet: SGLangFleet) -> list[str]:
+    """Overrides that make a recipe or the launcher use `fleet` instead of starting servers."""
+    return [f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
+            f"rollout.api_key={fleet.api_key}"]
+
+
 def _server_version(addr: str, headers: dict[str, str]) -> int:
     req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:

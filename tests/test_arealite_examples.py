@@ -1,5 +1,6 @@
 """AReaL-lite's document code, ported by changing imports (examples/arealite), runs for a few
-steps on a real SGLang server under torchrun, started by our launcher as a user's script."""
+steps under torchrun, started by our launcher as a user's script, on the session's real SGLang
+fleet (as new: session weights at version 0)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sglang_helpers import attach_args
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -19,10 +21,11 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 @pytest.mark.sglang
 @pytest.mark.e2e
 def test_remax_reinforce_document_loop_trains_and_moves_the_fleets_weights(tiny_model_dir,
-                                                                          tmp_path):
+                                                                          tmp_path, fresh_fleet):
     proc = subprocess.run(
         [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/train_reinforce.py",
          "--config", "examples/arealite/reinforce.yaml", f"model.path={tiny_model_dir}",
+         *attach_args(fresh_fleet),
          f"logging.log_dir={tmp_path}", "total_train_steps=3"],
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=900)
@@ -45,7 +48,8 @@ def test_remax_reinforce_document_loop_trains_and_moves_the_fleets_weights(tiny_
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_dir, tmp_path):
+def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_dir, tmp_path,
+                                                                   fresh_fleet):
     """AReaL-lite's GRPO script (its RLVR workflow, custom reward, PPO actor, saver, stats
     logger, evaluator and a second engine for evaluation), eta = 1."""
     from areal_like.utils.metrics_logger import read_metrics
@@ -53,6 +57,7 @@ def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_di
     proc = subprocess.run(
         [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/gsm8k_grpo.py",
          "--config", "examples/arealite/gsm8k_grpo.yaml", f"model.path={tiny_model_dir}",
+         *attach_args(fresh_fleet),
          f"logging.log_dir={tmp_path}", "total_train_steps=3", "checkpoint.freq_steps=3"],
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=900)

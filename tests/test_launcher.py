@@ -97,12 +97,17 @@ def _run_args(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir):
+def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir, fresh_fleet):
+    """On the session fleet: the trainer's interruption is under test, not the servers'."""
+    from sglang_helpers import attach_args
+
     log_dir = tmp_path / "runs"
     run_dir = log_dir / "grpo_addition" / "trial0"
+    attached = attach_args(fresh_fleet)
     # A run far too long to finish: it is killed once its first checkpoint is observed,
     # however fast or busy the machine is.
-    proc = _launch(_run_args(tiny_model_dir, log_dir, steps=100_000), start_new_session=True)
+    proc = _launch([*_run_args(tiny_model_dir, log_dir, steps=100_000), *attached],
+                   start_new_session=True)
     latest = run_dir / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     try:
@@ -117,7 +122,7 @@ def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir):
     assert proc.returncode != 0, out[-3000:]  # interrupted, not finished
     saved_step = int(latest.read_text().strip().removeprefix("step"))
 
-    resumed = _launch(_run_args(tiny_model_dir, log_dir, steps=saved_step + 3))
+    resumed = _launch([*_run_args(tiny_model_dir, log_dir, steps=saved_step + 3), *attached])
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert f"recovered from {run_dir / 'checkpoints' / f'step{saved_step}'}" in out
@@ -167,14 +172,16 @@ SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/con
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_local_launcher_runs_a_users_script(tiny_model_dir, tmp_path):
-    # pinned as on a 2-core machine: servers on one core, the trainer and controller on another
+def test_local_launcher_runs_a_users_script(tiny_model_dir, tmp_path, fresh_fleet):
+    """On the session fleet (servers pinned to cores: test_sglang_fleet.py)."""
+    from sglang_helpers import attach_args
+
+    # pinned as on a 2-core machine: the trainer and controller on one core
     cpus = sorted(os.sched_getaffinity(0))
     proc = _launch([*SCRIPT, f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
-                          "total_train_steps=2", "evaluation.freq_steps=100",
-                          "logging.tensorboard=false", "logging.plot=false",
-                          f"server.cpus=[{cpus[0]}]", f"launcher.trainer_cpus=[{cpus[-1]}]",
-                          f"rollout.controller_cpus=[{cpus[-1]}]"])
+                    "total_train_steps=2", "evaluation.freq_steps=100",
+                    "logging.tensorboard=false", "logging.plot=false", *attach_args(fresh_fleet),
+                    f"launcher.trainer_cpus=[{cpus[-1]}]", f"rollout.controller_cpus=[{cpus[-1]}]"])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     if (os.cpu_count() or 1) > 1:  # pinned to one of several: the trainer says where it runs

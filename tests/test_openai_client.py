@@ -149,12 +149,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path):
+def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path, fresh_fleet):
     """examples/openai_agent: agent code for openai.AsyncOpenAI as the workflow of a real
-    asynchronous GRPO run (launcher, SGLang server, torchrun trainer)."""
+    asynchronous GRPO run (launcher, torchrun trainer, the session's SGLang fleet)."""
     import os
     import subprocess
     import sys
+
+    from sglang_helpers import attach_args
 
     from areal_like.utils.metrics_logger import read_metrics
 
@@ -162,6 +164,7 @@ def test_the_two_tool_openai_agent_trains_with_grpo(tiny_model_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "areal_like.launcher.local", "grpo", "--config",
          "examples/openai_agent/config.yaml", f"model.path={tiny_model_dir}",
+         *attach_args(fresh_fleet),
          f"logging.log_dir={tmp_path}", "total_train_steps=2", "evaluation.freq_steps=100",
          "logging.tensorboard=false", "logging.plot=false"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from sglang_helpers import assert_same_records
+from sglang_helpers import assert_same_records, attach_args
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -123,13 +123,15 @@ def test_a_missing_cluster_is_named_with_the_command_that_starts_one(tiny_model_
     assert "ray start --head" in out
 
 
-def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path):
+def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path,
+                                               fresh_fleet):
     """1 server + 2 trainer ranks as Ray actors, the ranks on different nodes and the weights
-    sent over process groups, vs the local launcher's torchrun with disk weights, eta = 0."""
+    sent over process groups, vs the local launcher's torchrun with disk weights on the
+    session fleet (as new), eta = 0."""
     on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
               "rollout.weight_transport=distributed"]
     runs = {}
-    for launcher, extra in (("ray", on_ray), ("local", [])):
+    for launcher, extra in (("ray", on_ray), ("local", attach_args(fresh_fleet))):
         log_dir = tmp_path / launcher
         proc = _run(launcher, ["grpo", *_common(tiny_model_dir, log_dir, 3), *extra])
         out, _ = proc.communicate(timeout=900)

@@ -1,4 +1,6 @@
-"""`kill -9` of the trainer mid-run, then `checkpoint.recover=auto` (real SGLang + torchrun):
+"""`kill -9` of the trainer mid-run, then `checkpoint.recover=auto` (real SGLang + torchrun),
+through the local launcher attached to the session's fleet, reset to the session weights at
+version 0 before each run (the trainer is what dies here; servers dying are test_faults'):
 
 - eta = 0: a killed-then-recovered run ends with exactly the weights and per-step metrics of an
   uninterrupted run with its seed (the two are separate processes from the start, so this
@@ -24,7 +26,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_helpers import assert_same_records, processes_running_module
+from sglang_helpers import (
+    assert_same_records,
+    attach_args,
+    processes_running_module,
+    reset_fleet,
+)
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -40,8 +47,8 @@ VOLATILE = ("time", "timeperf/", "perf/", "rollout/episode_latency", "weight_syn
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 
-def _args(model_dir: Path, log_dir: Path, eta: int) -> list[str]:
-    return [sys.executable, "-m", "areal_like.launcher.local", "grpo",
+def _args(fleet, model_dir: Path, log_dir: Path, eta: int) -> list[str]:
+    return [sys.executable, "-m", "areal_like.launcher.local", "grpo", *attach_args(fleet),
             f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"total_train_steps={STEPS}", f"rollout.max_head_offpolicyness={eta}",
             "gconfig.n_samples=4", "gconfig.max_new_tokens=4", "rollout.consumer_batch_size=4",
@@ -50,8 +57,8 @@ def _args(model_dir: Path, log_dir: Path, eta: int) -> list[str]:
             "checkpoint.recover=auto", "logging.tensorboard=false", "logging.plot=false"]
 
 
-def _run(model_dir: Path, log_dir: Path, eta: int) -> str:
-    proc = subprocess.run(_args(model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+def _run(fleet, model_dir: Path, log_dir: Path, eta: int) -> str:
+    proc = subprocess.run(_args(fleet, model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
@@ -63,10 +70,10 @@ def _records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line]
 
 
-def _kill_trainer_after(model_dir: Path, log_dir: Path, eta: int, step: int) -> None:
+def _kill_trainer_after(fleet, model_dir: Path, log_dir: Path, eta: int, step: int) -> None:
     """Start a run, SIGKILL its trainer once metrics of `step` (after a checkpoint) exist."""
     run_dir = log_dir / "grpo_addition" / "trial0"
-    proc = subprocess.Popen(_args(model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+    proc = subprocess.Popen(_args(fleet, model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 900
@@ -101,27 +108,30 @@ def _stable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
 
 
-def test_eta0_a_killed_run_resumes_bit_identical_to_an_uninterrupted_one(tiny_model_dir,
+def test_eta0_a_killed_run_resumes_bit_identical_to_an_uninterrupted_one(fresh_fleet,
+                                                                         tiny_model_dir,
                                                                          tmp_path):
     a, c = tmp_path / "a", tmp_path / "c"
-    _run(tiny_model_dir, a, eta=0)
+    _run(fresh_fleet, tiny_model_dir, a, eta=0)
     run = lambda root: root / "grpo_addition" / "trial0"  # noqa: E731
-    _kill_trainer_after(tiny_model_dir, c, eta=0, step=random.randint(3, STEPS - 2))
-    out = _run(tiny_model_dir, c, eta=0)
+    reset_fleet(fresh_fleet, tiny_model_dir)  # as new for the second run
+    _kill_trainer_after(fresh_fleet, tiny_model_dir, c, eta=0, step=random.randint(3, STEPS - 2))
+    out = _run(fresh_fleet, tiny_model_dir, c, eta=0)
     assert "recovered from" in out
     assert [r["step"] for r in _records(run(c))] == list(range(STEPS + 1))  # each step once
     assert_same_records(_stable(_records(run(c))), _stable(_records(run(a))))
     assert _weights_sha(run(c)) == _weights_sha(run(a))
 
 
-def test_eta2_resume_loses_and_repeats_no_trajectory(tiny_model_dir, tmp_path):
+def test_eta2_resume_loses_and_repeats_no_trajectory(fresh_fleet, tiny_model_dir, tmp_path):
     run_dir = tmp_path / "grpo_addition" / "trial0"
-    _kill_trainer_after(tiny_model_dir, tmp_path, eta=2, step=random.randint(3, STEPS - 2))
+    _kill_trainer_after(fresh_fleet, tiny_model_dir, tmp_path, eta=2,
+                        step=random.randint(3, STEPS - 2))
     latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     saved = torch.load(latest / "run_state.pt", weights_only=False)["executor"]
     checkpointed = [f"{b['data_id']}@{b['episode_seed']}" for b in saved["buffered"]]
 
-    out = _run(tiny_model_dir, tmp_path, eta=2)
+    out = _run(fresh_fleet, tiny_model_dir, tmp_path, eta=2)
     assert f"recovered from {latest}" in out
     records = _records(run_dir)
     assert [r["step"] for r in records] == list(range(STEPS + 1))  # each step once

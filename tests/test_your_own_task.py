@@ -1,6 +1,7 @@
 """What a new user does, through the public entry points only: a task, a reward and a workflow
 in a module of their own (outside the project), YAMLs in their own folder extending the shipped ones, an
-SFT warm start on the task, then a few asynchronous GRPO steps through the launcher."""
+SFT warm start on the task, then a few asynchronous GRPO steps through the launcher (on the
+session's SGLang fleet, loaded with the warm start at version 0)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sglang_helpers import attach_args, reset_fleet
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -68,7 +70,7 @@ def _run(args: list[str], cwd: Path) -> str:
     return out
 
 
-def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path):
+def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path, fresh_fleet):
     home = tmp_path / "my_project"
     (home / "configs").mkdir(parents=True)
     (home / "my_task.py").write_text(MY_TASK)
@@ -90,8 +92,11 @@ def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path):
     warm = home / "runs" / "my_sft" / "trial0" / "final"
     assert (warm / "config.json").is_file()
 
+    # the session fleet, as new with the warm start (what the launcher would start)
+    reset_fleet(fresh_fleet, warm)
     out = _run(["-m", "areal_like.launcher.local", "grpo", "--config", "configs/rl.yaml",
-                f"model.path={warm}", "train_dataset.batch_size=4"], home)
+                f"model.path={warm}", "train_dataset.batch_size=4", *attach_args(fresh_fleet)],
+               home)
     rl = read_metrics(home / "runs" / "my_rl" / "trial0" / "metrics.jsonl")
     steps = [r for r in rl if "actor/task_reward/avg" in r]
     assert [r["step"] for r in steps] == [1, 2, 3], out[-3000:]

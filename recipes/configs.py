@@ -17,6 +17,12 @@ class GRPOConfig(BaseExperimentConfig):
     use_ref_model: bool = False  # frozen reference for KL (needs algorithm.kl_ctl > 0)
     ref: TrainEngineConfig = field(default_factory=TrainEngineConfig)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check("GRPOConfig", "algorithm.kl_ctl",
+              self.algorithm.kl_ctl == 0 or self.use_ref_model, self.algorithm.kl_ctl,
+              "0 without a reference model (KL to it needs one: set use_ref_model=true)")
+
 
 @dataclass
 class PPOConfig(GRPOConfig):

@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     run = RunContext(config, console_keys=["sft/train/nll/avg", "eval/accuracy"])
     tokenizer = load_tokenizer(config.model)
     train, valid = config.train_dataset, config.valid_dataset
-    train_items, n_long = limit_prompt_length(build_task(train).dataset, tokenizer, train,
-                                              "train_dataset")
-    valid_items, _ = limit_prompt_length(build_task(valid).dataset, tokenizer, valid,
-                                         "valid_dataset")
+    train_items, n_long = limit_prompt_length(build_task(train, name="train_dataset").dataset,
+                                              tokenizer, train, "train_dataset")
+    valid_items, _ = limit_prompt_length(build_task(valid, name="valid_dataset").dataset,
+                                         tokenizer, valid, "valid_dataset")
     engine = FSDPEngine(config.actor)
     engine.initialize()
     actor = SFTActor(engine)

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,115 @@ def test_bad_config_value_names_its_key(override, key):
 
     _raises(load_config, GRPOConfig, ROOT / "recipes/conf/grpo_addition.yaml", [override],
             match=key)
+
+
+# ---- what the trainer would refuse, refused by the launcher before anything starts ---------
+
+PREFLIGHT_CASES = [
+    (["algorithm.adv_estimator=grpoo"],
+     "algorithm.adv_estimator='grpoo' is not registered; did you mean 'grpo'?"),
+    (["algorithm.policy_loss=foo"], "algorithm.policy_loss='foo' is not registered"),
+    (["algorithm.kl_ctl=0.1"], "algorithm.kl_ctl=0.1 is invalid: expected 0 without a reference"),
+    (["train_dataset.type=gsm8k", "train_dataset.path=no/such.jsonl"],
+     "train_dataset.path='no/such.jsonl': no such file"),
+    (["reward.fn=no_such_module:score"], "reward.fn='no_such_module:score' cannot be imported"),
+    (["rollout.workflow=no_such_module:Flow"],
+     "rollout.workflow='no_such_module:Flow' cannot be imported"),
+    (["valid_dataset.type=no_such_module:make"],
+     "valid_dataset.type='no_such_module:make' cannot be imported"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", PREFLIGHT_CASES,
+                         ids=["estimator", "loss", "kl-no-ref", "data-file", "reward-module",
+                              "workflow-module", "task-module"])
+def test_trainer_refusals_stop_the_launcher_before_any_process_starts(
+        tiny_model_dir, monkeypatch, capsys, overrides, message):
+    import subprocess
+
+    from areal_like.launcher import local
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)  # servers and torchrun start so
+    code = local.main(["grpo", f"model.path={tiny_model_dir}", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+def test_a_name_registered_by_a_module_the_config_imports_passes_the_launchers_check(
+        tmp_path, monkeypatch):
+    from areal_like.algorithms import ADVANTAGE_ESTIMATORS
+    from areal_like.launcher.target import resolve_target
+
+    (tmp_path / "my_rewards.py").write_text(
+        "from areal_like.algorithms import register_advantage_estimator\n"
+        "from areal_like.algorithms.estimators import grpo\n"
+        "register_advantage_estimator('my_grpo')(grpo)\n"
+        "def score(prompt, completion, answer, **_):\n"
+        "    return float(completion.strip() == answer)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        target = resolve_target("grpo", ["reward.fn=my_rewards:score",
+                                         "algorithm.adv_estimator=my_grpo"])
+        assert target.config.algorithm.adv_estimator == "my_grpo"
+    finally:
+        ADVANTAGE_ESTIMATORS.unregister("my_grpo")
+
+
+# ---- data items, where they enter ------------------------------------------------------
+
+ITEM_CASES = [
+    ({"content": ""}, "train_dataset (type=my_items:make) item 1 (id q1): the prompt is empty"),
+    ({"content": " \n\t"}, "item 1 (id q1): the prompt is empty"),
+    ({"answer": ""}, "item 1 (id q1): answer='', which the verifier needs"),
+    ({"answer": None}, "item 1 (id q1): answer=None, which the verifier needs"),
+]
+
+
+@pytest.mark.parametrize("change,message", ITEM_CASES,
+                         ids=["empty-prompt", "blank-prompt", "empty-answer", "null-answer"])
+def test_items_a_run_cannot_use_are_refused_naming_task_and_index(tmp_path, monkeypatch,
+                                                                  change, message):
+    """A user task's items (no file: the task builds them), checked against the default
+    verifier (exact match, which needs `answer`)."""
+    from areal_like.api.config import DatasetConfig
+    from areal_like.data.tasks import build_task
+
+    bad = {"id": "q1", "content": "What is 1 + 1?", "answer": "2"} | change
+    (tmp_path / "my_items.py").write_text(
+        "from areal_like.rewards import exact_match_reward\n"
+        "from areal_like.data.tasks import Task\n"
+        "from datasets import Dataset\n"
+        f"ROWS = [('q0', 'What is 2 + 2?', '4'), ({bad['id']!r}, {bad['content']!r}, "
+        f"{bad['answer']!r})]\n"
+        "def make(split, size, seed):\n"
+        "    items = [{'id': i, 'messages': [{'role': 'user', 'content': c}], 'answer': a}\n"
+        "             for i, c, a in ROWS]\n"
+        "    return Task(Dataset.from_list(items), exact_match_reward)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_items", raising=False)  # each case's own
+    config = DatasetConfig(type="my_items:make", size=2)
+    _raises(build_task, config, "", "train_dataset", match=message)
+
+
+def test_a_prompt_that_tokenizes_to_nothing_is_refused(tiny_model_dir):
+    """A real tokenizer whose normalizer drops zero-width spaces (as some do): the text is
+    not blank to Python, but the model would get no prompt token."""
+    from datasets import Dataset
+    from tokenizers import normalizers
+
+    from areal_like.api.config import DatasetConfig, ModelConfig
+    from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
+
+    tokenizer = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
+    tokenizer.backend_tokenizer.normalizer = normalizers.Replace("\u200b", "")
+    items = Dataset.from_list([{"messages": [{"role": "user", "content": c}]}
+                               for c in ("What is 1 + 1?", "\u200b\u200b")])
+    _raises(limit_prompt_length, items, tokenizer, DatasetConfig(), "valid_dataset",
+            match=r"valid_dataset (type=addition) item 1: the prompt '\u200b\u200b' tokenizes "
+                  "to nothing")
 
 
 # ---- data files -----------------------------------------------------------------------

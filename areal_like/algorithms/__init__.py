@@ -8,6 +8,7 @@ Importing this package registers the built-in estimators and losses.
 from areal_like.algorithms import action_norm as _action_norm  # noqa: F401  (registers)
 from areal_like.algorithms import estimators as _estimators  # noqa: F401  (registers)
 from areal_like.algorithms import losses as _losses  # noqa: F401  (registers)
+from areal_like.algorithms.actor_checks import check_actor_config
 from areal_like.algorithms.actors import (
     CriticActor,
     PPOActor,
@@ -47,6 +48,7 @@ __all__ = [
     "aggregate_loss",
     "algorithm_preset",
     "broadcast_to_tokens",
+    "check_actor_config",
     "discounted_returns",
     "drop_zero_variance_groups",
     "dynamic_sampling_filter",

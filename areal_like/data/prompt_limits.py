@@ -11,6 +11,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from areal_like.api.config import DatasetConfig, ModelConfig
+from areal_like.data.item_checks import check_prompts_tokenize
 from areal_like.utils.chat import render_chat, set_chat_template_kwargs
 
 logger = logging.getLogger("areal_like")
@@ -49,6 +50,7 @@ def limit_prompt_length(dataset: Dataset, tokenizer: PreTrainedTokenizerBase,
     (the memory agent, whose workflow builds each turn's prompt) are returned as they are."""
     if "messages" not in dataset.column_names:
         return dataset, 0  # prompts built per turn by the workflow (the memory agent)
+    check_prompts_tokenize(dataset, tokenizer, f"{name} (type={config.type})")
     lengths = prompt_lengths(dataset, tokenizer)
     limit = config.max_prompt_len
     long = [i for i, n in enumerate(lengths) if n > limit]

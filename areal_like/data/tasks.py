@@ -11,6 +11,7 @@ from areal_like import rewards
 from areal_like.api.config import DatasetConfig
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.item_checks import check_items
 from areal_like.data.memory_episodes import load_memory_demos, load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
 from areal_like.utils.imports import load_object
@@ -24,12 +25,14 @@ class Task:
     reward_fn: RewardFn
 
 
-def build_task(config: DatasetConfig, reward_fn: str = "") -> Task:
+def build_task(config: DatasetConfig, reward_fn: str = "", name: str = "dataset") -> Task:
     """The dataset and verifier that `config.type` names; `reward_fn` (an import path,
-    `reward.fn`) replaces the verifier."""
+    `reward.fn`) replaces the verifier. Items are checked here, where they enter (`name`, the
+    config section, names the task in errors)."""
     task = _build(config)
     if reward_fn:
         task.reward_fn = load_object(reward_fn, "reward.fn")
+    check_items(task.dataset, task.reward_fn, f"{name} (type={config.type})")
     return task
 
 

@@ -10,6 +10,7 @@ validated when its defaults list names a registered schema.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_config, load_launch_config
+from areal_like.launcher.preflight import check_recipe_config
 from areal_like.runtime.cli import split_args
 
 
@@ -60,6 +62,7 @@ def resolve_target(target: str, argv: list[str]) -> TrainTarget:
     config_cls, default_yaml, needs_fleet = RECIPES[target]
     config_path, overrides = split_args(argv, default_yaml)
     config = load_config(config_cls, config_path, overrides)  # fails fast on a typo
+    check_recipe_config(config)  # what the trainer would refuse, before anything starts
     return TrainTarget(f"recipe {target}", ["-m", f"recipes.{target}"], config_path.resolve(),
                        overrides, config, needs_fleet)
 
@@ -70,9 +73,13 @@ def check_model_path(config: Any) -> None:
                           f"config.json); set model.path=<folder>")
 
 
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's tag on a rank's line
+
+
 def trainer_error(lines: list[str]) -> str:
     """The trainer's own exception line (not torchrun's wrapper), if it printed one."""
     for line in reversed(lines):
+        line = RANK_PREFIX.sub("", line)
         head = line.split(":", 1)[0].strip().split(" ")[-1]
         if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
             return line.strip()

@@ -72,8 +72,8 @@ class RLSetup:
         if self.run.is_main and len(cpus) < (os.cpu_count() or 0):  # pinned: say where
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
         self.tokenizer = load_tokenizer(config.model)
-        self.task = build_task(config.train_dataset, config.reward.fn)
-        self.valid = build_task(config.valid_dataset, config.reward.fn)
+        self.task = build_task(config.train_dataset, config.reward.fn, "train_dataset")
+        self.valid = build_task(config.valid_dataset, config.reward.fn, "valid_dataset")
         if config.reward.remote_rm_url:  # a remote reward model replaces both verifiers
             self.task.reward_fn = self.valid.reward_fn = remote_reward_fn(config.reward)
         self.data_stats: dict[str, float] = {}

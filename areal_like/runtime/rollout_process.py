@@ -19,6 +19,7 @@ with the controller's traceback attached as a note.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import multiprocessing as mp
@@ -42,6 +43,7 @@ from areal_like.runtime.rollout_service import (
 
 logger = logging.getLogger(__name__)
 CALL_MARGIN_S = 60.0  # on top of a call's own timeout: the controller enforces that one
+EXIT_TIMEOUT_S = 10.0  # a trainer that ends with an exception waits this long for it to stop
 
 
 class RolloutProcess(RolloutAPI):
@@ -84,6 +86,9 @@ class RolloutProcess(RolloutAPI):
                                     name="rollout-controller", daemon=False)
         self._process.start()
         child_conn.close()
+        # an exception that ends the trainer must end the controller too: multiprocessing's
+        # own exit hook would otherwise wait for it forever (it waits for the trainer)
+        atexit.register(self.destroy, timeout=EXIT_TIMEOUT_S)
 
     def wait_ready(self) -> None:
         """Wait until the started controller reached every server (or raise its error)."""
@@ -99,6 +104,7 @@ class RolloutProcess(RolloutAPI):
         process, self._process = self._process, None
         if process is None:
             return
+        atexit.unregister(self.destroy)
         try:
             if self._broken is None and process.is_alive():
                 self._conn.send(None)

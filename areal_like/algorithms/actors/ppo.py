@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from areal_like.algorithms.actor_checks import check_actor_config
 from areal_like.algorithms.actors.base import (
     TRAJECTORY_KEYS,
     compute_logprobs,
@@ -52,7 +53,6 @@ from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights,
 from areal_like.algorithms.registry import (
     estimator_traits,
     get_advantage_estimator,
-    get_policy_loss,
 )
 from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
 from areal_like.api.config import AlgorithmConfig
@@ -72,24 +72,10 @@ class PPOActor:
         self.engine, self.config, self.ref = engine, config, ref
         self.tracker = default_tracker(tracker)
         self.scope = scope
-        # look names up now so a typo fails at construction, naming the registered choices
+        # a typo or a refused combination fails at construction, naming the choices
+        check_actor_config(config, has_ref=ref is not None)
         self.estimator = get_advantage_estimator(config.adv_estimator)
-        get_policy_loss(config.policy_loss)
-        if config.kl_ctl > 0 and ref is None:
-            raise ValueError(f"AlgorithmConfig.kl_ctl={config.kl_ctl} needs a reference model: "
-                             "pass ref=<TrainEngine> to PPOActor (or set kl_ctl=0)")
         self.traits = estimator_traits(config.adv_estimator)
-        if config.loss_agg_mode == "constant" and config.loss_agg_constant is None:
-            raise ValueError("AlgorithmConfig.loss_agg_mode='constant' needs "
-                             "AlgorithmConfig.loss_agg_constant: set it to the generation budget "
-                             "(gconfig.max_new_tokens; recipe configs fill it in)")
-        if config.overlong_reward_penalty and config.max_response_tokens <= 0:
-            raise ValueError("AlgorithmConfig.overlong_reward_penalty=True needs "
-                             "AlgorithmConfig.max_response_tokens > 0: set it to the generation "
-                             "budget (gconfig.max_new_tokens; recipe configs fill it in)")
-        if config.clip_filter_weight and config.adv_estimator == "cpgd":
-            raise ValueError("adv_estimator='cpgd' already applies clip-filter weights; "
-                             "set clip_filter_weight=False")
         self.running = (RunningMoments(config.adv_norm_running_decay)
                         if config.adv_norm_level == "running" else None)
         # the KL coefficient in use (fixed kl_ctl, or adapted to kl_target after each step)

@@ -1,0 +1,75 @@
+"""What a recipe's trainer would refuse, found from the config before any process starts.
+
+The trainer checks these too, but only after the servers have started (minutes on a busy
+machine): here a typo costs seconds. Each error is a `ConfigError` naming the key and, where
+there is one, the closest valid value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+from areal_like.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, check_actor_config
+from areal_like.api.config import IMPORT_PATH
+from areal_like.api.config_loader import ConfigError
+from areal_like.data.gsm8k import load_gsm8k
+from areal_like.utils.imports import load_object
+
+DATASETS = ("train_dataset", "valid_dataset")
+
+
+def check_recipe_config(config: Any) -> None:
+    """User code importable, data files readable, algorithm names registered and the
+    actor's combinations accepted (in this order: a user module may register names)."""
+    for key, path in _import_paths(config):
+        try:
+            load_object(path, key)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(str(e)) from None
+    for name in DATASETS:
+        dataset = getattr(config, name, None)
+        if dataset is not None and dataset.type == "gsm8k":
+            _check_data_file(f"{name}.path", dataset.path)
+    algorithm = getattr(config, "algorithm", None)
+    if algorithm is None:
+        return
+    for key, registry in (("adv_estimator", ADVANTAGE_ESTIMATORS),
+                          ("policy_loss", POLICY_LOSSES)):
+        _check_registered(f"algorithm.{key}", getattr(algorithm, key), registry.names())
+    try:
+        check_actor_config(algorithm, has_ref=bool(getattr(config, "use_ref_model", False)))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _import_paths(config: Any) -> list[tuple[str, str]]:
+    """(key, import path) of every piece of user code the config names."""
+    found = [("reward.fn", config.reward.fn), ("rollout.workflow", config.rollout.workflow)]
+    found += [(f"{name}.type", getattr(config, name).type) for name in DATASETS
+              if IMPORT_PATH.match(getattr(config, name).type)]
+    return [(key, path) for key, path in found if path]
+
+
+def _check_data_file(key: str, path: str) -> None:
+    if not path:
+        raise ConfigError(f"{key} is empty: type=gsm8k needs a .jsonl/.json/.parquet file")
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{key}={path!r}: no such file (working directory {os.getcwd()})")
+    try:
+        load_gsm8k(str(file), 0)  # every row checked, errors name file:line
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}={path!r}: {e}") from None
+
+
+def _check_registered(key: str, name: str, names: list[str]) -> None:
+    if name in names:
+        return
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{key}={name!r} is not registered; {hint}registered: {names} (a name of "
+                      f"your own must be registered by a module the config imports, e.g. "
+                      f"reward.fn's)")

@@ -304,7 +304,8 @@ def test_last_server_dead_stops_with_a_clear_bounded_error(spare):
 
 # ---- servers that misbehave -----------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["garbage", "truncated", "http500", "silent",
+@pytest.mark.parametrize("mode", ["garbage", "truncated", "http500",
+                                  pytest.param("silent", marks=pytest.mark.e2e),  # waits ~30 s
                                   "impossible_logprobs"])
 def test_misbehaving_server_requests_are_retried_on_a_real_one(sglang_fleet, mode):
     bad = MisbehavingServer(mode)

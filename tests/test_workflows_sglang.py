@@ -151,6 +151,7 @@ def test_workflow_exception_surfaces_in_wait(engine, tokenizer, rewards):
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
+@pytest.mark.e2e  # waits out its 20 s timeout: the quick tier leaves it out
 def test_always_rejecting_filter_times_out_clearly(engine, tokenizer, rewards):
     workflow = RLVRWorkflow(exact_match_reward, GCONFIG.new(n_samples=1), tokenizer, rewards)
     for item in ITEMS[:3]:

@@ -1,4 +1,5 @@
-"""A user's training script that raises where `FAIL_AT` says, for test_bad_runs.py: the
+"""A user's training script that raises where `FAIL_AT` (an environment variable, set through
+`launcher.trainer_env.FAIL_AT`) says, for test_bad_runs.py: the
 launcher must end the whole run within seconds with that exception last on screen.
 
 FAIL_AT: batch (in the rollout controller: the batch filter), step (the second train step),

@@ -82,3 +82,12 @@ def arealite_style(prompt, completions, prompt_ids, completion_ids, answer="42",
     if completions.strip() != answer:
         return 0.0
     return float(100 * len(prompt_ids) + len(completion_ids))
+
+
+def worker_pid(prompt, completion, hang=False, **_):
+    """The worker's process id (as a float: rewards are numbers); hangs when told to."""
+    import os
+
+    if hang:
+        time.sleep(3600)
+    return float(os.getpid())

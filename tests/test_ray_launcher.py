@@ -1,8 +1,8 @@
 """The Ray launcher on a real Ray cluster of two nodes on this machine (`ray start`, loopback
 node addresses): a GRPO run with its trainer ranks on both nodes equals the local launcher's at
 eta = 0; a user's script runs as the trainer; a killed
-server actor and Ctrl-C stop the job with nothing left behind; bad addresses and ports fail
-clearly."""
+server actor, Ctrl-C and an exception in the trainer stop the job with nothing left behind;
+bad addresses and ports fail clearly."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from bad_run_helpers import FAULTS, failing_run_args, run_until_exit
 from sglang_helpers import assert_same_records, attach_args
 
 from areal_like.utils.metrics_logger import read_metrics
@@ -256,3 +257,21 @@ def test_more_than_the_cluster_has_is_refused(ray_address, tiny_model_dir, tmp_p
     assert proc.returncode == 1, out[-3000:]
     assert "the job needs 7 CPU (3 server(s) x 2 + 1 trainer rank(s) x 1" in out
     assert "the Ray cluster has 4 CPU in all" in out
+
+
+RAY_FAULTS = [f for f in FAULTS if f[0] in ("actor", "step")]  # at start-up; in a step
+
+
+@pytest.mark.parametrize("where,overrides,needle", RAY_FAULTS, ids=[f[0] for f in RAY_FAULTS])
+def test_an_exception_in_the_trainer_ends_the_job_with_it_last_on_screen(
+        ray_address, fresh_fleet, tiny_model_dir, tmp_path, where, overrides, needle):
+    """As test_bad_runs.py for the local launcher: within a bound of the exception's line,
+    the job exits 1 with it last on screen, and no actor or process is left."""
+    cmd = [sys.executable, "-m", "areal_like.launcher.ray", *failing_run_args(
+        where, tiny_model_dir, tmp_path, [f"launcher.ray_address={ray_address}",
+                                          *attach_args(fresh_fleet), *overrides])]
+    code, lines = run_until_exit(cmd, ENV, needle)
+    last = [line for line in lines if line.strip()][-1]
+    assert code == 1 and "trainer_0 exited with code 1" in last and needle in last, last
+    _assert_all_gone(json.loads(
+        (tmp_path / "user_script" / "trial0" / "logs" / "actors.json").read_text()))

@@ -5,6 +5,7 @@ run; a reward function that cannot work is reported before the first step."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import subprocess
@@ -312,3 +313,71 @@ def test_a_script_without_main_guard_is_named_at_start(tmp_path):
     assert "could not load reward function my_reward" in proc.stderr
     assert f"importing the running script ({script})" in proc.stderr
     assert 'if __name__ == "__main__":' in proc.stderr
+
+
+_PROGRAM = textwrap.dedent("""
+    import asyncio
+    import json
+    import sys
+
+    import program_dependency  # noqa: F401  (records every process that executes it)
+    import reward_fns
+
+    from areal_like.api.config import RewardConfig
+    from areal_like.rewards.executor import RewardExecutor
+
+
+    async def calls(executor):
+        first = await executor(reward_fns.worker_pid, "q", "a")
+        try:
+            await executor(reward_fns.worker_pid, "q", "a", hang=True)
+        except Exception as e:
+            timeout = e.kind
+        return first, timeout, await executor(reward_fns.worker_pid, "q", "a")
+
+
+    if __name__ == "__main__":
+        executor = RewardExecutor(RewardConfig(max_workers=1, timeout=2.0))
+        executor.check(reward_fns.worker_pid, {})
+        print(json.dumps(asyncio.run(calls(executor))))
+        executor.shutdown()
+""")
+
+
+def _run_program(tmp_path: Path, dependency: str) -> subprocess.CompletedProcess:
+    (tmp_path / "program.py").write_text(_PROGRAM)
+    (tmp_path / "program_dependency.py").write_text(dependency)
+    env = {**os.environ, "IMPORT_LOG": str(tmp_path / "imports.log"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "tests"), str(REPO)])}
+    return subprocess.run([sys.executable, str(tmp_path / "program.py")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_replacement_worker_does_not_import_the_program_again(tmp_path):
+    """A worker stopped at its timeout is replaced by one forked from the worker server, which
+    imported the program's modules once: neither worker executes them again."""
+    proc = _run_program(tmp_path, textwrap.dedent("""
+        import os
+        with open(os.environ["IMPORT_LOG"], "a") as log:
+            log.write(f"{os.getpid()}\\n")
+    """))
+    assert proc.returncode == 0, proc.stderr
+    first, timeout, second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert timeout == "timeout" and first != second  # the hung worker was replaced
+    importers = (tmp_path / "imports.log").read_text().split()
+    assert len(importers) == 2  # the program and the worker server, not each worker
+    assert str(int(first)) not in importers and str(int(second)) not in importers
+
+
+def test_a_worker_server_that_cannot_start_is_named_at_start(tmp_path):
+    """A module that imports in the program but fails in the worker server (a check of
+    its own on how it was started): the start check names the setting that avoids it."""
+    proc = _run_program(tmp_path, textwrap.dedent("""
+        import sys
+        if sys.argv[0] == "-c":  # the worker server runs as `python -c ...`
+            raise RuntimeError("program_dependency refuses to load in a worker server")
+    """))
+    assert proc.returncode != 0
+    assert "RuntimeError: program_dependency refuses to load in a worker server" in proc.stderr
+    assert "RewardFunctionError: reward worker processes could not start" in proc.stderr
+    assert "reward.worker_start=spawn" in proc.stderr

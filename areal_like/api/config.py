@@ -8,6 +8,7 @@ section (`RewardConfig`) in `reward_config.py`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -350,6 +351,11 @@ class LoggingConfig:
     plot: bool = True
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RANK_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                       "MASTER_PORT"})
+
+
 @dataclass
 class LauncherConfig:
     """How a launcher allocates the machines: servers x trainer processes. The `ray_*` keys,
@@ -375,6 +381,9 @@ class LauncherConfig:
     shared_dir: str = ""
     placement_timeout: float = 300.0  # seconds for the cluster to grant the resources
     actor_unresponsive_timeout: float = 60.0  # an actor silent this long counts as dead
+    # Environment variables for every trainer rank, both launchers (Ray actors do not see the
+    # driver's environment): `launcher.trainer_env.HF_HOME=/data/hf`
+    trainer_env: Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         name = "LauncherConfig"
@@ -392,6 +401,11 @@ class LauncherConfig:
         _check(name, "cpus_per_server", self.cpus_per_server > 0, self.cpus_per_server, "> 0")
         _check(name, "cpus_per_trainer", self.cpus_per_trainer > 0, self.cpus_per_trainer,
                "> 0")
+        bad = sorted(k for k in self.trainer_env if not _ENV_NAME.match(str(k)) or k in _RANK_ENV)
+        _check(name, "trainer_env", not bad, dict(self.trainer_env),
+               f"environment variable names other than {sorted(_RANK_ENV)} (the launcher "
+               f"sets those); refused: {bad}")
+        self.trainer_env = {str(k): str(v) for k, v in self.trainer_env.items()}
         _check(name, "gpus_per_trainer", self.gpus_per_trainer >= -1, self.gpus_per_trainer,
                ">= 0, or -1 for auto")
         _check(name, "placement_timeout", self.placement_timeout > 0, self.placement_timeout,

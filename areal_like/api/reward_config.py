@@ -35,6 +35,10 @@ class RewardConfig:
     use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
     run_inline: bool = True  # @inline_reward functions (e.g. exact match) run in this thread
     startup_timeout: float = 120.0  # for starting workers and sending them the function
+    # forkserver: workers fork from one process that imported the program once (a worker
+    # replacing one stopped at its timeout starts in well under a second); spawn: each
+    # worker imports the program again
+    worker_start: str = "forkserver"
     on_failure: str = "exclude"  # exclude | constant
     failure_reward: float = 0.0  # the reward of a failed sample when on_failure=constant
     max_failure_rate: float = 0.05
@@ -55,6 +59,7 @@ class RewardConfig:
         _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
                "> 0 seconds")
+        _one_of(name, "worker_start", self.worker_start, ("forkserver", "spawn"))
         _one_of(name, "on_failure", self.on_failure, ("exclude", "constant"))
         _check(name, "failure_reward", math.isfinite(self.failure_reward),
                self.failure_reward, "a finite number")

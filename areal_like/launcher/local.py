@@ -174,6 +174,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         # the user's modules (tasks, rewards named in config) import from where they launch
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
                                                           os.environ.get("PYTHONPATH")]))
+        env.update(config.launcher.trainer_env)
         if n_gpus:
             first = config.server.n_servers * config.server.gpus_per_server if fleet else 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(

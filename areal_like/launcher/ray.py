@@ -173,7 +173,9 @@ class RayJob:
                # the user's modules (tasks, rewards named in config) import as on the driver
                "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(),
                                                           os.environ.get("PYTHONPATH")]))}
-        if "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo on the address Ray knows the node by
+        env.update(self.config.launcher.trainer_env)  # rank keys are refused by the config
+        # gloo on the address Ray knows the node by
+        if "GLOO_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in os.environ:
             interface = interface_of(trainer.node["ip"])
             if interface:
                 env["GLOO_SOCKET_IFNAME"] = interface
@@ -235,10 +237,11 @@ class RayJob:
                 if m.exit_code is not None and (m.role == "server" or m.exit_code != 0):
                     what = "SGLang server process" if m.role == "server" else "trainer process"
                     cause = trainer_error(list(m.tail)) if m.role == "trainer" else ""
-                    raise LaunchError(f"{m.where()}: its {what} exited with "
-                                      f"{_exit_text(m.exit_code)}"
-                                      + (f": {cause}" if cause else "")
-                                      + f"; last lines of {m.log}:\n{m.last_lines()}")
+                    exited = f"{m.where()}: its {what} exited with {_exit_text(m.exit_code)}"
+                    # the trainer's own exception last on screen, as the local launcher does
+                    raise LaunchError(f"{exited}; last lines of {m.log}:\n{m.last_lines()}"
+                                      + (f"\n{m.name} exited with {_exit_text(m.exit_code)}: "
+                                         f"{cause}" if cause else ""))
             if all(t.exit_code == 0 for t in trainers):
                 return 0
             time.sleep(POLL_INTERVAL)

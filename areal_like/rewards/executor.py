@@ -26,11 +26,11 @@ import atexit
 import concurrent.futures
 import inspect
 import logging
-import multiprocessing
 import threading
 import time
 import traceback
 from collections import Counter
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional
 
 from pebble import ProcessExpired, ProcessPool
@@ -48,6 +48,7 @@ from areal_like.rewards.checks import (
 from areal_like.rewards.convention import TokenIds, invoke
 from areal_like.rewards.errors import RewardFailure, RewardFunctionError
 from areal_like.rewards.inline import is_inline
+from areal_like.rewards.worker_start import worker_context
 from areal_like.utils import stats_tracker
 
 logger = logging.getLogger(__name__)
@@ -74,12 +75,12 @@ class RewardExecutor:
         return sum(self.failures.values())
 
     # ---- pools --------------------------------------------------------------------------
-    def _process_pool(self) -> ProcessPool:
+    def _process_pool(self, fn: Optional[Callable[..., Any]] = None) -> ProcessPool:
         with self._lock:
             if self._pool is None:
-                # spawn: forking a process that runs threads and an event loop is unsafe
+                # never a plain fork: this process runs threads and an event loop
                 self._pool = ProcessPool(max_workers=self.config.max_workers,
-                                         context=multiprocessing.get_context("spawn"))
+                                         context=worker_context(self.config.worker_start, fn))
             return self._pool
 
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -126,7 +127,14 @@ class RewardExecutor:
         check_picklable(fn)
         if not load_in_worker:
             return
-        future = self._process_pool().schedule(pool_worker.ready, args=(fn,))
+        try:
+            future = self._process_pool(fn).schedule(pool_worker.ready, args=(fn,))
+        except BrokenProcessPool as e:
+            raise RewardFunctionError(
+                f"reward worker processes could not start (reward.worker_start="
+                f"{self.config.worker_start}; the cause is printed above): {e!r}; "
+                f"reward.worker_start=spawn starts each worker by importing the program "
+                f"instead") from e
         try:
             future.result(timeout=self.config.startup_timeout)
         except _TIMEOUTS:
@@ -227,7 +235,7 @@ class RewardExecutor:
 
     async def _call_in_process(self, fn: Callable[..., Any], prompt: str, completion: str,
                                data: dict[str, Any], ids: TokenIds = None) -> float:
-        future = self._process_pool().schedule(
+        future = self._process_pool(fn).schedule(
             pool_worker.call_reward, args=(fn, prompt, completion, data, ids),
             timeout=self.config.timeout)
         try:

@@ -4,6 +4,7 @@
     areal-like run path/to/train.py --config FILE [...]        your own script, same launcher
     areal-like ray <recipe or script> [...]                    on a Ray cluster (Ray launcher)
     areal-like serve --model-path DIR [--n-servers N] ...      an inference fleet only
+    areal-like eval MODEL [--config FILE] [key=value ...]      held-out accuracy of a model
     areal-like tiny-model --out DIR [--size 1m]                build a tiny offline model
 """
 
@@ -31,6 +32,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from engines.sglang_serve import main as serve_main
 
         return serve_main(rest)
+    if command == "eval":
+        from areal_like.runtime.evaluate_model import main as eval_main
+
+        return eval_main(rest)
     if command == "tiny-model":
         from areal_like.models.tiny import main as tiny_main
 

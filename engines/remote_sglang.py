@@ -161,39 +161,49 @@ class RemoteSGLangEngine(InferenceEngine):
                 loop_thread.stop()
 
     async def await_healthy(self, timeout: float) -> None:
-        """Poll `/health` of every server until all answer 200; error after `timeout` s.
-        A server left paused (by a client that died mid-update) is continued."""
+        """Poll `/health` of every server, all at once, until all answer 200; error after
+        `timeout` s. A server left paused (by a client that died mid-update) is continued.
+        (SGLang's /health generates a token and answers a second later at the earliest:
+        one server after another would cost a second per server.)"""
         deadline = time.monotonic() + timeout
-        for addr in self.addresses:
-            last = "no answer"
-            continued = False
-            while True:
+        polls = [asyncio.ensure_future(self._await_one_healthy(addr, deadline, timeout))
+                 for addr in self.addresses]
+        try:
+            await asyncio.gather(*polls)  # the first server's error
+        finally:  # ... stops the other polls
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
+
+    async def _await_one_healthy(self, addr: str, deadline: float, timeout: float) -> None:
+        last = "no answer"
+        continued = False
+        while True:
+            try:
+                wait = max(0.1, min(5.0, deadline - time.monotonic()))
+                async with self._require_session().get(
+                    f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=wait)
+                ) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except _RETRYABLE as e:
+                last = f"{type(e).__name__}: {e}"
+            if not continued and not await answers(self._require_session(), addr, 5.0):
+                # up but not generating: maybe left paused; continuing is idempotent
+                continued = True
                 try:
-                    wait = max(0.1, min(5.0, deadline - time.monotonic()))
-                    async with self._require_session().get(
-                        f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=wait)
-                    ) as resp:
-                        if resp.status == 200:
-                            break
-                        last = f"HTTP {resp.status}"
-                except _RETRYABLE as e:
-                    last = f"{type(e).__name__}: {e}"
-                if not continued and not await answers(self._require_session(), addr, 5.0):
-                    # up but not generating: maybe left paused; continuing is idempotent
-                    continued = True
-                    try:
-                        await self._post_json(addr, "/continue_generation", {},
-                                              CONTROL_TIMEOUT_S)
-                        logger.warning("SGLang server %s answered but was not generating "
-                                       "(%s): continued it", addr, last)
-                    except RemoteSGLangError as e:
-                        last += f"; /continue_generation failed: {e}"
-                if time.monotonic() > deadline:
-                    raise RemoteSGLangError(
-                        f"SGLang server {addr} not healthy within {timeout:.0f} s "
-                        f"(RolloutConfig.setup_timeout); last answer: {last}"
-                    )
-                await asyncio.sleep(0.5)
+                    await self._post_json(addr, "/continue_generation", {}, CONTROL_TIMEOUT_S)
+                    logger.warning("SGLang server %s answered but was not generating "
+                                   "(%s): continued it", addr, last)
+                except RemoteSGLangError as e:
+                    last += f"; /continue_generation failed: {e}"
+            if time.monotonic() > deadline:
+                raise RemoteSGLangError(
+                    f"SGLang server {addr} not healthy within {timeout:.0f} s "
+                    f"(RolloutConfig.setup_timeout); last answer: {last}"
+                )
+            await asyncio.sleep(0.5)
 
     # ---- loop plumbing ------------------------------------------------------------------
     def _require_session(self) -> aiohttp.ClientSession:

@@ -10,10 +10,6 @@ transformers and SGLang: the main job uses it as the warm start of RL. Evaluates
 
 from __future__ import annotations
 
-import sys
-
-from tqdm import tqdm
-
 from areal_like.algorithms import SFTActor
 from areal_like.api import SaveLoadMeta
 from areal_like.data.loader import ItemLoader, head_items
@@ -24,13 +20,15 @@ from areal_like.data.tasks import build_task
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.context import RunContext
+from areal_like.utils.progress import progress
 from engines import FSDPEngine
 from recipes.configs import SFTConfig
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(SFTConfig, "sft_addition.yaml", argv)
-    run = RunContext(config, console_keys=["sft/train/nll/avg", "eval/accuracy"])
+    run = RunContext(config, console_keys=["sft/train/nll/avg", "eval/accuracy",
+                                              "timeperf/startup"])
     tokenizer = load_tokenizer(config.model)
     train, valid = config.train_dataset, config.valid_dataset
     train_items, n_long = limit_prompt_length(build_task(train, name="train_dataset").dataset,
@@ -56,8 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     if start == 0:
         run.log_step(0, {"data/train_long_prompts_dropped": n_long, **accuracy()})
     total, freq = config.total_train_steps, config.evaluation.freq_steps
-    for step in tqdm(range(start, total), initial=start, total=total, desc="sft steps",
-                     disable=not run.is_main, mininterval=5.0, file=sys.stderr):
+    for step in progress(range(start, total), "sft steps", enabled=run.is_main):
         batch = build_sft_batch(next(batches), tokenizer)
         stats = actor.update(shard_batch(batch, run.rank, run.world_size))
         engine.step_lr_scheduler()

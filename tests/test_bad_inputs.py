@@ -140,12 +140,21 @@ PREFLIGHT_CASES = [
      "rollout.workflow='no_such_module:Flow' cannot be imported"),
     (["valid_dataset.type=no_such_module:make"],
      "valid_dataset.type='no_such_module:make' cannot be imported"),
+    (["train_dataset.type=reasoning_gym:chain_sum", "train_dataset.size=300",
+      "+train_dataset.task_kwargs={min_terms:2,max_terms:2,max_digits:1}"],
+     "distinct train questions in 15000 draws, fewer than size=300"),  # (the task name was
+    # once taken for an import path by this check)
+    (["train_dataset.size=8000"], "train_dataset (type=addition): addition task: size=8000 is "
+     "too large for 2-digit train split (about"),
+    (["train_dataset.type=reasoning_gym:chain_sum", "+train_dataset.task_kwargs.max_term=3"],
+     "train_dataset (type=reasoning_gym:chain_sum): reasoning-gym task 'chain_sum' has no "
+     "parameter 'max_term' (did you mean 'max_terms'?)"),
 ]
 
 
 @pytest.mark.parametrize("overrides,message", PREFLIGHT_CASES,
                          ids=["estimator", "loss", "kl-no-ref", "data-file", "reward-module",
-                              "workflow-module", "task-module"])
+                              "workflow-module", "task-module", "rg-size", "size", "task-kwargs"])
 def test_trainer_refusals_stop_the_launcher_before_any_process_starts(
         tiny_model_dir, monkeypatch, capsys, overrides, message):
     import subprocess

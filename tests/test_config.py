@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,29 @@ def test_bad_config_options_are_named(argv, message):
 
     with pytest.raises(ConfigError, match=message):
         split_args(argv, "grpo_addition.yaml")
+
+
+REPO = Path(__file__).resolve().parents[1]
+_THREADS = """
+import os, sys
+import torch
+from areal_like.runtime.cli import parse_recipe_args
+from recipes.configs import GRPOConfig
+parse_recipe_args(GRPOConfig, "grpo_addition.yaml", sys.argv[1:])
+print(torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])
+"""
+
+
+@pytest.mark.parametrize("env_threads,overrides,expected", [
+    (None, [], "1 1"),  # nothing set: one thread, for this process and those it starts
+    (None, ["launcher.threads_per_trainer=2"], "2 2"),
+    ("2", [], "2 2"),  # the user's (or a launcher's) setting stands
+])
+def test_a_recipe_run_by_hand_uses_the_launchers_threads(env_threads, overrides, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if env_threads:
+        env["OMP_NUM_THREADS"] = env_threads
+    proc = subprocess.run([sys.executable, "-c", _THREADS, *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == expected

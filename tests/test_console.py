@@ -69,3 +69,45 @@ def test_on_a_terminal_the_bar_is_one_live_line():
     assert shown.index(bars[0]) == len(shown) - 1 or shown[-1] == "[trainer] done"
     assert "[trainer] " not in [s for s in shown]  # no empty prefixed lines
     assert len(shown) == 2 + len(metric) + len(bars)  # nothing else, no fragments
+
+
+RUN_LIKE = r"""
+import tempfile
+from areal_like.api.config import LoggingConfig
+from areal_like.utils.metrics_logger import MetricsLogger
+from areal_like.utils.progress import progress
+for every in (0, 25):
+    print(f"== console_every={every}", flush=True)
+    logger = MetricsLogger(LoggingConfig(log_dir=tempfile.mkdtemp(), tensorboard=False,
+                                         plot=False, console_every=every), total_steps=200)
+    logger.log(0, {"reward": 0.0})
+    for step in progress(range(200), "train steps"):
+        logger.log(step + 1, {"reward": step / 200} | ({"eval/accuracy": 0.5} if step == 76
+                                                       else {}))
+"""
+
+
+def _metric_steps(out: str) -> list[int]:
+    return [int(line.split("[step ")[1].split("]")[0]) for line in out.splitlines()
+            if line.startswith("[step ")]
+
+
+def test_a_run_written_to_a_file_shows_tenths_and_metric_lines_at_an_interval(tmp_path):
+    """A run's output redirected to a file (no terminal, no launcher): progress is a plain
+    line per tenth, metric lines come every `console_every` steps (0: about 50 per run) plus
+    the first, the last and an evaluation; nothing is redrawn with a carriage return."""
+    log = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if k != "AREAL_LIKE_LIVE_BAR"}
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-c", RUN_LIKE], stdout=f, stderr=subprocess.STDOUT,
+                       check=True, timeout=120, env=env)
+    text = log.read_text()
+    assert "\r" not in text
+    _, auto, every25 = text.split("== console_every=")
+    for out in (auto, every25):
+        tenths = [line for line in out.splitlines() if line.startswith("train steps: ")]
+        assert [line.split()[2] for line in tenths] == [
+            f"{n}/200" for n in (1, 20, 40, 60, 80, 100, 120, 140, 160, 180, 200)]
+        assert tenths[-1].startswith("train steps: 200/200 (100%), ")
+    assert _metric_steps(auto) == sorted({0, 77, *range(4, 201, 4)})  # 200 // 50 = 4
+    assert _metric_steps(every25) == [0, *range(25, 76, 25), 77, *range(100, 201, 25)]

@@ -18,7 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from sglang_helpers import listening_sockets, processes_running_module, server_pgid
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_like.utils.metrics_logger import read_metrics
 
@@ -93,6 +96,28 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     rewards = [r["actor/task_reward/avg"] for r in records if "actor/task_reward/avg" in r]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards
     assert max(r.get("rollout/staleness_max", 0) for r in records) <= 2  # eta = 2
+    # the trained model: an HF folder with the fleet's last weights, tokenizer, chat template
+    final = run_dir / "final"
+    assert f"final model: {final}" in out
+    _assert_same_weights(final, run_dir / "weights" / "v30")
+    assert AutoTokenizer.from_pretrained(final).chat_template
+    assert AutoModelForCausalLM.from_pretrained(final).num_parameters() > 0
+    # evaluated on its own, it scores what the run's last evaluation logged (the same
+    # weights, items and verifier; deterministic greedy decoding)
+    proc = subprocess.run([sys.executable, "-m", "areal_like.cli", "eval", str(final),
+                           "server.n_servers=1", "server.fork_children=true"],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    evaluated = json.loads((run_dir / "final.eval.json").read_text())
+    assert evaluated["eval/n"] == 100 and evaluated["eval/accuracy"] == accuracy[-1], evaluated
+    assert f"eval/accuracy: {accuracy[-1]:.4f}" in proc.stdout
+
+
+def _assert_same_weights(folder: Path, reference: Path) -> None:
+    ours, theirs = load_file(folder / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
 
 
 def _logged_step(path: Path, step: int) -> bool:

@@ -45,6 +45,10 @@ def test_sft_evaluates_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 3, 4]  # freq 3 + last
     assert records[0]["data/train_long_prompts_dropped"] == 0
+    assert "timeperf/startup" in records[0] and "timeperf/step" not in records[0]
+    assert all("timeperf/step" in r for r in records[1:])
+    # off a terminal: progress as plain lines, none redrawn with a carriage return
+    assert "\r" not in out and "sft steps: 4/4 (100%)" in out
     assert (run_dir / "checkpoints" / "latest").read_text() == "step3"  # steps 1, 3 (freq 2)
 
     _sft(tiny_model_dir, tmp_path, 6)  # the same run, longer: resumes after step 3

@@ -345,10 +345,17 @@ class LoggingConfig:
     trial_name: str = "trial0"
     log_dir: str = "runs"  # files go to <log_dir>/<experiment_name>/<trial_name>
     console: bool = True
+    # steps between console metric lines (plus the first, the last and every evaluation);
+    # 0: about 50 lines per run. Every step still goes to the files.
+    console_every: int = 0
     jsonl: bool = True
     tensorboard: bool = True
     wandb: bool = False
     plot: bool = True
+
+    def __post_init__(self) -> None:
+        _check("LoggingConfig", "console_every", self.console_every >= 0, self.console_every,
+               ">= 0 (0: about 50 lines per run)")
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -42,6 +42,7 @@ from areal_like.launcher.target import (
 from areal_like.utils.cpus import check_cpus, split_cores
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import bindable, find_free_port
+from areal_like.utils.progress import LIVE_BAR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSOLE = Console()
@@ -174,6 +175,8 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         # the user's modules (tasks, rewards named in config) import from where they launch
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(),
                                                           os.environ.get("PYTHONPATH")]))
+        if CONSOLE.tty:  # the console redraws the trainer's bar as one live line
+            env[LIVE_BAR_ENV] = "1"
         env.update(config.launcher.trainer_env)
         if n_gpus:
             first = config.server.n_servers * config.server.gpus_per_server if fleet else 0

@@ -16,14 +16,18 @@ from areal_like.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, check_act
 from areal_like.api.config import IMPORT_PATH
 from areal_like.api.config_loader import ConfigError
 from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.tasks import build_task
 from areal_like.utils.imports import load_object
 
 DATASETS = ("train_dataset", "valid_dataset")
+GENERATED = ("addition", "memory_agent", "memory_agent_demos")
+REASONING_GYM = "reasoning_gym:"  # a task type, though it looks like an import path
 
 
 def check_recipe_config(config: Any) -> None:
-    """User code importable, data files readable, algorithm names registered and the
-    actor's combinations accepted (in this order: a user module may register names)."""
+    """User code importable, data files readable, generated tasks able to give their sizes
+    with their parameters, algorithm names registered and the actor's combinations accepted
+    (in this order: a user module may register names)."""
     for key, path in _import_paths(config):
         try:
             load_object(path, key)
@@ -33,6 +37,8 @@ def check_recipe_config(config: Any) -> None:
         dataset = getattr(config, name, None)
         if dataset is not None and dataset.type == "gsm8k":
             _check_data_file(f"{name}.path", dataset.path)
+        elif dataset is not None and _generated(dataset.type):
+            _check_generated(name, dataset, config.reward.fn)
     algorithm = getattr(config, "algorithm", None)
     if algorithm is None:
         return
@@ -49,8 +55,22 @@ def _import_paths(config: Any) -> list[tuple[str, str]]:
     """(key, import path) of every piece of user code the config names."""
     found = [("reward.fn", config.reward.fn), ("rollout.workflow", config.rollout.workflow)]
     found += [(f"{name}.type", getattr(config, name).type) for name in DATASETS
-              if IMPORT_PATH.match(getattr(config, name).type)]
+              if IMPORT_PATH.match(getattr(config, name).type)
+              and not getattr(config, name).type.startswith(REASONING_GYM)]
     return [(key, path) for key, path in found if path]
+
+
+def _generated(task_type: str) -> bool:
+    """A built-in task whose items are generated here in seconds (sizes and generator
+    parameters are checked by generating them; a task of your own may be slow to build)."""
+    return task_type in GENERATED or task_type.startswith(REASONING_GYM)
+
+
+def _check_generated(name: str, dataset: Any, reward_fn: str) -> None:
+    try:
+        build_task(dataset, reward_fn, name)  # a size past the distinct questions, a typo in
+    except (ValueError, TypeError, KeyError) as e:  # task_kwargs, an unknown task name
+        raise ConfigError(f"{name} (type={dataset.type}): {e}") from None
 
 
 def _check_data_file(key: str, path: str) -> None:

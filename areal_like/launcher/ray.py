@@ -39,6 +39,7 @@ from areal_like.launcher.target import (
 )
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import interface_of
+from areal_like.utils.progress import LIVE_BAR_ENV
 
 POLL_INTERVAL = 0.5
 STOP_TIMEOUT = 30.0
@@ -173,6 +174,8 @@ class RayJob:
                # the user's modules (tasks, rewards named in config) import as on the driver
                "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(),
                                                           os.environ.get("PYTHONPATH")]))}
+        if CONSOLE.tty:  # the console redraws rank 0's bar as one live line
+            env[LIVE_BAR_ENV] = "1"
         env.update(self.config.launcher.trainer_env)  # rank keys are refused by the config
         # gloo on the address Ray knows the node by
         if "GLOO_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in os.environ:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from areal_like.api.config_loader import ConfigError, load_config
 
@@ -53,7 +54,23 @@ def parse_recipe_args(config_cls: type[T], default_config: str,
     argv = sys.argv[1:] if argv is None else argv
     try:
         path, overrides = split_args(argv, default_config)
-        return load_config(config_cls, path, overrides)
+        config = load_config(config_cls, path, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    set_threads(config)
+    return config
+
+
+def set_threads(config: Any) -> None:
+    """Without OMP_NUM_THREADS (a recipe run by hand, not by a launcher), use
+    `launcher.threads_per_trainer` threads (1 by default) here and in the processes this one
+    starts, as the launchers do: on a few cores, more threads per process are slower."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    launcher = getattr(config, "launcher", None)
+    threads = int(getattr(launcher, "threads_per_trainer", 1))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)

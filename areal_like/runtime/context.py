@@ -61,7 +61,8 @@ class RunContext:
             # checkpoint `stepN` was saved after the metrics of step N + 1 were logged
             keep = int(latest.name.removeprefix("step")) + 1 if latest else None
             self.metrics = MetricsLogger(config.logging, console_keys=console_keys,
-                                         fresh=latest is None, keep_through=keep)
+                                         fresh=latest is None, keep_through=keep,
+                                         total_steps=config.total_train_steps)
             # which episodes each step trained on (ids), continued like the metrics
             self.episodes_log = self.dir / "episodes.jsonl"
             if latest is None:
@@ -107,7 +108,8 @@ class RunContext:
         if metrics.get("timeperf/train") and "n_tokens" in metrics:
             metrics["perf/train_tokens_per_s"] = metrics["n_tokens"] / metrics["timeperf/train"]
         now = time.perf_counter()
-        metrics["timeperf/step"] = now - self._step_start
+        # step 0 is logged before training: its time is the start-up's
+        metrics["timeperf/startup" if step == 0 else "timeperf/step"] = now - self._step_start
         self._step_start = now
         if self.metrics is not None:
             self.metrics.log(step, metrics)

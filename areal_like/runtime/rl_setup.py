@@ -23,34 +23,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from tensordict import TensorDict
-from tqdm import tqdm
 
 from areal_like.algorithms import uses_group_statistics
-from areal_like.api import RolloutWorkflow, ShouldAccept
+from areal_like.api import RolloutWorkflow, SaveLoadMeta, ShouldAccept
 from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
-from areal_like.data.loader import ItemLoader, head_items
-from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
-from areal_like.data.tasks import build_task
+from areal_like.data.loader import ItemLoader
+from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.errors import RewardFunctionError
 from areal_like.rewards.executor import configure_rewards
-from areal_like.rewards.remote_rm import remote_reward_fn
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import Evaluator
+from areal_like.runtime.held_out import eval_items, load_task, remote_reward
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.rollout_process import RolloutProcess, RolloutSetup
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
 from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
+from areal_like.utils.progress import progress
 from engines import FSDPEngine
 
-CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step"]
+CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step",
+           "timeperf/startup"]
 
 
 def start_engine(config: TrainEngineConfig) -> FSDPEngine:
@@ -72,15 +71,11 @@ class RLSetup:
         if self.run.is_main and len(cpus) < (os.cpu_count() or 0):  # pinned: say where
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
         self.tokenizer = load_tokenizer(config.model)
-        self.task = build_task(config.train_dataset, config.reward.fn, "train_dataset")
-        self.valid = build_task(config.valid_dataset, config.reward.fn, "valid_dataset")
-        if config.reward.remote_rm_url:  # a remote reward model replaces both verifiers
-            self.task.reward_fn = self.valid.reward_fn = remote_reward_fn(config.reward)
-        self.data_stats: dict[str, float] = {}
-        for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid)):
-            task.dataset, dropped = limit_prompt_length(task.dataset, self.tokenizer,
-                                                        getattr(config, name), name)
-            self.data_stats[f"data/{name.split('_')[0]}_long_prompts_dropped"] = dropped
+        remote = remote_reward(config)  # a remote reward model replaces both verifiers
+        self.task, n_train_long = load_task(config, "train_dataset", self.tokenizer, remote)
+        self.valid, n_valid_long = load_task(config, "valid_dataset", self.tokenizer, remote)
+        self.data_stats = {"data/train_long_prompts_dropped": float(n_train_long),
+                           "data/valid_long_prompts_dropped": float(n_valid_long)}
         # the trainer only checks rewards (fast, alike on every rank); they run, and are
         # loaded in worker processes, inside the rollout controller
         self.rewards = configure_rewards(dataclasses.replace(config.reward, use_processes=False))
@@ -91,9 +86,7 @@ class RLSetup:
         # ranks get whole groups; without group statistics a group may be short of its
         # failed samples, so any split is right
         self.shard_group_size = config.algorithm.group_size if group_statistics else 1
-        valid = config.valid_dataset
-        self.eval_items = head_items(self.valid.dataset, config.evaluation.n_prompts,
-                                     valid.shuffle, valid.seed)
+        self.eval_items = eval_items(config, self.valid.dataset)
         if self.run.is_main:
             workflow = eval_workflow(self) if eval_workflow is not None else None
             self.rollout = RolloutProcess(self.rollout_setup(workflow, group_statistics))
@@ -180,8 +173,7 @@ class RLSetup:
         elif self.rollout is not None:
             self.run.log_episodes(start, restored=self.rollout.buffered_episode_ids())
         total = self.config.total_train_steps
-        yield from tqdm(range(start, total), initial=start, total=total, desc="train steps",
-                        disable=not self.run.is_main, mininterval=5.0, file=sys.stderr)
+        yield from progress(range(start, total), "train steps", enabled=self.run.is_main)
 
     def make_workflow(self, default: type) -> RolloutWorkflow:
         """The recipe's workflow, or the class `rollout.workflow` names, built as
@@ -211,6 +203,16 @@ class RLSetup:
         return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
                             collective_timeout_s=self.config.actor.collective_timeout,
                             broadcaster=self.broadcaster)
+
+    def save_final(self) -> None:
+        """The trained policy as a Hugging Face folder (weights, config, tokenizer, chat
+        template): loadable with `from_pretrained`, servable by `areal-like serve`, the same
+        weights as the fleet's last version. Every rank takes part (rank 0 writes)."""
+        final = self.run.dir / "final"
+        self.actor_engine.save(SaveLoadMeta(str(final), weight_format="hf",
+                                            tokenizer=self.tokenizer))
+        if self.run.is_main:
+            print(f"final model: {final}", flush=True)
 
     def start_evaluation(self, version: int) -> None:
         """Evaluate the fleet's weights `version` beside training rollouts (rank 0); the
@@ -251,7 +253,9 @@ class RLSetup:
             save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout, self.stateful)
 
     def finish(self) -> None:
-        """Print accuracy before -> after, write the curves PNG, release everything."""
+        """Write the final policy to `<run dir>/final`, print accuracy before -> after, write
+        the curves PNG, release everything."""
+        self.save_final()
         self.log_evaluations(wait=True)
         self.run.summarize("eval/accuracy")
         if self.run.metrics is not None and self.config.logging.plot:

@@ -26,10 +26,19 @@ def _format_value(value: float) -> str:
     return f"{value:.3e}"
 
 
+def console_interval(every: int, total_steps: Optional[int]) -> int:
+    """Steps between console metric lines: `every`, or for 0 about 50 lines over the run
+    (every step when the run's length is unknown)."""
+    if every > 0:
+        return every
+    return max(1, (total_steps or 0) // 50)
+
+
 class MetricsLogger:
     """Writes one record per step to every enabled sink. Only rank 0 should create one.
 
-    `console_keys` picks what the one-line console summary shows (all keys go to the files).
+    `console_keys` picks what the one-line console summary shows (all keys go to the files),
+    at the interval `console_interval` gives (`LoggingConfig.console_every`, `total_steps`).
     `fresh=True` starts new files (a new run); `fresh=False` appends (a recovered run), first
     dropping the records after step `keep_through` (those of the killed run's steps past its
     checkpoint, which the recovered run logs again), so no step appears twice.
@@ -42,8 +51,12 @@ class MetricsLogger:
         out_dir: Optional[Path] = None,
         fresh: bool = True,
         keep_through: Optional[int] = None,
+        total_steps: Optional[int] = None,
     ) -> None:
         self.config = config
+        self.console_every = console_interval(config.console_every, total_steps)
+        self.total_steps = total_steps
+        self._printed_any = False
         self.dir = Path(out_dir) if out_dir is not None else run_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.console_keys = console_keys
@@ -86,7 +99,7 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
-        if self.config.console:
+        if self.config.console and self._shows(step, metrics):
             keys = self.console_keys if self.console_keys is not None else sorted(metrics)
             shown = " ".join(
                 f"{k}={_format_value(float(metrics[k]))}" for k in keys if k in metrics
@@ -94,6 +107,13 @@ class MetricsLogger:
             # around the progress bar, not through it
             tqdm.write(f"[step {step}] {shown}", file=sys.stdout)
             sys.stdout.flush()
+
+    def _shows(self, step: int, metrics: dict[str, Any]) -> bool:
+        """A console line for the first record, every `console_every`-th step, the last
+        step, and every record with held-out results."""
+        first, self._printed_any = not self._printed_any, True
+        return (first or step % self.console_every == 0 or step == self.total_steps
+                or any(k.startswith("eval/") for k in metrics))
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -170,6 +170,38 @@ def test_trainer_refusals_stop_the_launcher_before_any_process_starts(
     assert code == 2 and message in err, err
 
 
+OWN_TASK = "def make_task(split, size, seed, max_terms=2, *, digits):\n    return []\n"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+train_dataset.task_kwargs.max_term=3", "+train_dataset.task_kwargs.digits=1"],
+     "train_dataset: task 'my_task:make_task' has no parameter 'max_term' (did you mean "
+     "'max_terms'?) (task_kwargs); its parameters: ['max_terms', 'digits']"),
+    ([], "train_dataset: task 'my_task:make_task' requires ['digits'], which nothing gives"),
+], ids=["typo", "missing"])
+def test_a_task_of_your_own_has_its_parameters_checked_before_anything_starts(
+        tiny_model_dir, tmp_path, monkeypatch, capsys, overrides, message):
+    """Checked from the task function's signature, by the launcher (no process started) and
+    by a recipe run by hand (exit 2 before its run folder exists)."""
+    import subprocess
+
+    from areal_like.launcher import local
+    from areal_like.runtime.cli import parse_recipe_args
+    from recipes.configs import SFTConfig
+
+    (tmp_path / "my_task.py").write_text(OWN_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process started"))
+    args = [f"model.path={tiny_model_dir}", "train_dataset.type=my_task:make_task", *overrides,
+            f"logging.log_dir={tmp_path / 'runs'}"]
+    assert local.main(["sft", *args]) == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        parse_recipe_args(SFTConfig, "sft_addition.yaml", args)
+    assert e.value.code == 2 and f"config error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_name_registered_by_a_module_the_config_imports_passes_the_launchers_check(
         tmp_path, monkeypatch):
     from areal_like.algorithms import ADVANTAGE_ESTIMATORS

@@ -63,8 +63,9 @@ def test_override_typo_names_key_and_closest(conf):
 
 
 def test_typo_hint_offers_only_keys_of_the_sections_task_type():
-    """A reasoning-gym task is offered its own generator parameters, not addition's fields;
-    an addition field set for another task is an error, not silently ignored."""
+    """A reasoning-gym task is offered its own generator parameters, addition its own; a
+    parameter written where a field goes is pointed to task_kwargs; gsm8k's `path` set for
+    another task is an error, not silently ignored."""
     import recipes  # noqa: F401 - registers the shipped schemas and config folder
     from recipes.grpo import GRPOConfig
     shipped = Path(recipes.__file__).parent / "conf" / "grpo_addition.yaml"
@@ -73,12 +74,54 @@ def test_typo_hint_offers_only_keys_of_the_sections_task_type():
         load_config(GRPOConfig, shipped, [gym, "train_dataset.num_terms=2"])
     assert "did you mean 'train_dataset.task_kwargs.min_terms' or " \
            "'train_dataset.task_kwargs.max_terms'?" in str(e.value)
-    assert "'train_dataset.num_digits'" not in str(e.value)
-    with pytest.raises(ConfigError, match="did you mean 'train_dataset.num_digits'"):
-        load_config(GRPOConfig, shipped, ["train_dataset.num_digitz=3"])  # type: addition
-    with pytest.raises(ConfigError, match=r"num_digits=3 is invalid: expected unset: it is a "
-                                          r"parameter of type 'addition', not of 'reasoning_gym"):
-        load_config(GRPOConfig, shipped, [gym, "train_dataset.num_digits=3"])
+    assert "num_digits" not in str(e.value)
+    with pytest.raises(ConfigError, match="did you mean 'train_dataset.task_kwargs.num_digits'"):
+        load_config(GRPOConfig, shipped, ["train_dataset.num_digits=3"])  # type: addition
+    with pytest.raises(ConfigError, match=r"path='/a.jsonl' is invalid: expected unset: only "
+                                          r"type=gsm8k reads a file, not 'reasoning_gym"):
+        load_config(GRPOConfig, shipped, [gym, "train_dataset.path=/a.jsonl"])
+
+
+INHERITED = """defaults:
+  - {parent}
+  - _self_
+train_dataset:
+  type: reasoning_gym:chain_sum
+  task_kwargs: {{min_terms: 2}}
+"""
+
+
+def test_a_config_changing_a_dataset_type_drops_the_old_tasks_keys(tmp_path, capfd):
+    """Item 4 of the first-hour issue: keys of the extended config's task do not follow into
+    another task type (each drop is named once); keys set again after the change stay."""
+    import recipes  # noqa: F401
+    from areal_like.api.config_loader import to_yaml
+    from recipes.configs import SFTConfig
+    (tmp_path / "parent.yaml").write_text(
+        "defaults: [sft_addition, _self_]\ntrain_dataset:\n  task_kwargs: {worked_fraction: 0.5,"
+        " num_digits: 3}\nvalid_dataset:\n  task_kwargs: {num_digits: 3}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text(INHERITED.format(parent="parent"))
+    config = load_config(SFTConfig, child)
+    assert config.train_dataset.task_kwargs == {"min_terms": 2}
+    assert config.valid_dataset.task_kwargs == {"num_digits": 3}  # its type did not change
+    assert "num_digits" not in to_yaml(config).split("valid_dataset:")[0]
+    err = capfd.readouterr().err
+    assert err.count("dropped") == 2, err
+    assert ("train_dataset.type is 'reasoning_gym:chain_sum', so train_dataset.task_kwargs."
+            "num_digits (set by parent.yaml for type 'addition') is dropped") in err
+    # a command-line change of type drops the file's keys; a key given again is kept
+    config = load_config(SFTConfig, tmp_path / "parent.yaml", [
+        "valid_dataset.type=reasoning_gym:chain_sum", "train_dataset.type=my_mod:make",
+        "train_dataset.task_kwargs.num_digits=4"])
+    assert config.valid_dataset.task_kwargs == {}
+    assert config.train_dataset.task_kwargs == {"num_digits": 4}
+    # a file that changes the type back, then sets its own keys: only those
+    child.write_text(INHERITED.format(parent="child_mid"))
+    (tmp_path / "child_mid.yaml").write_text(
+        "defaults: [parent, _self_]\ntrain_dataset:\n  type: gsm8k\n  path: /x.jsonl\n")
+    config = load_config(SFTConfig, child)
+    assert config.train_dataset.task_kwargs == {"min_terms": 2} and config.train_dataset.path == ""
 
 
 def test_yaml_typo_names_key_and_closest(tmp_path):

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from areal_like.launcher.console import Console
+from areal_like.launcher.console import Console, TidyLog
 
 TRAINER_LIKE = r"""
 import sys
@@ -26,14 +26,16 @@ print("done", flush=True)
 """
 
 
-def _run_through(console: Console) -> None:
+def _run_through(console: Console | TidyLog, close: bool = True) -> None:
     proc = subprocess.Popen([sys.executable, "-c", TRAINER_LIKE], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     decoder = codecs.getincrementaldecoder("utf-8")()
     while chunk := os.read(proc.stdout.fileno(), 97):  # odd chunks: lines split anywhere
-        console.feed("trainer", decoder.decode(chunk))
+        text = decoder.decode(chunk)
+        console.feed("trainer", text) if isinstance(console, Console) else console.write(text)
     assert proc.wait(timeout=120) == 0
-    console.close()
+    if close:
+        console.close()
 
 
 def test_metric_lines_and_bars_are_apart_off_a_terminal():
@@ -52,6 +54,28 @@ def test_metric_lines_and_bars_are_apart_off_a_terminal():
     assert len(bars) == len({p // 10 for p in percents}) <= 11  # one line per 10 %
     assert lines[0] == "[trainer] starting" and lines[-1] == "[trainer] done"
     assert len(lines) == 2 + len(metric) + len(bars)  # nothing else, no fragments
+
+
+def test_a_launchers_log_file_has_whole_lines_whatever_its_console_is(tmp_path):
+    """On a terminal the launcher has its trainer draw a live tqdm bar; the trainer's log file
+    (local and Ray launchers both write it with TidyLog) still gets whole, unprefixed lines:
+    the bar once per 10 %, metric lines apart, and what came without a final newline."""
+    path = tmp_path / "trainer.log"
+    path.write_text("$ earlier run\n")  # appended to, as a resumed run's log is
+    log = TidyLog(path)
+    _run_through(log, close=False)
+    log.write("last words without a newline")
+    log.close()
+    text = path.read_text()
+    assert "\r" not in text and "\x1b" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert lines[:2] == ["$ earlier run", "starting"]
+    assert lines[-2:] == ["done", "last words without a newline"]
+    metric = [line for line in lines if line.startswith("[step ")]
+    assert len(metric) == 20 and all("%|" not in line for line in metric)
+    bars = [line for line in lines if line.startswith("train steps:")]
+    assert 2 <= len(bars) == len({int(b.split(":")[1].split("%")[0]) // 10 for b in bars}) <= 11
+    assert len(lines) == 4 + len(metric) + len(bars)
 
 
 def test_on_a_terminal_the_bar_is_one_live_line():

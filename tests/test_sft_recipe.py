@@ -63,7 +63,7 @@ def test_sft_with_every_prompt_too_long_fails_naming_the_key(tiny_model_dir, tmp
     # 3-digit addition prompts are 20 tokens with the chat template
     proc = subprocess.run(
         [sys.executable, "-m", "recipes.sft", f"model.path={tiny_model_dir}",
-         f"logging.log_dir={tmp_path}", "train_dataset.num_digits=3", "train_dataset.size=64",
+         f"logging.log_dir={tmp_path}", "train_dataset.task_kwargs.num_digits=3", "train_dataset.size=64",
          "train_dataset.max_prompt_len=19"], cwd=REPO, env=ENV, capture_output=True, text=True,
         timeout=900)
     assert proc.returncode != 0

@@ -61,8 +61,8 @@ def test_addition_rejects_bad_arguments():
         load_addition(1, 1000, "train")
     with pytest.raises(ValueError, match="worked_fraction=1.5"):
         load_addition(2, 10, "train", worked_fraction=1.5)
-    with pytest.raises(ValueError, match=r"DatasetConfig.worked_fraction=-0.1"):
-        DatasetConfig(worked_fraction=-0.1)
+    with pytest.raises(ValueError, match=r"DatasetConfig.task_kwargs.worked_fraction=-0.1"):
+        DatasetConfig(task_kwargs={"worked_fraction": -0.1})
 
 
 @pytest.mark.parametrize("completion, reward", [
@@ -143,7 +143,8 @@ def test_reasoning_gym_adapter_and_reward():
 
 
 def test_build_task_dispatches_by_type(tmp_path):
-    task = build_task(DatasetConfig(type="addition", size=4, num_digits=3, seed=2))
+    task = build_task(DatasetConfig(type="addition", size=4, task_kwargs={"num_digits": 3},
+                                    seed=2))
     assert len(task.dataset) == 4 and task.reward_fn is exact_match_reward
     row = task.dataset[0]
     assert task.reward_fn(row["question"], row["answer"], **row) == 1.0

@@ -19,7 +19,7 @@ from areal_like.api.config_checks import cpu_list as _cpu_list
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.reward_config import RewardConfig
-from areal_like.api.task_keys import OWN_TASK_PARAMETERS, TASK_FIELDS, keys_for_task
+from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
 
 @dataclass
@@ -261,15 +261,15 @@ class DatasetConfig:
     path: str = ""  # for gsm8k: a .jsonl / .parquet file
     split: str = "train"
     size: int = 10000  # number of items (gsm8k: 0 = every row of the file)
-    num_digits: int = 2  # addition: digits per operand
-    worked_fraction: float = 0.0  # addition: share of SFT targets written out column by column
     seed: int = 1
     batch_size: int = 8  # prompts per rollout batch
     shuffle: bool = True
     max_prompt_len: int = 512  # tokens of an item's `messages`, chat template included
     on_long_prompt: str = "drop"  # drop (counted and logged) | error
     # Parameters of the task's generator: reasoning-gym's dataset config fields (e.g.
-    # {min_terms: 2, max_terms: 2, max_digits: 1}); addition: num_digits, worked_fraction.
+    # {min_terms: 2, max_terms: 2, max_digits: 1}); addition: num_digits (digits per operand,
+    # 2), worked_fraction (share of SFT targets written out column by column, 0); your own
+    # task function's keyword arguments.
     task_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -285,21 +285,22 @@ class DatasetConfig:
         _check("DatasetConfig", "max_prompt_len", self.max_prompt_len >= 1, self.max_prompt_len,
                ">= 1")
         _one_of("DatasetConfig", "on_long_prompt", self.on_long_prompt, ("drop", "error"))
-        _check("DatasetConfig", "num_digits", self.num_digits >= 1, self.num_digits, ">= 1")
-        _check("DatasetConfig", "worked_fraction", 0.0 <= self.worked_fraction <= 1.0,
-               self.worked_fraction, "in [0, 1]")
-        for key, default in TASK_FIELDS.items():  # set for another task: would be ignored
-            _check("DatasetConfig", key, self.type == "addition" or getattr(self, key) == default,
-                   getattr(self, key), f"unset: it is a parameter of type 'addition', not of "
-                   f"{self.type!r} (whose parameters go under task_kwargs)")
-        if self.type == "gsm8k":
-            _check("DatasetConfig", "path", bool(self.path), self.path,
-                   "a .jsonl or .parquet file for type=gsm8k")
+        _check("DatasetConfig", "path", bool(self.path) == (self.type == "gsm8k"), self.path,
+               "a .jsonl or .parquet file for type=gsm8k" if self.type == "gsm8k" else
+               f"unset: only type=gsm8k reads a file, not {self.type!r}")
         if self.type in OWN_TASK_PARAMETERS:  # others: checked by the task
             accepted = OWN_TASK_PARAMETERS[self.type]
             unknown = sorted(set(self.task_kwargs) - set(accepted))
             _check("DatasetConfig", "task_kwargs", not unknown, dict(self.task_kwargs),
                    f"parameters of task {self.type!r}: {list(accepted)} (not {unknown})")
+        if self.type == "addition":
+            digits = self.task_kwargs.get("num_digits", ADDITION_DEFAULTS["num_digits"])
+            worked = self.task_kwargs.get("worked_fraction",
+                                          ADDITION_DEFAULTS["worked_fraction"])
+            _check("DatasetConfig", "task_kwargs.num_digits",
+                   isinstance(digits, int) and 1 <= digits <= 18, digits, "an integer in 1..18")
+            _check("DatasetConfig", "task_kwargs.worked_fraction",
+                   isinstance(worked, (int, float)) and 0.0 <= worked <= 1.0, worked, "in [0, 1]")
 
     @classmethod
     def suggestable_keys(cls, task_type: Any) -> tuple[list[str], list[str]]:

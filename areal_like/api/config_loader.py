@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Optional, TypeVar, get_type_hints
 
@@ -24,8 +26,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+
+from areal_like.api.inherited_task_keys import inherited_task_keys
 
 T = TypeVar("T")
 
@@ -201,13 +205,42 @@ def _compose(config_cls: type, config_file: str | Path,
     hydra_overrides = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
-            return compose(config_name=path.stem,
-                           overrides=[*hydra_overrides, *overrides]), source
+            composed = compose(config_name=path.stem, overrides=[*hydra_overrides, *overrides])
     except Exception as e:  # Hydra wraps OmegaConf's errors; re-raise naming the key
         missing = _missing_config(e, path)
         if missing:
             raise ConfigError(missing) from e
         raise explain_config_error(e, config_cls, source, _section_types(path, overrides)) from e
+    _drop_inherited_task_keys(composed, config_cls, path, overrides)
+    return composed, source
+
+
+def _drop_inherited_task_keys(composed: Any, config_cls: type, path: Path,
+                              overrides: list[str]) -> None:
+    """A dataset section whose `type` a config changes keeps no parameter of the old task
+    (see inherited_task_keys); each drop is one line on stderr (once per run: rank 0)."""
+    sections = {name: getattr(cls, "type", "") for name, cls in _dataclass_fields(config_cls)
+                if hasattr(cls, "suggestable_keys") and name in composed}
+    if not sections:
+        return
+    for found in inherited_task_keys(path, overrides, _SEARCH_DIRS, sections):
+        node = composed[found.section]
+        if found.key == "path":
+            node.path = ""
+        else:
+            kwargs = node.task_kwargs
+            key = found.key.split(".", 1)[1]
+            if key in kwargs:
+                with open_dict(kwargs):  # Hydra composes in struct mode
+                    del kwargs[key]
+        if os.environ.get("RANK", "0") == "0":
+            print(found.notice(), file=sys.stderr, flush=True)
+
+
+def _dataclass_fields(config_cls: type) -> list[tuple[str, Any]]:
+    if not dataclasses.is_dataclass(config_cls):
+        return []
+    return list(get_type_hints(config_cls).items())
 
 
 def _to_object(composed: Any, config_cls: type, source: str) -> Any:

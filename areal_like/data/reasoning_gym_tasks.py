@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from datasets import Dataset
 
+from areal_like.api.task_keys import unknown_parameters
+
 TEST_FRACTION = 10  # one question in TEST_FRACTION belongs to the test split (by a hash)
 MAX_DRAWS = 50  # candidates generated per item asked for, at most
 
@@ -60,10 +62,7 @@ def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1, split: str = 
     accepted = task_parameters(name)
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        close = {u: difflib.get_close_matches(u, accepted, n=1) for u in unknown}
-        hints = [f"{u!r} (did you mean {c[0]!r}?)" if c else repr(u) for u, c in close.items()]
-        raise ValueError(f"reasoning-gym task {name!r} has no parameter {', '.join(hints)} "
-                         f"(task_kwargs); its parameters: {accepted}")
+        raise ValueError(unknown_parameters(f"reasoning-gym task {name!r}", unknown, accepted))
     import reasoning_gym
 
     try:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from datasets import Dataset
 
 from areal_like import rewards
 from areal_like.api.config import DatasetConfig
+from areal_like.api.task_keys import ADDITION_DEFAULTS, unknown_parameters
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.item_checks import check_items
@@ -39,7 +41,7 @@ def build_task(config: DatasetConfig, reward_fn: str = "", name: str = "dataset"
 def _user_task(config: DatasetConfig) -> Task:
     """`type: my_pkg.tasks:make_task`: make_task(split=, size=, seed=, **task_kwargs) returns a
     Task, or a Dataset / list of dict items (then `reward.fn` names the verifier)."""
-    make = load_object(config.type, "train_dataset.type / valid_dataset.type")
+    make = load_user_task(config)
     made = make(split=config.split, size=config.size, seed=config.seed, **config.task_kwargs)
     if isinstance(made, Task):
         return made
@@ -50,14 +52,39 @@ def _user_task(config: DatasetConfig) -> Task:
     return Task(dataset, _needs_reward_fn)
 
 
+def load_user_task(config: DatasetConfig) -> Callable[..., Any]:
+    """The task function `config.type` names, its signature checked against what it will be
+    given (split, size, seed and `task_kwargs`): a typo is named before anything is built."""
+    make = load_object(config.type, "train_dataset.type / valid_dataset.type")
+    try:
+        params = inspect.signature(make).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return make
+    given = {"split", "size", "seed", *config.task_kwargs}
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        accepted = [n for n, p in params.items() if p.kind is not p.POSITIONAL_ONLY]
+        unknown = sorted(given - set(accepted))
+        if unknown:
+            raise TypeError(unknown_parameters(f"task {config.type!r}", unknown,
+                                               [n for n in accepted
+                                                if n not in ("split", "size", "seed")])
+                            + " (it is called with split=, size=, seed= and task_kwargs)")
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in given
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+    if missing:
+        raise TypeError(f"task {config.type!r} requires {missing}, which nothing gives: set "
+                        f"them under task_kwargs (it is called with split=, size=, seed= and "
+                        f"task_kwargs)")
+    return make
+
+
 def _needs_reward_fn(prompt: str, completion: str, **_: object) -> float:
     raise RuntimeError("this task gave no verifier: set reward.fn=my_pkg.rewards:score")
 
 
 def _build(config: DatasetConfig) -> Task:
     if config.type == "addition":
-        params = {"num_digits": config.num_digits, "worked_fraction": config.worked_fraction,
-                  **config.task_kwargs}
+        params = {**ADDITION_DEFAULTS, **config.task_kwargs}
         return Task(load_addition(params["num_digits"], config.size, config.split, config.seed,
                                   params["worked_fraction"]), rewards.exact_match_reward)
     if config.type == "gsm8k":

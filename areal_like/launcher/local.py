@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from areal_like.launcher.console import Console
+from areal_like.launcher.console import Console, TidyLog
 from areal_like.launcher.target import (
     LaunchError,
     check_model_path,
@@ -55,17 +55,19 @@ def _stream(prefix: str, pipe, log_path: Path, mute: threading.Event,  # noqa: A
     def pump() -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         partial = ""
-        with open(log_path, "ab") as log:
+        log = TidyLog(log_path)
+        try:
             while chunk := os.read(pipe.fileno(), 65536):  # chunks: tqdm's bar has no newline
-                log.write(chunk)
-                log.flush()
                 text = decoder.decode(chunk)
+                log.write(text)
                 lines = (partial + text).split("\n")
                 partial = lines.pop()
                 last_lines.extend(line + "\n" for line in lines)
                 del last_lines[:-200]
                 if not mute.is_set():
                     CONSOLE.feed(prefix, text)
+        finally:
+            log.close()
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()

@@ -27,7 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from areal_like.launcher.console import Console
+from areal_like.launcher.console import Console, TidyLog
 from areal_like.launcher.ray_cluster import connect, plan, reserve
 from areal_like.launcher.target import (
     LaunchError,
@@ -59,6 +59,7 @@ class _Member:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.exit_code: Optional[int] = None
         self.dead = False
+        self.log_file: Optional[TidyLog] = None  # opened at its first output
 
     def where(self) -> str:
         node = self.node
@@ -262,9 +263,9 @@ class RayJob:
         m.last_answer = time.monotonic()
         if chunk:
             m.offset += len(chunk)
-            with open(m.log, "ab") as f:
-                f.write(chunk)
             text = m.decoder.decode(chunk)
+            m.log_file = m.log_file or TidyLog(m.log)
+            m.log_file.write(text)
             lines = (m.partial + text).split("\n")
             m.partial = lines.pop()  # a line still being written
             m.tail.extend(lines)
@@ -294,6 +295,8 @@ class RayJob:
                     self._take(m)
         for m in self.members:
             ray.kill(m.handle, no_restart=True)
+            if m.log_file is not None:
+                m.log_file.close()
         for group in self.groups:
             remove_placement_group(group)
         ray.shutdown()

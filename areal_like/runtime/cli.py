@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 from areal_like.api.config_loader import ConfigError, load_config
+from areal_like.runtime.preflight import check_recipe_config
 
 T = TypeVar("T")
 CONF_DIR = Path(__file__).resolve().parents[2] / "recipes" / "conf"
@@ -55,6 +56,7 @@ def parse_recipe_args(config_cls: type[T], default_config: str,
     try:
         path, overrides = split_args(argv, default_config)
         config = load_config(config_cls, path, overrides)
+        check_recipe_config(config)  # sizes, task parameters, user code: before any start-up
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

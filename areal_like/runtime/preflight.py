@@ -16,7 +16,7 @@ from areal_like.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, check_act
 from areal_like.api.config import IMPORT_PATH
 from areal_like.api.config_loader import ConfigError
 from areal_like.data.gsm8k import load_gsm8k
-from areal_like.data.tasks import build_task
+from areal_like.data.tasks import build_task, load_user_task
 from areal_like.utils.imports import load_object
 
 DATASETS = ("train_dataset", "valid_dataset")
@@ -39,6 +39,11 @@ def check_recipe_config(config: Any) -> None:
             _check_data_file(f"{name}.path", dataset.path)
         elif dataset is not None and _generated(dataset.type):
             _check_generated(name, dataset, config.reward.fn)
+        elif dataset is not None and IMPORT_PATH.match(dataset.type):
+            try:  # a task of your own may be slow to build: its signature is checked
+                load_user_task(dataset)
+            except TypeError as e:
+                raise ConfigError(f"{name}: {e}") from None
     algorithm = getattr(config, "algorithm", None)
     if algorithm is None:
         return

@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         if ckpt.should_save(step, last):
             ckpt.save(step, engine, {})
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
+    if run.is_main:
+        print(f"final model: {run.dir / 'final'}", flush=True)  # as the RL recipes say it
     run.close()
 
 

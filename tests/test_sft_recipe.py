@@ -49,6 +49,7 @@ def test_sft_evaluates_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert all("timeperf/step" in r for r in records[1:])
     # off a terminal: progress as plain lines, none redrawn with a carriage return
     assert "\r" not in out and "sft steps: 4/4 (100%)" in out
+    assert f"final model: {run_dir / 'final'}" in out and (run_dir / "final/config.json").is_file()
     assert (run_dir / "checkpoints" / "latest").read_text() == "step3"  # steps 1, 3 (freq 2)
 
     _sft(tiny_model_dir, tmp_path, 6)  # the same run, longer: resumes after step 3

@@ -282,3 +282,32 @@ def test_user_registered_estimator_is_selected_by_config(tiny_model_dir):
         ADVANTAGE_ESTIMATORS.unregister("test_half_reward")
     with pytest.raises(KeyError, match="test_half_reward"):
         PPOActor(RefEngine(model), cfg)
+
+
+def test_behaviour_logprobs_are_needed_only_by_the_corrections_that_use_them(tiny_model_dir):
+    """A trajectory without `logprobs` (AReaL-lite's custom-loss workflows return none) trains
+    on-policy PPO with recomputed old log-probs exactly as with them; decoupled PPO, or PPO
+    that takes the server's log-probs as old ones, refuses it naming the key and the flag."""
+    batch = _batch(_model(tiny_model_dir, torch.float32), seed=5)
+    losses = []
+    for drop in (False, True):
+        model = _model(tiny_model_dir, torch.float32)
+        cfg = algorithm_preset("grpo", group_size=4, use_decoupled_loss=False,
+                               recompute_logprob=True)
+        actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
+                         tracker=StatsTracker())
+        given = batch.clone()
+        if drop:
+            del given["logprobs"]
+        losses.append(actor.update(given)["loss"])
+    assert math.isfinite(losses[0]) and losses[1] == pytest.approx(losses[0], rel=1e-6)
+    without = batch.clone()
+    del without["logprobs"]
+    for flags, named in (({"use_decoupled_loss": True, "recompute_logprob": True},
+                          "algorithm.use_decoupled_loss=true"),
+                         ({"use_decoupled_loss": False, "recompute_logprob": False},
+                          "algorithm.recompute_logprob=false")):
+        actor = PPOActor(RefEngine(_model(tiny_model_dir, torch.float32)),
+                         algorithm_preset("grpo", group_size=4, **flags), tracker=StatsTracker())
+        with pytest.raises(ValueError, match=f"no 'logprobs' .*which {named} needs"):
+            actor.update(without.clone())

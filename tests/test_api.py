@@ -75,12 +75,15 @@ def test_valid_trajectory_passes():
     assert validate_trajectory(td) is td
     td["rewards"] = torch.rand(2, 6)  # dense per-token rewards are allowed
     validate_trajectory(td)
+    del td["logprobs"]  # a custom loss may need no behaviour log-probs (AReaL-lite's REINFORCE)
+    validate_trajectory(td)
 
 
 @pytest.mark.parametrize(
     "mutate, key_in_message",
     [
-        (lambda td: td.del_("logprobs"), "logprobs"),
+        (lambda td: td.del_("versions"), "versions"),
+        (lambda td: td.set("logprobs", torch.zeros(2, 5)), "logprobs"),
         (lambda td: td.set("input_ids", td["input_ids"].float()), "input_ids"),
         (lambda td: td.set("loss_mask", torch.ones(2, 5, dtype=torch.bool)), "loss_mask"),
         (lambda td: td.set("rewards", torch.tensor([float("nan"), 1.0])), "rewards"),

@@ -143,6 +143,36 @@ def test_finetune_spec_and_initialize_arguments_are_checked():
         rollout.initialize("10.0.0.1:9", spec)
 
 
+def test_an_arealite_tokenizer_gives_ids_and_a_request_refuses_a_dict(tiny_model_dir):
+    """AReaL-lite code (transformers 4) takes apply_chat_template(tokenize=True) for the ids;
+    transformers 5 returns a dict, which reached the server as ['input_ids',
+    'attention_mask'] (HTTP 400). load_hf_tokenizer gives the ids; a request refuses a dict
+    naming the fix."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    from areal_like.arealite import LLMRequest, load_hf_tokenizer
+
+    messages = [{"role": "user", "content": "What is 12 + 7?"}]
+    tokenizer = load_hf_tokenizer(str(tiny_model_dir))
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    plain = AutoTokenizer.from_pretrained(tiny_model_dir)
+    as_dict = plain.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert ids == list(as_dict["input_ids"])
+    assert tokenizer.decode(ids) == plain.decode(ids) and len(tokenizer) == len(plain)
+    assert tokenizer.eos_token_id == plain.eos_token_id
+    again = pickle.loads(pickle.dumps(tokenizer))  # workflows travel to the rollout process
+    assert again.apply_chat_template(messages, tokenize=True, add_generation_prompt=True) == ids
+    assert LLMRequest(input_ids=ids).input_ids == ids
+    with pytest.raises(TypeError, match=r"keys \['input_ids', 'attention_mask'\].*"
+                                        r"return_dict=False"):
+        LLMRequest(input_ids=as_dict)
+    with pytest.raises(TypeError, match="item 1 is 'x'"):
+        LLMRequest(input_ids=[1, "x"])
+
+
 @pytest.mark.sglang
 def test_connect_engine_then_update_weights_moves_the_fleet(sglang_fleet, tiny_model_dir,
                                                             tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, List, Literal, Optional
 
 StopReason = Literal["stop", "length", "abort", "tool_call"]
@@ -71,6 +73,22 @@ class ModelRequest:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict[str, Any] = field(default_factory=dict)
     seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        ids = self.input_ids
+        if isinstance(ids, Mapping):  # transformers >= 5: apply_chat_template's default
+            raise TypeError(
+                f"ModelRequest(rid={self.rid!r}): input_ids is a {type(ids).__name__} with keys "
+                f"{list(ids)}, not a list of token ids; tokenizer.apply_chat_template("
+                f"..., tokenize=True) returns a dict in transformers >= 5: pass "
+                f"return_dict=False (or take its ['input_ids'])")
+        bad = next((i for i, t in enumerate(ids) if not isinstance(t, Integral)
+                    or isinstance(t, bool)), None) if isinstance(ids, (list, tuple)) else -1
+        if bad is not None:
+            what = (f"{type(ids).__name__}" if bad == -1
+                    else f"list whose item {bad} is {ids[bad]!r}")
+            raise TypeError(f"ModelRequest(rid={self.rid!r}): input_ids must be a list of int "
+                            f"token ids; got a {what}")
 
     def copy(self, **changes: Any) -> ModelRequest:
         return dataclasses.replace(self, **changes)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-TOKEN_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+TOKEN_KEYS = ("input_ids", "attention_mask", "loss_mask", "versions")
 REQUIRED_KEYS = TOKEN_KEYS + ("rewards",)
+# the behaviour policy's log-probs: checked when present; an algorithm that needs them (off-
+# policy corrections: decoupled PPO, or PPO without recomputed old log-probs) says so itself
+BEHAVIOUR_LOGPROBS = "logprobs"
 
 
 class TrajectoryError(ValueError):
@@ -20,11 +23,11 @@ def _describe(t: torch.Tensor) -> str:
 def validate_trajectory(td: TensorDict) -> TensorDict:
     """Check `td` against the trajectory contract and return it unchanged.
 
-    Contract: batch size [B]; `input_ids`, `attention_mask`, `loss_mask`, `logprobs`,
-    `versions` all [B, L] with B, L >= 1 and at least one token per row; ids and versions
-    integer; logprobs floating and finite; `rewards` floating [B] (sequence reward) or [B, L]
-    (dense per-token reward), finite; loss only on attended tokens; every trained token
-    carries a version >= 0.
+    Contract: batch size [B]; `input_ids`, `attention_mask`, `loss_mask`, `versions` (and
+    `logprobs`, where given) all [B, L] with B, L >= 1 and at least one token per row; ids
+    and versions integer; logprobs floating and finite; `rewards` floating [B] (sequence
+    reward) or [B, L] (dense per-token reward), finite; loss only on attended tokens; every
+    trained token carries a version >= 0.
     """
     if not isinstance(td, TensorDict):
         raise TrajectoryError(f"trajectory must be a TensorDict, got {type(td).__name__}")
@@ -47,7 +50,7 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
             f"trajectory batch_size {tuple(td.batch_size)} does not match 'input_ids' "
             f"{_describe(ids)}; expected batch_size [B] with B = {ids.shape[0]}"
         )
-    for key in TOKEN_KEYS[1:]:
+    for key in [*TOKEN_KEYS[1:], *[BEHAVIOUR_LOGPROBS] * (BEHAVIOUR_LOGPROBS in td)]:
         t = td[key]
         if tuple(t.shape) != tuple(ids.shape):
             raise TrajectoryError(
@@ -55,10 +58,10 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
             )
     if td["versions"].dtype.is_floating_point:
         raise TrajectoryError(f"'versions' has {_describe(td['versions'])}; expected integers")
-    logprobs = td["logprobs"]
-    if not logprobs.dtype.is_floating_point:
+    logprobs = td.get(BEHAVIOUR_LOGPROBS, None)
+    if logprobs is not None and not logprobs.dtype.is_floating_point:
         raise TrajectoryError(f"'logprobs' has {_describe(logprobs)}; expected a float dtype")
-    if not torch.isfinite(logprobs).all():
+    if logprobs is not None and not torch.isfinite(logprobs).all():
         raise TrajectoryError(f"'logprobs' ({_describe(logprobs)}) contains NaN or inf")
     rewards = td["rewards"]
     if not rewards.dtype.is_floating_point:

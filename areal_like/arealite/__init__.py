@@ -20,6 +20,15 @@ from areal_like.api import (
     TrainEngine,
     WeightUpdateMeta,
 )
+from areal_like.api.config import (
+    BaseExperimentConfig,
+    DatasetConfig,
+    EvaluationConfig,
+    OptimizerConfig,
+    RolloutConfig,
+    SGLangServerConfig,
+    TrainEngineConfig,
+)
 from areal_like.arealite.engines import (
     FSDPEngine,
     RemoteSGLangEngine,
@@ -38,14 +47,22 @@ from areal_like.arealite.training import (
 from areal_like.utils import stats_tracker
 from areal_like.utils.batching import concat_padded as concat_padded_tensors
 from areal_like.utils.functional import gather_logprobs
+from recipes.configs import GRPOConfig, PPOConfig, SFTConfig
 from workflows import ArealOpenAI, MultiTurnWorkflow, ReMaxWorkflow, RLVRWorkflow
 
 LLMRequest = ModelRequest
 LLMResponse = ModelResponse
 ReMaxRLVRWorkflow = ReMaxWorkflow
+# AReaL-lite's config class names (areal/api/cli_args.py) for ours
+InferenceEngineConfig = RolloutConfig
+PPOActorConfig = TrainEngineConfig
+SGLangConfig = SGLangServerConfig
+EvaluatorConfig = EvaluationConfig
 
 __all__ = [
-    "ArealOpenAI", "Evaluator", "FSDPEngine", "FSDPPPOActor", "FinetuneSpec",
+    "ArealOpenAI", "BaseExperimentConfig", "DatasetConfig", "EvaluatorConfig", "GRPOConfig",
+    "InferenceEngineConfig", "OptimizerConfig", "PPOActorConfig", "PPOConfig", "SFTConfig",
+    "SGLangConfig", "TrainEngineConfig", "Evaluator", "FSDPEngine", "FSDPPPOActor", "FinetuneSpec",
     "GenerationHyperparameters", "InferenceEngine", "LLMRequest", "LLMResponse",
     "MultiTurnWorkflow", "RLVRWorkflow", "ReMaxRLVRWorkflow", "RemoteSGLangEngine",
     "RolloutWorkflow", "SaveLoadMeta", "Saver", "StatsLogger", "TrainEngine", "WeightUpdateMeta",

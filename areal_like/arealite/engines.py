@@ -47,8 +47,32 @@ def gsm8k_reward_fn(prompt: str, completions: str, prompt_ids: Any, completion_i
     return math_verify_reward(prompt, completions, answer)
 
 
-def load_hf_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    return load_tokenizer(path)
+class Transformers4Tokenizer:
+    """A tokenizer as AReaL-lite code (written for transformers 4) uses it: the same object,
+    except that `apply_chat_template(..., tokenize=True)` returns the token ids, not the
+    dict transformers >= 5 returns by default. Picklable, as workflows holding it travel to
+    the rollout controller's process."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def apply_chat_template(self, *args: Any, return_dict: bool = False, **kwargs: Any) -> Any:
+        return self.tokenizer.apply_chat_template(*args, return_dict=return_dict, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.tokenizer(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "tokenizer":  # while unpickling, before __dict__ is filled
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+
+def load_hf_tokenizer(path: str) -> Transformers4Tokenizer:
+    return Transformers4Tokenizer(load_tokenizer(path))
 
 
 def load_expr_config(args: list[str], config_cls: type[T]) -> tuple[T, str]:

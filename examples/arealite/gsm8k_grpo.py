@@ -15,13 +15,14 @@ import torch.distributed as dist
 from datasets import Dataset
 from datasets.distributed import split_dataset_by_node
 from rlvr_workflow import RLVRWorkflow
-from torch.utils.data import DataLoader as StatefulDataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from areal_like.api.config import DatasetConfig
 from areal_like.arealite import (
     Evaluator,
     FinetuneSpec,
     FSDPPPOActor,
+    GRPOConfig,
     RemoteSGLangEngine,
     Saver,
     StatsLogger,
@@ -34,7 +35,6 @@ from areal_like.arealite import (
 )
 from areal_like.data.tasks import build_task
 from areal_like.rewards import math_verify_reward
-from recipes.configs import GRPOConfig
 
 logger = logging.getLogger("GSM8K grpo")
 

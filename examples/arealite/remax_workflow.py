@@ -19,7 +19,6 @@ class ReMaxRLVRWorkflow(RLVRWorkflow):  # areal-like: the document's base, Rollo
             tokenize=True,
             add_generation_prompt=True,
             enable_thinking=self.enable_thinking,
-            return_dict=False,  # areal-like: transformers >= 5 returns a dict by default; the document (transformers 4) gets the ids
         )
         n_samples = self.gconfig.n_samples  # noqa: F841 (unused in the document too)
         rid = uuid.uuid4().hex
@@ -27,12 +26,12 @@ class ReMaxRLVRWorkflow(RLVRWorkflow):  # areal-like: the document's base, Rollo
         sample_req = LLMRequest(
             rid=rid,
             input_ids=input_ids,
-            gconfig=self.gconfig.new(n_samples=1),  # areal-like: agenerate makes one sample; n_samples > 1 is agenerate_n
+            gconfig=self.gconfig,
         )
         greedy_req = LLMRequest(
             rid=rid,
             input_ids=input_ids,
-            gconfig=self.gconfig.new(greedy=True, n_samples=1),  # areal-like: as above
+            gconfig=self.gconfig.new(greedy=True),
         )
         # Generate both responses concurrently
         resp, greedy_resp = await asyncio.gather(
@@ -64,7 +63,6 @@ class ReMaxRLVRWorkflow(RLVRWorkflow):  # areal-like: the document's base, Rollo
             loss_mask=torch.tensor([0] * resp.input_len + [1] * resp.output_len).unsqueeze(0),
             versions=torch.tensor([-1] * resp.input_len + resp.output_versions).unsqueeze(0),
             attention_mask=torch.ones(resp.input_len + resp.output_len, dtype=torch.bool).unsqueeze(0),
-            logprobs=torch.tensor([0.0] * resp.input_len + resp.output_logprobs).unsqueeze(0),  # areal-like: every trajectory carries the behaviour log-probs (for off-policy corrections)
             # Use reward difference across all tokens
             rewards=torch.tensor([float(sample_reward - greedy_reward)] * (resp.input_len + resp.output_len)).unsqueeze(0),  # areal-like: .unsqueeze(0), the batch dimension TensorDict(batch_size=[1]) requires
         )

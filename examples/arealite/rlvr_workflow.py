@@ -1,5 +1,5 @@
-"""AReaL-lite's RLVR workflow (arealite/workflow/rlvr.py), ported: only the imports differ,
-and the line marked `# areal-like:`. The GRPO script beside it uses this class."""
+"""AReaL-lite's RLVR workflow (arealite/workflow/rlvr.py), ported: only the imports differ.
+The GRPO script beside it uses this class."""
 
 import asyncio
 import os
@@ -42,7 +42,6 @@ class RLVRWorkflow(RolloutWorkflow):
             tokenize=True,
             add_generation_prompt=True,
             enable_thinking=self.enable_thinking,
-            return_dict=False,  # areal-like: transformers >= 5 returns a dict by default; AReaL-lite's (transformers 4) gets the ids
         )
         n_samples = self.gconfig.n_samples
         req = LLMRequest(

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from areal_like.arealite import (
     FinetuneSpec,
+    GRPOConfig,
     RemoteSGLangEngine,
     WeightUpdateMeta,
     gsm8k_reward_fn,
@@ -28,7 +29,6 @@ from areal_like.arealite import (
     stats_tracker,
 )
 from areal_like.data.tasks import build_task
-from recipes.configs import GRPOConfig
 
 
 def main(args):

@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
 from areal_like.utils.functional import next_token_logprobs, next_token_logprobs_entropy
 
-TRAJECTORY_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "rewards")
+TRAJECTORY_KEYS = ("input_ids", "attention_mask", "loss_mask", "rewards")
 
 
 def require_keys(batch: TensorDict, keys: Sequence[str], who: str) -> None:

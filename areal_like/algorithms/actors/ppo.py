@@ -166,7 +166,18 @@ class PPOActor:
         mask = shift_to_next_token(token_mask)
         token_r = shift_to_next_token(token_r)
         zero = torch.zeros((), dtype=torch.float32, device=mask.device)
-        behav = torch.where(mask, shift_to_next_token(batch["logprobs"].float()), zero)
+        behav = None
+        if "logprobs" in batch.keys():
+            behav = torch.where(mask, shift_to_next_token(batch["logprobs"].float()), zero)
+        elif cfg.use_decoupled_loss or not cfg.recompute_logprob:
+            raise ValueError(
+                "the batch has no 'logprobs' (the behaviour policy's log-probs, from the "
+                "inference server), which " + ("algorithm.use_decoupled_loss=true"
+                                               if cfg.use_decoupled_loss else
+                                               "algorithm.recompute_logprob=false") +
+                " needs: return them from the workflow (ModelResponse.output_logprobs, 0 on "
+                "prompt tokens) or set algorithm.use_decoupled_loss=false "
+                "algorithm.recompute_logprob=true")
         prox = extra.get("prox_logp")
         if prox is not None:
             prox = torch.where(mask, prox.float(), zero)
@@ -212,9 +223,11 @@ class PPOActor:
 
         prepared = {
             "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "loss_mask": mask, "logprobs": behav, "old_logp": old,
+            "loss_mask": mask, "old_logp": old,
             "advantages": torch.where(mask, adv.float(), zero),
         }
+        if behav is not None:
+            prepared["logprobs"] = behav
         if prox is not None:
             prepared["prox_logp"] = prox
         if "ref_logp" in extra:

@@ -5,13 +5,14 @@ one trainer process, one thread each) run with eta = 0 (synchronous) and eta = 1
                                        [--model DIR]
 
 (key=value overrides come first: the lists of --etas and --seeds would take them.)
-A long-tail workload: a warm start made with `train_dataset.task_kwargs.worked_fraction=0.1` (one SFT
-target in ten written out column by column, ~13x longer than the bare sum) samples long
+A long-tail workload: a warm start made with `train_dataset.task_kwargs.worked_fraction=0.1`
+(one SFT target in ten written out column by column, ~13x longer than the bare sum) samples long
 answers now and then at any prompt, as reasoning models do; run it with room for them and a
 frozen policy, so every mode sees the same length distribution:
 
-    python -m recipes.sft model.path=.cache/models/tiny-1m train_dataset.task_kwargs.worked_fraction=0.1 \
-        logging.log_dir=.cache/runs logging.trial_name=worked
+    python -m recipes.sft model.path=.cache/models/tiny-1m \
+        train_dataset.task_kwargs.worked_fraction=0.1 logging.log_dir=.cache/runs \
+        logging.trial_name=worked
     python benchmarks/async_speedup.py gconfig.max_new_tokens=64 actor.optimizer.lr=0 \
         --model .cache/runs/sft_addition/worked/final --steps 30 --etas 0 2 4
 

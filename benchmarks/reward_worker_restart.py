@@ -27,7 +27,7 @@ import reward_fns  # noqa: E402
 
 import recipes.grpo  # noqa: E402, F401  (what the rollout controller's program imports)
 from areal_like.api.config import RewardConfig  # noqa: E402
-from areal_like.rewards.executor import RewardExecutor  # noqa: E402
+from areal_like.rewards.reward_executor import RewardExecutor  # noqa: E402
 
 METHODS = ("spawn", "forkserver")
 TIMEOUT_S = 2.0

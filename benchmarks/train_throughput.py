@@ -30,15 +30,19 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, TrainEngineConfig
-from areal_like.data.packing import (
+from areal_like.models.tiny import build_tiny_model
+from areal_like.utils.packed_logprobs import (
+    gather_logprobs,
+    next_token_logprobs,
+    shift_packed_to_next_token,
+)
+from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
+from engines.fsdp.packing import (
     count_micro_batches,
     pack_sequences,
     partition_into_micro_batches,
     sequence_lengths,
 )
-from areal_like.models.tiny import build_tiny_model
-from areal_like.utils.functional import gather_logprobs, next_token_logprobs, shift_to_next_token
-from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
 from engines.fsdp_engine import FSDPEngine
 
 
@@ -60,12 +64,12 @@ def long_tailed_batch(n_seqs: int, vocab: int, max_len: int, seed: int) -> Tenso
 
 
 def nll_loss(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
-    mask = shift_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
+    mask = shift_packed_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
     return -(next_token_logprobs(logits, mb) * mask).sum() / mask.sum().clamp(min=1)
 
 
 def n_trained(mb: TensorDict) -> torch.Tensor:
-    return shift_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).sum()
+    return shift_packed_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).sum()
 
 
 def bare_step_fn(model_dir: str, batch: TensorDict, groups: list[list[int]], cfg: OptimizerConfig,

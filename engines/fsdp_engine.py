@@ -5,7 +5,7 @@ a one-rank group). CPU uses gloo, CUDA uses NCCL (`TrainEngineConfig.backend="au
 
 Data-parallel convention: **every rank passes its own local shard** of the global batch
 (different rows on different ranks, any sizes, even empty). Use
-`areal_like.data.packing.shard_batch(full_batch, rank, world_size, group_size)` when every rank
+`engines.fsdp.packing.shard_batch(full_batch, rank, world_size, group_size)` when every rank
 holds the full batch. Losses are still one global weighted mean over all ranks:
 
     loss = sum_{ranks r, micro-batches m} w_rm * loss_fn(logits_rm, mb_rm) / sum_{r, m} w_rm,
@@ -20,9 +20,9 @@ over that many micro-batches, balanced by tokens within the budget. A rank with 
 micro-batches runs dummy one-token micro-batches that contribute zero gradient.
 
 `loss_fn(logits, mb)` and `post_hook(logits, mb)` get `logits` [T, V] for the packed tokens
-(critic: values [T]) and the packed micro-batch (see `areal_like.data.packing`): per-token keys
+(critic: values [T]) and the packed micro-batch (see `engines.fsdp.packing`): per-token keys
 [T], per-sequence keys [n_seqs], `cu_seqlens`, `position_ids`. For next-token quantities use
-`areal_like.utils.functional` (label of token t = token t+1 of the same sequence).
+`areal_like.utils.packed_logprobs` (label of token t = token t+1 of the same sequence).
 `train_batch` does not step the LR scheduler: call `step_lr_scheduler()` once per global step.
 """
 
@@ -45,19 +45,19 @@ from torch.distributed.tensor import DTensor
 from areal_like.api.config import TrainEngineConfig
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
 from areal_like.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
-from areal_like.data.packing import (
+from areal_like.utils.packed_logprobs import next_token_logprobs
+from areal_like.utils.quiet import silence_library_progress_bars
+from engines.fsdp import model_io as ckpt
+from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
+from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
+from engines.fsdp.optim import build_optimizer, build_scheduler
+from engines.fsdp.packing import (
     count_micro_batches,
     pack_sequences,
     partition_into_micro_batches,
     sequence_lengths,
     unpack_to_padded,
 )
-from areal_like.utils.functional import next_token_logprobs
-from areal_like.utils.quiet import silence_library_progress_bars
-from engines.fsdp import checkpoint as ckpt
-from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
-from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
-from engines.fsdp.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 

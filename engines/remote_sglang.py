@@ -35,7 +35,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Coroutine
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 import aiohttp
 
@@ -80,6 +81,7 @@ KEEPALIVE_S = 4.0
 # is treated like one that dropped the connection: the request goes to another server.
 _GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
 _NOT_INITIALIZED = "RemoteSGLangEngine is not initialized: call initialize() first"
+T = TypeVar("T")
 
 
 class RemoteSGLangEngine(InferenceEngine):
@@ -211,46 +213,22 @@ class RemoteSGLangEngine(InferenceEngine):
             raise RuntimeError(_NOT_INITIALIZED)
         return self._session
 
-    def _rollout_loop(self) -> asyncio.AbstractEventLoop:
+    def _loop_for(self, coro: Awaitable[Any]) -> EventLoopThread:
+        """The rollout loop's thread (RuntimeError, `coro` closed, before initialize())."""
         if self._loop_thread is None:
+            coro.close()  # type: ignore[attr-defined]
             raise RuntimeError(_NOT_INITIALIZED)
-        return self._loop_thread.loop
+        return self._loop_thread
 
-    def run_coroutine(self, coro: Awaitable[Any], timeout: float) -> Any:
+    def run_coroutine(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the engine's loop from another thread (TimeoutError after
-        `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`."""
-        if self._loop_thread is None:
-            coro.close()  # type: ignore[attr-defined]
-            raise RuntimeError(_NOT_INITIALIZED)
-        return self._loop_thread.run_coroutine(coro, timeout)  # type: ignore[arg-type]
+        `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`; from the loop
+        itself it raises (await the coroutine there instead)."""
+        return self._loop_for(coro).run_coroutine(coro, timeout)
 
-    async def _on_rollout_loop(self, coro: Awaitable[Any]) -> Any:
+    async def _on_rollout_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await `coro` on the rollout loop, wherever we are called from."""
-        try:
-            loop = self._rollout_loop()
-        except RuntimeError:
-            coro.close()  # type: ignore[attr-defined]
-            raise
-        if asyncio.get_running_loop() is loop:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
-
-    def _run_sync(self, coro: Awaitable[Any], timeout: float, what: str) -> Any:
-        try:
-            loop = self._rollout_loop()
-        except RuntimeError:
-            coro.close()  # type: ignore[attr-defined]
-            raise
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            coro.close()  # type: ignore[attr-defined]
-            raise RuntimeError(f"RemoteSGLangEngine.{what}() would block the rollout loop it "
-                               f"runs on; await a{what}() there instead")
-        assert self._loop_thread is not None
-        return self._loop_thread.run_coroutine(coro, timeout)  # type: ignore[arg-type]
+        return await self._loop_for(coro).run_here(coro)
 
     # ---- generation ---------------------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -418,10 +396,10 @@ class RemoteSGLangEngine(InferenceEngine):
         await self._on_rollout_loop(self.membership.continue_all())
 
     def pause(self) -> None:
-        self._run_sync(self.apause(), 2 * CONTROL_TIMEOUT_S, "pause")
+        self.run_coroutine(self.apause(), 2 * CONTROL_TIMEOUT_S)
 
     def resume(self) -> None:
-        self._run_sync(self.aresume(), 2 * CONTROL_TIMEOUT_S, "resume")
+        self.run_coroutine(self.aresume(), 2 * CONTROL_TIMEOUT_S)
 
     async def aupdate_weights(self, meta: WeightUpdateMeta) -> None:
         """On every server in service, each on its own: pause (retract: in-flight requests
@@ -440,33 +418,30 @@ class RemoteSGLangEngine(InferenceEngine):
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         # twice: it may first wait for a server's readmission (itself a load) to finish
-        self._run_sync(self.aupdate_weights(meta),
-                       2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S,
-                       "update_weights")
+        self.run_coroutine(self.aupdate_weights(meta),
+                           2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S)
 
     # ---- the distributed transport (see engines.sglang_weight_group) --------------------
-    def _group_call(self, coro: Awaitable[Any], what: str) -> Any:
-        return self._run_sync(self._on_rollout_loop(coro),
-                              self.config.weight_update_timeout + 2 * CONTROL_TIMEOUT_S, what)
+    def _group_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.run_coroutine(coro, self.config.weight_update_timeout + 2 * CONTROL_TIMEOUT_S)
 
     def form_weight_group(self, spec: WeightGroupSpec,
                           force: bool = False) -> WeightGroupLayout:
-        return self._group_call(self.weight_group.form(spec, force), "form_weight_group")
+        return self._group_call(self.weight_group.form(spec, force))
 
     def join_weight_group(self) -> dict[str, str]:
-        return self._group_call(self.weight_group.join(), "join_weight_group")
+        return self._group_call(self.weight_group.join())
 
     def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
-        return self._group_call(self.weight_group.begin(meta), "begin_weight_broadcast")
+        return self._group_call(self.weight_group.begin(meta))
 
     def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
                               members: tuple[str, ...]) -> dict[str, str]:
-        return self._group_call(self.weight_group.receive(meta, index, members),
-                                "receive_weight_bucket")
+        return self._group_call(self.weight_group.receive(meta, index, members))
 
     def end_weight_broadcast(self, meta: WeightUpdateMeta,
                              failed: dict[str, str]) -> dict[str, str]:
-        dropped = self._group_call(self.weight_group.end(meta, failed), "end_weight_broadcast")
+        dropped = self._group_call(self.weight_group.end(meta, failed))
         if self.membership.current is meta:  # some server received it
             self.set_version(meta.version)
         return dropped
@@ -488,8 +463,9 @@ class RemoteSGLangEngine(InferenceEngine):
     def add_server(self, addr: str) -> None:
         """Add a server to a running fleet: it loads the current weights and version, then
         takes traffic (within `health_check_interval` s of answering)."""
-        loop = self._rollout_loop()
-        loop.call_soon_threadsafe(self.servers.add, addr, "new: loading the current weights")
+        if self._loop_thread is None:
+            raise RuntimeError(_NOT_INITIALIZED)
+        self._loop_thread.call_soon(self.servers.add, addr, "new: loading the current weights")
 
     def fleet_stats(self) -> dict[str, float]:
         """Servers in service, and how many times servers left, came back or joined."""

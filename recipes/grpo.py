@@ -11,7 +11,7 @@ from __future__ import annotations
 from tensordict import TensorDict
 
 from areal_like.algorithms import PPOActor, dynamic_sampling_filter
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
 from recipes.configs import GRPOConfig
 from workflows import RLVRWorkflow

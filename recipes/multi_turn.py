@@ -8,7 +8,7 @@ from __future__ import annotations
 from tensordict import TensorDict
 
 from areal_like.algorithms import PPOActor
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
 from recipes.configs import MultiTurnConfig
 from workflows import MultiTurnWorkflow

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tensordict import TensorDict
 
 from areal_like.algorithms import CriticActor, PPOActor
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
 from recipes.configs import PPOConfig
 from workflows import RLVRWorkflow

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from areal_like.algorithms import CriticActor, PPOActor
 from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.prm_server import PRMService
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
 from recipes.configs import PPOPRMConfig
 from workflows.prm import PRMWorkflow

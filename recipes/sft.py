@@ -13,15 +13,15 @@ from __future__ import annotations
 from areal_like.algorithms import SFTActor
 from areal_like.api import SaveLoadMeta
 from areal_like.data.loader import ItemLoader, head_items
-from areal_like.data.packing import shard_batch
 from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.sft import argmax_hits, build_sft_batch, greedy_exact_match
 from areal_like.data.tasks import build_task
 from areal_like.runtime.checkpoint import Checkpointer
-from areal_like.runtime.cli import parse_recipe_args
 from areal_like.runtime.context import RunContext
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.utils.progress import progress
 from engines import FSDPEngine
+from engines.fsdp.packing import shard_batch
 from recipes.configs import SFTConfig
 
 

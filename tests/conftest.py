@@ -65,7 +65,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def executor_factory():
     """Makes RewardExecutors from RewardConfig keyword arguments; shuts them all down after."""
     from areal_like.api.config import RewardConfig
-    from areal_like.rewards.executor import RewardExecutor
+    from areal_like.rewards.reward_executor import RewardExecutor
 
     made: list = []
 

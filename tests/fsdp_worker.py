@@ -23,13 +23,13 @@ from areal_like.api.config import (
     OptimizerConfig,
     TrainEngineConfig,
 )
-from areal_like.data.packing import shard_batch
-from areal_like.utils.functional import (
+from areal_like.utils.packed_logprobs import (
     next_token_logprobs,
     next_token_logprobs_entropy,
-    shift_to_next_token,
+    shift_packed_to_next_token,
 )
-from engines.fsdp.checkpoint import gather_full_state_dict
+from engines.fsdp.model_io import gather_full_state_dict
+from engines.fsdp.packing import shard_batch
 from engines.fsdp_engine import FSDPEngine
 
 LR = 1e-2
@@ -59,7 +59,7 @@ def make_batch(seed: int, lengths: list[int], vocab: int) -> TensorDict:
 
 def _trained_mask(mb: TensorDict) -> torch.Tensor:
     """Position t is trained when the token it predicts (t+1, same sequence) has loss_mask 1."""
-    return shift_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
+    return shift_packed_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
 
 
 def nll_loss(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters
 from areal_like.api.config import RewardConfig, RolloutConfig
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.main_rank import MainRankError, run_on_main
 from areal_like.utils.distributed import ensure_process_group

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from areal_like.algorithms import PPOActor
 from areal_like.rollout.data_cursor import DataCursor
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
 from recipes.configs import GRPOConfig
 from workflows import RLVRWorkflow

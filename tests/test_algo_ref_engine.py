@@ -1,7 +1,7 @@
 """A single-process reference TrainEngine for the algorithm tests, and batch helpers.
 
 `RefEngine` follows the TrainEngine contract with plain PyTorch: it packs padded batches with
-`areal_like.data.packing` under a small token budget (several micro-batches), runs the tiny HF
+`engines.fsdp.packing` under a small token budget (several micro-batches), runs the tiny HF
 model one packed sequence at a time (exactly what packed attention computes), and combines
 micro-batch losses with `loss_weight_fn` weights. Imported by tests/test_algo_actors*.py.
 """
@@ -13,14 +13,14 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from areal_like.api.engine_api import TrainEngine
-from areal_like.data.packing import (
+from areal_like.utils.packed_logprobs import next_token_logprobs
+from engines.fsdp.packing import (
     count_micro_batches,
     pack_sequences,
     partition_into_micro_batches,
     sequence_lengths,
     unpack_to_padded,
 )
-from areal_like.utils.functional import next_token_logprobs
 
 
 class RefEngine(TrainEngine):

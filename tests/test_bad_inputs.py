@@ -25,8 +25,8 @@ from areal_like.api.config_loader import load_config
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.api.trajectory import TrajectoryError, validate_trajectory
 from areal_like.data.gsm8k import load_gsm8k
-from areal_like.rewards.errors import RewardFailure, RewardFunctionError
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.failures import RewardFailure, RewardFunctionError
+from areal_like.rewards.reward_executor import RewardExecutor
 from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
 from engines.sglang_protocol import SGLangProtocolError, parse_generate_reply
 
@@ -186,7 +186,7 @@ def test_a_task_of_your_own_has_its_parameters_checked_before_anything_starts(
     import subprocess
 
     from areal_like.launcher import local
-    from areal_like.runtime.cli import parse_recipe_args
+    from areal_like.runtime.recipe_args import parse_recipe_args
     from recipes.configs import SFTConfig
 
     (tmp_path / "my_task.py").write_text(OWN_TASK)

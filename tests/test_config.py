@@ -171,7 +171,7 @@ def test_shipped_recipe_configs_compose():
 
 def test_a_yaml_anywhere_extends_the_shipped_configs(tmp_path):
     """The shipped config folder is on every composition's search path."""
-    from areal_like.runtime.cli import split_args
+    from areal_like.runtime.recipe_args import split_args
     from recipes.configs import GRPOConfig
 
     (tmp_path / "mine.yaml").write_text(
@@ -208,7 +208,7 @@ def test_a_defaults_entry_not_found_names_the_files_looked_for(tmp_path):
     (["--cfg", "x"], "unknown option '--cfg'"),
 ])
 def test_bad_config_options_are_named(argv, message):
-    from areal_like.runtime.cli import split_args
+    from areal_like.runtime.recipe_args import split_args
 
     with pytest.raises(ConfigError, match=message):
         split_args(argv, "grpo_addition.yaml")
@@ -218,7 +218,7 @@ REPO = Path(__file__).resolve().parents[1]
 _THREADS = """
 import os, sys
 import torch
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from recipes.configs import GRPOConfig
 parse_recipe_args(GRPOConfig, "grpo_addition.yaml", sys.argv[1:])
 print(torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from test_executor_fakes import GroupWorkflow, InstantEngine, items
 
 from areal_like.api.config import RolloutConfig
-from areal_like.rewards.errors import GroupRewardFailure, RewardBudgetExceeded, RewardFailure
+from areal_like.rewards.failures import GroupRewardFailure, RewardBudgetExceeded, RewardFailure
 from areal_like.rollout import NoTrajectoriesError, RolloutWorkflowError
 
 

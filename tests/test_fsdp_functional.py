@@ -10,14 +10,14 @@ import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from areal_like.utils.functional import (
+from areal_like.utils.packed_logprobs import (
     DUMMY_LABEL,
     gather_logprobs,
     gather_logprobs_entropy,
     next_token_labels,
     next_token_logprobs,
     next_token_mask,
-    shift_to_next_token,
+    shift_packed_to_next_token,
 )
 from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
 
@@ -82,8 +82,8 @@ def test_next_token_labels_and_mask_stay_inside_each_sequence() -> None:
                                                    DUMMY_LABEL]
     assert next_token_mask(cu).tolist() == [True, True, False, True, False, False]
     loss_mask = torch.tensor([0, 1, 1, 0, 1, 1])
-    assert shift_to_next_token(loss_mask, cu).tolist() == [1, 1, 0, 1, 0, 0]
-    assert shift_to_next_token(ids.float(), cu, fill=-1.0).tolist() == [11, 12, -1, 21, -1, -1]
+    assert shift_packed_to_next_token(loss_mask, cu).tolist() == [1, 1, 0, 1, 0, 0]
+    assert shift_packed_to_next_token(ids.float(), cu, fill=-1.0).tolist() == [11, 12, -1, 21, -1, -1]
     mb = TensorDict({"input_ids": ids, "cu_seqlens": cu}, batch_size=[])
     logits = torch.randn(6, 40)
     logp = next_token_logprobs(logits, mb)

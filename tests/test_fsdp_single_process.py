@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from areal_like.api import WeightUpdateMeta
 from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, TrainEngineConfig
-from areal_like.utils.functional import next_token_logprobs, shift_to_next_token
+from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
 from engines import FSDPEngine
 
 
@@ -41,7 +41,7 @@ def _batch(loss_rows: list[bool]) -> TensorDict:
 
 
 def _mask(mb: TensorDict) -> torch.Tensor:
-    return shift_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
+    return shift_packed_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).bool()
 
 
 def mean_nll(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:

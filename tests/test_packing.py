@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from areal_like.data.packing import (
+from engines.fsdp.packing import (
     count_micro_batches,
     dp_shard_indices,
     ffd_allocate,

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure
+from areal_like.rewards.failures import RewardBudgetExceeded, RewardFailure
 from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.prm_model import build_prm, step_scores
 from areal_like.rewards.prm_server import PRMService

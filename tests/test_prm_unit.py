@@ -14,7 +14,7 @@ from areal_like.algorithms import CriticActor, PPOActor
 from areal_like.api import ModelResponse
 from areal_like.api.config import AlgorithmConfig
 from areal_like.models.tiny import build_tokenizer
-from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
 from areal_like.rewards.prm_steps import place_step_rewards, split_steps, step_end_tokens
 from areal_like.utils.stats_tracker import StatsTracker
 from workflows.prm import PRMWorkflow

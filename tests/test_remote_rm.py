@@ -17,9 +17,9 @@ import pytest
 
 from areal_like.api.config import RewardConfig
 from areal_like.rewards.checks import reward_name
-from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.failures import RewardBudgetExceeded, RewardFailure
 from areal_like.rewards.remote_rm import RemoteRewardModel
+from areal_like.rewards.reward_executor import RewardExecutor
 
 PROMPT = "What is 12+30? Answer: "
 

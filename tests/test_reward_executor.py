@@ -20,8 +20,8 @@ import pytest
 import reward_fns
 
 from areal_like.rewards.budget import FailureBudget
-from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure, RewardFunctionError
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.failures import RewardBudgetExceeded, RewardFailure, RewardFunctionError
+from areal_like.rewards.reward_executor import RewardExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -297,7 +297,7 @@ def test_a_script_without_main_guard_is_named_at_start(tmp_path):
     re-runs its training code. The check names the script and the fix instead of hanging."""
     script = tmp_path / "train_without_guard.py"
     script.write_text(textwrap.dedent("""
-        from areal_like.rewards.executor import RewardExecutor
+        from areal_like.rewards.reward_executor import RewardExecutor
 
         def my_reward(prompt, completion, **data):
             return 1.0
@@ -324,7 +324,7 @@ _PROGRAM = textwrap.dedent("""
     import reward_fns
 
     from areal_like.api.config import RewardConfig
-    from areal_like.rewards.executor import RewardExecutor
+    from areal_like.rewards.reward_executor import RewardExecutor
 
 
     async def calls(executor):

@@ -15,7 +15,7 @@ from sglang_helpers import make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters
-from areal_like.rewards.errors import RewardBudgetExceeded, RewardFunctionError
+from areal_like.rewards.failures import RewardBudgetExceeded, RewardFunctionError
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import evaluate
 from workflows import RLVRWorkflow

@@ -18,7 +18,7 @@ from areal_like.api.errors import RolloutTimeoutError, RolloutWorkflowError
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.data.memory_episodes import answer_from_memory
 from areal_like.rewards import exact_match_reward
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from engines.remote_sglang import RemoteSGLangEngine
 from workflows import (

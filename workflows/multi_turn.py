@@ -14,7 +14,7 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
 from areal_like.utils.chat import render_chat
 from workflows.common import (
     TrajectoryBuilder,

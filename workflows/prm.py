@@ -30,10 +30,10 @@ from areal_like.api import (
     ModelResponse,
     validate_trajectory,
 )
-from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
-from areal_like.rewards.executor import RewardExecutor
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
 from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.prm_steps import place_step_rewards, step_end_tokens
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils.batching import concat_padded
 from workflows.common import TrajectoryBuilder, stable_id
 from workflows.rlvr import RLVRWorkflow

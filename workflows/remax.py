@@ -8,7 +8,7 @@ from typing import Any
 from tensordict import TensorDict
 
 from areal_like.api import InferenceEngine, ModelRequest
-from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
 from workflows.common import stable_id
 from workflows.rlvr import RLVRWorkflow
 

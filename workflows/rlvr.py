@@ -16,8 +16,8 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.errors import GroupRewardFailure, RewardFailure
-from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
+from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
 from areal_like.utils.batching import concat_padded
 from workflows.common import (
     TrajectoryBuilder,

@@ -1,7 +1,7 @@
 """Small tensor helpers shared by the algorithms: masked reductions, the next-token shift,
 per-sequence reductions over packed data, and group ids.
 
-Log-probabilities and entropies of taken tokens come from `areal_like.utils.functional`
+Log-probabilities and entropies of taken tokens come from `areal_like.utils.packed_logprobs`
 (`gather_logprobs`, `gather_logprobs_entropy`, `next_token_logprobs[_entropy]`), the same
 chunked code the train engine uses; they are re-exported here for convenience.
 """
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from areal_like.utils.functional import (
+from areal_like.utils.packed_logprobs import (
     gather_logprobs,
     gather_logprobs_entropy,
     next_token_labels,

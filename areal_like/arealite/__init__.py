@@ -46,7 +46,7 @@ from areal_like.arealite.training import (
 )
 from areal_like.utils import stats_tracker
 from areal_like.utils.batching import concat_padded as concat_padded_tensors
-from areal_like.utils.functional import gather_logprobs
+from areal_like.utils.packed_logprobs import gather_logprobs
 from recipes.configs import GRPOConfig, PPOConfig, SFTConfig
 from workflows import ArealOpenAI, MultiTurnWorkflow, ReMaxWorkflow, RLVRWorkflow
 

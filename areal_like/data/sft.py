@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from areal_like.utils.batching import concat_padded
 from areal_like.utils.chat import render_chat
-from areal_like.utils.functional import next_token_labels
+from areal_like.utils.packed_logprobs import next_token_labels
 
 
 def build_sft_batch(items: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase) -> TensorDict:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_config, load_launch_config
-from areal_like.runtime.cli import split_args
 from areal_like.runtime.preflight import check_recipe_config
+from areal_like.runtime.recipe_args import split_args
 
 
 class LaunchError(RuntimeError):

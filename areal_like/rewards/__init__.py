@@ -3,7 +3,7 @@
 `data` is the dataset item (e.g. its `answer`); accept `**kwargs` for the keys you do not use.
 Return a finite real number; raising, hanging or returning anything else (a bool, a string,
 None, inf) makes the sample *failed* — excluded from training and counted, never a 0.0
-(see `areal_like.rewards.executor`). Imports are lazy: reward worker processes import this
+(see `areal_like.rewards.reward_executor`). Imports are lazy: reward worker processes import this
 package and should not pay for every verifier.
 """
 

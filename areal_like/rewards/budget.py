@@ -8,7 +8,7 @@ import threading
 from collections import Counter, deque
 from typing import Optional
 
-from areal_like.rewards.errors import RewardBudgetExceeded, RewardFailure
+from areal_like.rewards.failures import RewardBudgetExceeded, RewardFailure
 
 
 class FailureBudget:

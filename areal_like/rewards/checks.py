@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from areal_like.rewards.convention import call_arguments, reward_convention
-from areal_like.rewards.errors import RewardFunctionError
+from areal_like.rewards.failures import RewardFunctionError
 
 
 def reward_name(fn: Callable[..., Any]) -> str:

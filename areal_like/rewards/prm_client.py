@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 import aiohttp
 
-from areal_like.rewards.errors import RewardFailure
-from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.failures import RewardFailure
+from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
 
 
 class PRMClient:

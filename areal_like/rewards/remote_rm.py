@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import aiohttp
 
-from areal_like.rewards.errors import RewardFailure
+from areal_like.rewards.failures import RewardFailure
 from areal_like.rewards.pool_worker import InvalidReward, coerce_reward
 
 logger = logging.getLogger(__name__)

@@ -44,11 +44,12 @@ from areal_like.api.errors import (
 from areal_like.api.seeding import begin_episode
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.api.workflow_api import RolloutWorkflow
-from areal_like.rewards.errors import RewardBudgetExceeded, failures_of
+from areal_like.rewards.failures import RewardBudgetExceeded, failures_of
 from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.executor_state import (
     EpisodeResult,
     ExecutorState,
+    Outcome,
     ShouldAccept,
     Submission,
     Ticket,
@@ -65,14 +66,15 @@ from areal_like.utils.loop_thread import EventLoopThread
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.05  # the loop re-checks admission this often (version bumps, resume)
-_OUTCOME_TEXT = {"rejected_by_workflow": "rejected by the workflow (returned None)",
-                 "rejected_by_filter": "rejected by should_accept",
-                 "failed_reward": "excluded for a failed reward"}
+_OUTCOME_TEXT = {Outcome.REJECTED_BY_WORKFLOW: "rejected by the workflow (returned None)",
+                 Outcome.REJECTED_BY_FILTER: "rejected by should_accept",
+                 Outcome.FAILED_REWARD: "excluded for a failed reward"}
 STATE_FORMAT = 2
 
 
 class WorkflowExecutor:
-    """Drives `RolloutWorkflow`s for an `InferenceEngine` (which delegates its rollout API here).
+    """Drives `RolloutWorkflow`s against an `InferenceEngine` (the rollout controller and the
+    rollout process own one).
 
     Call `initialize()` before use and `destroy()` at the end. All public methods are
     thread-safe; `wait` / `prepare_batch` / `rollout_batch` block the calling thread for at
@@ -192,49 +194,51 @@ class WorkflowExecutor:
             kind, payload = await self._episode_outcome(sub)
         except asyncio.CancelledError:
             if self._closed:  # shutdown: the only cancellation that is not a failure
-                self._state.finish(sub, "cancelled", None)
+                self._state.finish(sub, Outcome.CANCELLED, None)
                 raise
-            kind, payload = "failed", workflow_error(sub, RuntimeError(
+            kind, payload = Outcome.FAILED, workflow_error(sub, RuntimeError(
                 "the episode was cancelled while the executor was running (an awaited task or "
                 "future was cancelled by something other than shutdown)"))
         except RewardBudgetExceeded as exc:  # stops the run, as it is (it names the function)
-            kind, payload = "fatal", exc
+            kind, payload = Outcome.FATAL, exc
         except Exception as exc:  # handed to the caller of wait(), chained to `exc`
             failures = failures_of(exc)
             if failures is None:
-                kind, payload = "failed", workflow_error(sub, exc)
+                kind, payload = Outcome.FAILED, workflow_error(sub, exc)
             else:
                 kind, payload = self._reward_failed(sub, exc)
         # outside the try: a failure here is the executor's bug and becomes fatal
         self._state.finish(sub, kind, payload)
         self._kick_from_loop()
 
-    def _reward_failed(self, sub: Submission, exc: Exception) -> tuple[str, Any]:
+    def _reward_failed(self, sub: Submission, exc: Exception) -> tuple[Outcome, Any]:
         """A reward call of the episode failed: exclude the episode, or — when the estimator
         uses no group statistics — keep the samples whose rewards succeeded."""
         survivors = getattr(exc, "survivors", None)
         if survivors is None or not self.keep_partial_groups:
-            return "failed_reward", None
+            return Outcome.FAILED_REWARD, None
         try:
             outcome = self._judge(sub, survivors)
         except Exception as judge_exc:
-            return "failed", workflow_error(sub, judge_exc)
-        return ("partial_" + outcome[0], outcome[1]) if outcome[0] == "accepted" else outcome
+            return Outcome.FAILED, workflow_error(sub, judge_exc)
+        if outcome[0] is Outcome.ACCEPTED:
+            return Outcome.PARTIAL_ACCEPTED, outcome[1]
+        return outcome
 
-    async def _episode_outcome(self, sub: Submission) -> tuple[str, Optional[EpisodeResult]]:
+    async def _episode_outcome(self, sub: Submission) -> tuple[Outcome, Optional[EpisodeResult]]:
         sub.start = time.monotonic()
         begin_episode(sub.episode_seed)  # this task's context: seeds its requests in order
         trajectory = await sub.workflow.arun_episode(self.engine, sub.data)
         if trajectory is None:
-            return "rejected_by_workflow", None
+            return Outcome.REJECTED_BY_WORKFLOW, None
         return self._judge(sub, trajectory)
 
     @staticmethod
-    def _judge(sub: Submission, trajectory: Any) -> tuple[str, Optional[EpisodeResult]]:
+    def _judge(sub: Submission, trajectory: Any) -> tuple[Outcome, Optional[EpisodeResult]]:
         validate_trajectory(trajectory)
         if sub.should_accept is not None and not sub.should_accept(trajectory):
-            return "rejected_by_filter", None
-        return "accepted", EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
+            return Outcome.REJECTED_BY_FILTER, None
+        return Outcome.ACCEPTED, EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
                                          time.monotonic() - sub.start,
                                          min_generated_version(trajectory), sub.episode_seed)
 
@@ -297,7 +301,7 @@ class WorkflowExecutor:
         version = self.engine.get_version()
         results = self._state.drop_stale_results(outcomes, version)
         if len(results) < len(data):  # never fewer rows without saying why
-            kinds = Counter(_OUTCOME_TEXT.get(kind, kind) for kind, _ in outcomes)
+            kinds = Counter(_OUTCOME_TEXT.get(kind, kind.value) for kind, _ in outcomes)
             kinds["dropped as stale"] = kinds["accepted"] - len(results)
             why = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())
                             if n and k != "accepted")

@@ -6,6 +6,7 @@ The loop thread calls `admit` and `finish`; trainer threads call `enqueue`, `tak
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -39,6 +40,19 @@ def data_id_of(data: dict[str, Any], seq: int) -> str:
         if key in data:
             return str(data[key])
     return f"#{seq}"
+
+
+class Outcome(enum.Enum):
+    """How an episode ended; each feeds the executor counter of its value's name."""
+
+    ACCEPTED = "accepted"
+    PARTIAL_ACCEPTED = "partial_accepted"  # a group without its failed-reward samples
+    REJECTED_BY_WORKFLOW = "rejected_by_workflow"  # arun_episode returned None
+    REJECTED_BY_FILTER = "rejected_by_filter"  # should_accept said no
+    FAILED = "failed"  # a workflow error: raised to the caller of wait()
+    FATAL = "fatal"  # raised as it is (a reward budget exceeded), counted as failed
+    FAILED_REWARD = "failed_reward"  # excluded and counted
+    CANCELLED = "cancelled"  # the executor shut down
 
 
 class Ticket:
@@ -246,25 +260,24 @@ class ExecutorState:
                 self.running[sub.seq] = sub
         return started
 
-    def finish(self, sub: Submission, kind: str, payload: Any) -> None:
-        """Record an episode's outcome: accepted / partial_accepted (a group without its
-        failed-reward samples) / rejected_by_* / failed (a workflow error, raised to the
-        caller) / fatal (raised as it is) / failed_reward (excluded, counted) / cancelled."""
+    def finish(self, sub: Submission, kind: Outcome, payload: Any) -> None:
+        """Record an episode's outcome (payload: its EpisodeResult when accepted, the
+        exception to raise when failed or fatal, else None)."""
         with self.cond:
             self.running.pop(sub.seq, None)
             if sub.bounded:
                 self.running_bounded -= 1
             c = self.counters
-            if kind == "cancelled":
+            if kind is Outcome.CANCELLED:
                 c.cancelled += 1
             else:
                 c.completed += 1
-                if kind == "partial_accepted":
+                if kind is Outcome.PARTIAL_ACCEPTED:
                     c.partial_groups += 1
-                    kind = "accepted"
-                counter = "failed" if kind == "fatal" else kind
+                    kind = Outcome.ACCEPTED
+                counter = (Outcome.FAILED if kind is Outcome.FATAL else kind).value
                 setattr(c, counter, getattr(c, counter) + 1)
-            raises = kind in ("failed", "fatal")
+            raises = kind in (Outcome.FAILED, Outcome.FATAL)
             # wake waiters only when it can matter: one wake per episode costs a thread switch
             if sub.ticket is not None:
                 ticket = sub.ticket
@@ -272,7 +285,7 @@ class ExecutorState:
                 if raises and ticket.failure is None:
                     ticket.failure = payload
                 wake = raises or len(ticket.outcomes) >= len(ticket.seqs)
-            elif kind == "accepted":
+            elif kind is Outcome.ACCEPTED:
                 self.ready.append(payload)
                 if payload.min_version is not None:
                     self.oldest_ready = min(self.oldest_ready, payload.min_version)
@@ -387,10 +400,10 @@ class ExecutorState:
                     raise make_timeout()
                 self.cond.wait(min(remaining, 1.0))
 
-    def drop_stale_results(self, outcomes: list[tuple[str, Any]],
+    def drop_stale_results(self, outcomes: list[tuple[Outcome, Any]],
                            version: int) -> list[EpisodeResult]:
         eta = self.config.max_head_offpolicyness
-        results = [payload for kind, payload in outcomes if kind == "accepted"]
+        results = [payload for kind, payload in outcomes if kind is Outcome.ACCEPTED]
         fresh = [r for r in results if not is_stale(r.min_version, version, eta)]
         with self.cond:
             self.counters.dropped_stale += len(results) - len(fresh)

@@ -20,13 +20,13 @@ from tensordict import TensorDict
 
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import to_yaml
-from areal_like.data.packing import shard_batch
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
 from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
+from engines.fsdp.packing import shard_batch
 
 logger = logging.getLogger("areal_like")
 T = TypeVar("T")

@@ -26,10 +26,10 @@ from typing import Any, Optional
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_launch_config
 from areal_like.data.prompt_limits import load_tokenizer
-from areal_like.rewards.executor import configure_rewards
-from areal_like.runtime.cli import set_threads, split_args
+from areal_like.rewards.reward_executor import configure_rewards
 from areal_like.runtime.evaluation import evaluate
 from areal_like.runtime.held_out import held_out_items
+from areal_like.runtime.recipe_args import set_threads, split_args
 
 EVAL_TIMEOUT_S = 3600.0  # all episodes together; each request has rollout.request_timeout
 

@@ -10,8 +10,8 @@ from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, RolloutWorkflow
 from areal_like.api.seeding import begin_episode
-from areal_like.rewards.errors import failures_of
-from areal_like.rewards.executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.failures import failures_of
+from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
 from areal_like.utils import stats_tracker
 from workflows.rlvr import RLVRWorkflow
 

@@ -33,8 +33,8 @@ from areal_like.api import RolloutWorkflow, SaveLoadMeta, ShouldAccept
 from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
 from areal_like.data.loader import ItemLoader
 from areal_like.data.prompt_limits import load_tokenizer
-from areal_like.rewards.errors import RewardFunctionError
-from areal_like.rewards.executor import configure_rewards
+from areal_like.rewards.failures import RewardFunctionError
+from areal_like.rewards.reward_executor import configure_rewards
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import Evaluator

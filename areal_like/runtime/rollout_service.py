@@ -20,8 +20,8 @@ from typing import Any, Optional
 import torch
 
 from areal_like.api.config import RewardConfig, RolloutConfig
-from areal_like.rewards.errors import RewardFunctionError
-from areal_like.rewards.executor import configure_rewards, default_reward_executor
+from areal_like.rewards.failures import RewardFunctionError
+from areal_like.rewards.reward_executor import configure_rewards, default_reward_executor
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import Evaluator
 from areal_like.utils import stats_tracker

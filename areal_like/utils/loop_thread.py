@@ -1,9 +1,10 @@
 """A daemon thread that owns an asyncio event loop, with bounded, thread-safe entry points.
 
 Coroutines that must share state with rollouts (an aiohttp session, in-flight requests) run
-on this loop: `run_coroutine(coro, timeout)` from any other thread, `call_soon(fn)` for cheap
-callbacks. An exception that escapes a callback or a forgotten task is recorded (`error`) and
-handed to `on_error`, so the owner can re-raise it in the caller's thread.
+on this loop: `run_coroutine(coro, timeout)` from any other thread, `await run_here(coro)`
+from a coroutine on any loop, `call_soon(fn)` for cheap callbacks. An exception that escapes
+a callback or a forgotten task is recorded (`error`) and handed to `on_error`, so the owner
+can re-raise it in the caller's thread.
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ class EventLoopThread:
                 f"coroutine {getattr(coro, '__qualname__', coro)!r} on {self.name!r} did not "
                 f"finish within {timeout} s (cancelled)"
             ) from None
+
+    async def run_here(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on this loop from a coroutine running on any loop (on this one: as
+        is; elsewhere: scheduled here, the caller's loop waiting without blocking)."""
+        try:
+            loop = self.loop
+        except LoopThreadError:
+            coro.close()
+            raise
+        if asyncio.get_running_loop() is loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     # ---- errors -------------------------------------------------------------------------
     def _handle_loop_exception(self, loop: asyncio.AbstractEventLoop, ctx: dict) -> None:

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from areal_like.algorithms import PPOActor
 from areal_like.algorithms.filters import sequence_rewards
-from areal_like.runtime.cli import parse_recipe_args
+from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
 from recipes.configs import GRPOConfig
 from workflows import RLVRWorkflow

@@ -33,7 +33,7 @@ from areal_like.algorithms.losses import (
     value_loss,
 )
 from areal_like.algorithms.registry import get_policy_loss
-from areal_like.utils.functional import next_token_logprobs, next_token_logprobs_entropy
+from areal_like.utils.packed_logprobs import next_token_logprobs, next_token_logprobs_entropy
 
 if TYPE_CHECKING:
     from areal_like.api.config import AlgorithmConfig

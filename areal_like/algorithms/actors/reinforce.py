@@ -36,7 +36,7 @@ from areal_like.algorithms.functional import masked_mean, shift_to_next_token
 from areal_like.algorithms.rewards import shape_rewards
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
-from areal_like.utils.functional import next_token_logprobs
+from areal_like.utils.packed_logprobs import next_token_logprobs
 
 
 def reinforce_loss_fn(logits: torch.Tensor, micro_batch: TensorDict,

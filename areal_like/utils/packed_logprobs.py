@@ -10,7 +10,7 @@ log p(token t+1 | tokens <= t), and 0.0 at the last token of each sequence. The 
 "shifted by one" convention applies to the padded [B, L] layout that `FSDPEngine.forward`
 returns: out[b, t] scores token t+1 of row b. Data indexed by token (entry i describes token i,
 e.g. a rollout's `loss_mask` or `logprobs`) is brought to this alignment with
-`shift_to_next_token` (packed) or `torch.roll(x, -1, dims=-1)` (right-padded rows).
+`shift_packed_to_next_token` (packed) or `torch.roll(x, -1, dims=-1)` (right-padded rows).
 
 `gather_logprobs` / `gather_logprobs_entropy` work in chunks of `chunk_size` tokens: at most
 one [chunk_size, V] float32 block exists at a time, in the forward and in the backward pass
@@ -112,7 +112,7 @@ def gather_logprobs_entropy(
     return _ChunkedLogProbs.apply(logits, labels.long(), chunk_size, float(temperature), True)
 
 
-def shift_to_next_token(values: torch.Tensor, cu_seqlens: torch.Tensor,
+def shift_packed_to_next_token(values: torch.Tensor, cu_seqlens: torch.Tensor,
                         fill: float | int = 0) -> torch.Tensor:
     """Packed per-token [T, ...] values -> out[t] = values[t+1] of the same sequence, `fill` at
     each sequence's last token. Aligns token-indexed data (a rollout's `loss_mask`, `logprobs`,
@@ -126,7 +126,7 @@ def shift_to_next_token(values: torch.Tensor, cu_seqlens: torch.Tensor,
 def next_token_labels(input_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Packed [T] ids -> [T] labels: token t+1 of the same sequence; DUMMY_LABEL at each
     sequence's last token (mask it with `next_token_mask`)."""
-    return shift_to_next_token(input_ids, cu_seqlens, DUMMY_LABEL)
+    return shift_packed_to_next_token(input_ids, cu_seqlens, DUMMY_LABEL)
 
 
 def next_token_mask(cu_seqlens: torch.Tensor, n_tokens: Optional[int] = None) -> torch.Tensor:

@@ -46,7 +46,7 @@ from areal_like.rewards.checks import (
     worker_load_hint,
 )
 from areal_like.rewards.convention import TokenIds, invoke
-from areal_like.rewards.errors import RewardFailure, RewardFunctionError
+from areal_like.rewards.failures import RewardFailure, RewardFunctionError
 from areal_like.rewards.inline import is_inline
 from areal_like.rewards.worker_start import worker_context
 from areal_like.utils import stats_tracker

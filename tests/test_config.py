@@ -110,6 +110,12 @@ def test_a_config_changing_a_dataset_type_drops_the_old_tasks_keys(tmp_path, cap
     assert err.count("dropped") == 2, err
     assert ("train_dataset.type is 'reasoning_gym:chain_sum', so train_dataset.task_kwargs."
             "num_digits (set by parent.yaml for type 'addition') is dropped") in err
+    # a launcher reading the same file says it once too (it composes twice)
+    from areal_like.api.config import BaseExperimentConfig
+    from areal_like.api.config_loader import load_launch_config
+    launched = load_launch_config(BaseExperimentConfig, child)
+    assert launched.train_dataset.task_kwargs == {"min_terms": 2}
+    assert capfd.readouterr().err.count("dropped") == 2
     # a command-line change of type drops the file's keys; a key given again is kept
     config = load_config(SFTConfig, tmp_path / "parent.yaml", [
         "valid_dataset.type=reasoning_gym:chain_sum", "train_dataset.type=my_mod:make",

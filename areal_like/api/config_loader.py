@@ -189,8 +189,8 @@ def _inside_a_dict(config_cls: type, override: str) -> bool:
     return False
 
 
-def _compose(config_cls: type, config_file: str | Path,
-             overrides: Optional[list[str]]) -> tuple[Any, str]:
+def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list[str]],
+             drop_inherited: bool = True) -> tuple[Any, str]:
     """(the composed DictConfig, a description of its source for errors)."""
     path = Path(config_file).resolve()
     if not path.is_file():
@@ -211,7 +211,8 @@ def _compose(config_cls: type, config_file: str | Path,
         if missing:
             raise ConfigError(missing) from e
         raise explain_config_error(e, config_cls, source, _section_types(path, overrides)) from e
-    _drop_inherited_task_keys(composed, config_cls, path, overrides)
+    if drop_inherited:
+        _drop_inherited_task_keys(composed, config_cls, path, overrides)
     return composed, source
 
 
@@ -276,15 +277,16 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     names a registered schema; otherwise only the sections `base_cls` knows are read into it
     (the script validates the rest itself) — unknown keys inside those sections still fail."""
     overrides = list(overrides or [])
-    composed, source = _compose(base_cls, config_file, [])
+    composed, source = _compose(base_cls, config_file, [], drop_inherited=False)
     schema = OmegaConf.get_type(composed)
     if dataclasses.is_dataclass(schema):
         return load_config(schema, config_file, overrides)  # type: ignore[arg-type]
     known = {f.name for f in dataclasses.fields(base_cls)}  # type: ignore[arg-type]
-    ours = {k: composed[k] for k in composed if k in known}
     # a schemaless YAML: the overrides of our sections are applied here, the script's own
     # keys are the script's business
     mine = [o for o in overrides if o.lstrip("+~").split(".", 1)[0].split("=", 1)[0] in known]
+    _drop_inherited_task_keys(composed, base_cls, Path(config_file).resolve(), mine)
+    ours = {k: composed[k] for k in composed if k in known}
     source = f"{source} with overrides {mine}" if mine else source
     try:
         merged = OmegaConf.merge(OmegaConf.structured(base_cls), ours,

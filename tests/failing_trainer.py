@@ -2,9 +2,10 @@
 `launcher.trainer_env.FAIL_AT`) says, for test_bad_runs.py: the
 launcher must end the whole run within seconds with that exception last on screen.
 
-FAIL_AT: batch (in the rollout controller: the batch filter), step (the second train step),
-evaluation (a held-out episode, in the rollout controller), checkpoint (saving tracked
-state); the actor's construction fails by config (`algorithm.policy_loss=<unknown>`)."""
+FAIL_AT: actor (building the actor, after the fleet client and the rollout controller have
+started; a bad config is refused before that, by the recipe's config check), batch (in the
+rollout controller: the batch filter), step (the second train step), evaluation (a held-out
+episode, in the rollout controller), checkpoint (saving tracked state)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def main() -> None:
                                                                              n_samples=1),
                                      rl.tokenizer)
     rl = RLSetup(config, eval_workflow=evaluation)
+    if FAIL_AT == "actor":
+        fail("actor")
     actor = PPOActor(rl.actor_engine, config.algorithm)
     if FAIL_AT == "checkpoint":
         rl.track_state("failing", FailingState())

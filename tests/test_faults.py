@@ -84,7 +84,7 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
         version = engine.get_version() + 1
         g = GenerationHyperparameters(max_new_tokens=64, min_new_tokens=64, temperature=1.0)
         in_flight = [asyncio.run_coroutine_threadsafe(
-            engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine._rollout_loop())
+            engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine._loop_thread.loop)
             for i in range(6)]
         engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
         assert engine.get_version() == version
@@ -180,7 +180,7 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
             os.kill(pid, signal.SIGSTOP)
         g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
         requests = [asyncio.run_coroutine_threadsafe(
-            engine.agenerate(ModelRequest(input_ids=[9, i + 1], gconfig=g)), engine._rollout_loop())
+            engine.agenerate(ModelRequest(input_ids=[9, i + 1], gconfig=g)), engine._loop_thread.loop)
             for i in range(4)]  # fewest in flight: some go to the victim
         assert all(r.result(timeout=BOUND_S).metadata["server"] == survivor for r in requests)
         _until(lambda: victim not in engine.membership._checking, "the probe of the victim")

@@ -153,7 +153,7 @@ def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_m
                                           temperature=1.0)
             future = asyncio.run_coroutine_threadsafe(
                 client.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)),
-                client._rollout_loop())
+                client._loop_thread.loop)
             while sum(client.inflight().values()) == 0:  # it reached the server
                 time.sleep(0.01)
             time.sleep(delay)  # some tokens with the old weights

@@ -49,12 +49,12 @@ from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.executor_state import (
     EpisodeResult,
     ExecutorState,
-    Outcome,
     ShouldAccept,
     Submission,
     Ticket,
     workflow_error,
 )
+from areal_like.rollout.outcome import Outcome
 from areal_like.rollout.stats import assemble_batch
 from areal_like.utils.batching import (
     min_generated_version,
@@ -221,9 +221,8 @@ class WorkflowExecutor:
             outcome = self._judge(sub, survivors)
         except Exception as judge_exc:
             return Outcome.FAILED, workflow_error(sub, judge_exc)
-        if outcome[0] is Outcome.ACCEPTED:
-            return Outcome.PARTIAL_ACCEPTED, outcome[1]
-        return outcome
+        partial = outcome[0] is Outcome.ACCEPTED
+        return (Outcome.PARTIAL_ACCEPTED, outcome[1]) if partial else outcome
 
     async def _episode_outcome(self, sub: Submission) -> tuple[Outcome, Optional[EpisodeResult]]:
         sub.start = time.monotonic()

@@ -6,7 +6,6 @@ The loop thread calls `admit` and `finish`; trainer threads call `enqueue`, `tak
 
 from __future__ import annotations
 
-import enum
 import math
 import threading
 import time
@@ -27,6 +26,7 @@ from areal_like.api.errors import (
 from areal_like.api.rollout_api import ShouldAccept
 from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_seed
 from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.outcome import Outcome
 from areal_like.rollout.staleness import (
     RolloutCounters,
     admission_capacity,
@@ -40,19 +40,6 @@ def data_id_of(data: dict[str, Any], seq: int) -> str:
         if key in data:
             return str(data[key])
     return f"#{seq}"
-
-
-class Outcome(enum.Enum):
-    """How an episode ended; each feeds the executor counter of its value's name."""
-
-    ACCEPTED = "accepted"
-    PARTIAL_ACCEPTED = "partial_accepted"  # a group without its failed-reward samples
-    REJECTED_BY_WORKFLOW = "rejected_by_workflow"  # arun_episode returned None
-    REJECTED_BY_FILTER = "rejected_by_filter"  # should_accept said no
-    FAILED = "failed"  # a workflow error: raised to the caller of wait()
-    FATAL = "fatal"  # raised as it is (a reward budget exceeded), counted as failed
-    FAILED_REWARD = "failed_reward"  # excluded and counted
-    CANCELLED = "cancelled"  # the executor shut down
 
 
 class Ticket:

@@ -45,12 +45,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=SGLangServerConfig.deterministic,
                         help="seeded, batch-invariant sampling (default: on)")
+    parser.add_argument("--fork-children", action=argparse.BooleanOptionalAction,
+                        default=SGLangServerConfig.fork_children,
+                        help="CPU: fork the scheduler and detokenizer instead of spawning them "
+                             "(~13 s less per start; default: off)")
     args, extra = parser.parse_known_args(argv)
     config = SGLangServerConfig(
         n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
         startup_timeout=args.startup_timeout, deterministic=args.deterministic,
-        max_restarts=args.max_restarts, extra_args=extra,
+        max_restarts=args.max_restarts, fork_children=args.fork_children,
+        extra_args=extra,
     )
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet

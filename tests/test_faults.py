@@ -230,7 +230,8 @@ def test_serve_restarts_a_dead_server_then_stops_naming_it(tiny_model_dir, tmp_p
     proc = subprocess.Popen(
         [sys.executable, "-m", "areal_like.cli", "serve", "--model-path", str(tiny_model_dir),
          "--n-servers", "1", "--max-restarts", "1", "--addrs-file", str(addrs_file),
-         "--log-dir", str(tmp_path / "logs"), "--api-key", SGLANG_TEST_API_KEY],
+         "--log-dir", str(tmp_path / "logs"), "--api-key", SGLANG_TEST_API_KEY,
+         "--fork-children"],  # two starts, ~13 s less each
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:

@@ -71,7 +71,8 @@ def test_server_death_on_rank0_ends_every_rank_with_the_same_error(tiny_model_di
                                                                    tmp_path_factory):
     require_sglang_venv()
     out = tmp_path_factory.mktemp("server_dies")
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024),
+    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024,
+                                                          fork_children=True),
                         api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("logs"))
     with fleet:
         proc = _launch("server_dies", out, addr=fleet.addresses[0],

@@ -84,7 +84,8 @@ def test_server_whose_port_is_taken_fails_fast_with_its_log_tail(tiny_model_dir,
         squatter.listen()
         port = squatter.getsockname()[1]
         # a start-up timeout longer than the test's own: only the bind error can end it
-        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=3600),
+        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=3600,
+                                                              fork_children=True),
                             base_port=port, log_dir=tmp_path / "logs")
         with pytest.raises(SGLangServerError) as info:
             fleet.start()

@@ -2,23 +2,22 @@
 
 An algorithm is an advantage estimator + a policy loss + a loss aggregation, chosen by name in
 `AlgorithmConfig` and wired by a thin actor that hands `loss_fn` to `TrainEngine.train_batch`.
-Importing this package registers the built-in estimators and losses.
+Importing this package registers the built-in estimators and losses; the actors and filters
+(which need tensordict) load on first use, so a config check (the launcher's) needs torch only.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from areal_like.algorithms import action_norm as _action_norm  # noqa: F401  (registers)
 from areal_like.algorithms import estimators as _estimators  # noqa: F401  (registers)
 from areal_like.algorithms import losses as _losses  # noqa: F401  (registers)
 from areal_like.algorithms.actor_checks import check_actor_config
-from areal_like.algorithms.actors import (
-    CriticActor,
-    PPOActor,
-    ReinforceActor,
-    SFTActor,
-)
 from areal_like.algorithms.advantages import broadcast_to_tokens, discounted_returns
 from areal_like.algorithms.aggregation import aggregate_loss, loss_weight
 from areal_like.algorithms.estimators import AdvantageInputs, AdvantageOutputs
-from areal_like.algorithms.filters import drop_zero_variance_groups, dynamic_sampling_filter
 from areal_like.algorithms.losses import PolicyLossInputs
 from areal_like.algorithms.presets import PRESETS, algorithm_preset
 from areal_like.algorithms.registry import (
@@ -32,6 +31,22 @@ from areal_like.algorithms.registry import (
     register_policy_loss,
     uses_group_statistics,
 )
+
+if TYPE_CHECKING:
+    from areal_like.algorithms.actors import CriticActor, PPOActor, ReinforceActor, SFTActor
+    from areal_like.algorithms.filters import drop_zero_variance_groups, dynamic_sampling_filter
+
+_LAZY = {**dict.fromkeys(["CriticActor", "PPOActor", "ReinforceActor", "SFTActor"], "actors"),
+         **dict.fromkeys(["drop_zero_variance_groups", "dynamic_sampling_filter"], "filters")}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'areal_like.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"areal_like.algorithms.{module}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -1,23 +1,42 @@
-"""The contracts users program against, importable flat from `areal_like.api`."""
+"""The contracts users program against, importable flat from `areal_like.api`.
 
-from areal_like.api.engine_api import (
-    FleetClient,
-    InferenceEngine,
-    LossFn,
-    LossWeightFn,
-    TrainEngine,
-)
-from areal_like.api.io_struct import (
-    FinetuneSpec,
-    GenerationHyperparameters,
-    ModelRequest,
-    ModelResponse,
-    SaveLoadMeta,
-    WeightUpdateMeta,
-)
-from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
-from areal_like.api.trajectory import TrajectoryError, validate_trajectory
-from areal_like.api.workflow_api import RolloutWorkflow
+The names load on first use (PEP 562): a process that only reads configs
+(`areal_like.api.config`, e.g. the launcher) does not import torch and tensordict for them."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from areal_like.api.engine_api import (
+        FleetClient,
+        InferenceEngine,
+        LossFn,
+        LossWeightFn,
+        TrainEngine,
+    )
+    from areal_like.api.io_struct import (
+        FinetuneSpec,
+        GenerationHyperparameters,
+        ModelRequest,
+        ModelResponse,
+        SaveLoadMeta,
+        WeightUpdateMeta,
+    )
+    from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
+    from areal_like.api.trajectory import TrajectoryError, validate_trajectory
+    from areal_like.api.workflow_api import RolloutWorkflow
+
+_MODULE_OF = {
+    **dict.fromkeys(["FleetClient", "InferenceEngine", "LossFn", "LossWeightFn", "TrainEngine"],
+                    "engine_api"),
+    **dict.fromkeys(["FinetuneSpec", "GenerationHyperparameters", "ModelRequest",
+                     "ModelResponse", "SaveLoadMeta", "WeightUpdateMeta"], "io_struct"),
+    **dict.fromkeys(["RolloutAPI", "ShouldAccept"], "rollout_api"),
+    **dict.fromkeys(["TrajectoryError", "validate_trajectory"], "trajectory"),
+    "RolloutWorkflow": "workflow_api",
+}
 
 __all__ = [
     "FinetuneSpec",
@@ -37,3 +56,17 @@ __all__ = [
     "WeightUpdateMeta",
     "validate_trajectory",
 ]
+assert sorted(__all__) == sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'areal_like.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"areal_like.api.{module}"), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])

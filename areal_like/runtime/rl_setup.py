@@ -70,6 +70,10 @@ class RLSetup:
         cpus = sorted(os.sched_getaffinity(0))
         if self.run.is_main and len(cpus) < (os.cpu_count() or 0):  # pinned: say where
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
+        self.rollout: Optional[RolloutProcess] = None
+        if self.run.is_main:  # its imports (seconds) overlap the data and engine set-up below
+            self.rollout = RolloutProcess()
+            self.rollout.spawn(config.rollout.controller_nice, config.rollout.controller_cpus)
         self.tokenizer = load_tokenizer(config.model)
         remote = remote_reward(config)  # a remote reward model replaces both verifiers
         self.task, n_train_long = load_task(config, "train_dataset", self.tokenizer, remote)
@@ -81,16 +85,14 @@ class RLSetup:
         self.rewards = configure_rewards(dataclasses.replace(config.reward, use_processes=False))
         self.check_rewards()  # before anything slow starts: a broken reward fails the run now
         self.actor_engine = start_engine(config.actor)
-        self.rollout: Optional[RolloutProcess] = None
         group_statistics = uses_group_statistics(config.algorithm)
         # ranks get whole groups; without group statistics a group may be short of its
         # failed samples, so any split is right
         self.shard_group_size = config.algorithm.group_size if group_statistics else 1
         self.eval_items = eval_items(config, self.valid.dataset)
-        if self.run.is_main:
+        if self.rollout is not None:
             workflow = eval_workflow(self) if eval_workflow is not None else None
-            self.rollout = RolloutProcess(self.rollout_setup(workflow, group_statistics))
-            self.rollout.start()  # from the main thread: the controller lives as long as it
+            self.rollout.start(self.rollout_setup(workflow, group_statistics))
         # the other ranks wait (with heartbeats) and fail alike if it cannot start
         self.run.on_main(self._wait_rollout_ready, "starting the rollout controller")
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,

@@ -20,12 +20,13 @@ with the controller's traceback attached as a note.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
 import pickle
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
@@ -49,7 +50,8 @@ EXIT_TIMEOUT_S = 10.0  # a trainer that ends with an exception waits this long f
 class RolloutProcess(RolloutAPI):
     """Trainer-side handle of a controller process (see module doc)."""
 
-    def __init__(self, setup: RolloutSetup) -> None:
+    def __init__(self, setup: Optional[RolloutSetup] = None) -> None:
+        """`setup` now, or later: `start(setup)`."""
         self.setup = setup
         self.last_episode_ids: list[str] = []
         self._process: Optional[mp.process.BaseProcess] = None
@@ -69,26 +71,40 @@ class RolloutProcess(RolloutAPI):
         self.start()
         self.wait_ready()
 
-    def start(self) -> None:
-        """Spawn the controller. Call it from the thread that lives as long as the run (the
-        main thread): the controller stops when that thread ends (it watches its parent)."""
+    def spawn(self, nice: int = 0, cpus: Sequence[int] = ()) -> None:
+        """Start the controller process before its set-up is known: it imports (seconds) and
+        places itself (`rollout.controller_nice`, `rollout.controller_cpus`) while the trainer
+        loads its data and engine; `start(setup)` hands it the set-up. Call it from the thread
+        that lives as long as the run (the main thread): the controller stops when that thread
+        ends (it watches its parent)."""
         if self._process is not None:
             return
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=True)
-        try:
-            setup_bytes = pickle.dumps(self.setup)
-        except (pickle.PicklingError, TypeError, AttributeError) as e:
-            raise TypeError(f"the rollout controller's set-up (workflows, evaluation data, "
-                            f"reward functions) cannot be pickled: {e}") from e
-        self._process = ctx.Process(target=serve,
-                                    args=(child_conn, self.setup.reward, setup_bytes),
+        self._process = ctx.Process(target=serve, args=(child_conn, nice, list(cpus)),
                                     name="rollout-controller", daemon=False)
         self._process.start()
         child_conn.close()
         # an exception that ends the trainer must end the controller too: multiprocessing's
         # own exit hook would otherwise wait for it forever (it waits for the trainer)
         atexit.register(self.destroy, timeout=EXIT_TIMEOUT_S)
+
+    def start(self, setup: Optional[RolloutSetup] = None) -> None:
+        """Send the controller its set-up (`setup`, or the one given at construction),
+        spawning it first unless `spawn` did; `wait_ready` then waits until it is built."""
+        self.setup = setup or self.setup
+        if self.setup is None:
+            raise ValueError("RolloutProcess.start: no set-up (RolloutProcess(setup) or "
+                             "start(setup))")
+        try:
+            setup_bytes = pickle.dumps(self.setup)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TypeError(f"the rollout controller's set-up (workflows, evaluation data, "
+                            f"reward functions) cannot be pickled: {e}") from e
+        self.spawn(self.setup.rollout.controller_nice, self.setup.rollout.controller_cpus)
+        # it may have ended already (e.g. could not pin itself): `wait_ready` reports why
+        with contextlib.suppress(OSError, EOFError):
+            self._conn.send((self.setup.reward, setup_bytes))
 
     def wait_ready(self) -> None:
         """Wait until the started controller reached every server (or raise its error)."""

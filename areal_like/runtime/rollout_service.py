@@ -176,22 +176,32 @@ class RolloutService:
                             f"{self.setup.eval_timeout:.0f} s")
 
 
-def serve(conn: Any, reward: RewardConfig, setup_bytes: bytes) -> None:
-    """The controller process: build the service, then answer calls until told to stop or
-    until the trainer's end of the pipe closes (the trainer died).
+def serve(conn: Any, nice: int, cpus: list[int]) -> None:
+    """The controller process: place itself (`nice`, `cpus`), wait for its set-up, build the
+    service, then answer calls until told to stop or until the trainer's end of the pipe
+    closes (the trainer died). It is started before the trainer knows the set-up, so that its
+    imports overlap the trainer's own start-up (`RolloutProcess.spawn`).
 
-    The setup arrives pickled and is unpickled only after the shared reward executor is
-    configured: the workflows in it then take that executor (see `RewardExecutor.__reduce__`)."""
+    The setup arrives as (reward config, pickled setup) and is unpickled only after the shared
+    reward executor is configured: the workflows in it then take that executor (see
+    `RewardExecutor.__reduce__`)."""
     _stop_with_parent()
-    configure_rewards(reward)
-    setup: RolloutSetup = pickle.loads(setup_bytes)
-    if setup.rollout.controller_nice:  # before the reward workers start: they inherit it
-        os.nice(setup.rollout.controller_nice)
+    if nice:  # before the reward workers start: they inherit it
+        os.nice(nice)
     try:
-        pin_to_cpus("rollout.controller_cpus", setup.rollout.controller_cpus)
+        pin_to_cpus("rollout.controller_cpus", cpus)
     except ValueError as e:
         conn.send(("error", _portable(e)))
         return
+    try:
+        message = conn.recv()
+    except (EOFError, OSError):
+        return  # the trainer ended before it had a set-up to send
+    if message is None:
+        return
+    reward, setup_bytes = message
+    configure_rewards(reward)
+    setup: RolloutSetup = pickle.loads(setup_bytes)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s [rollout-controller] %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

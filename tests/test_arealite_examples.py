@@ -51,14 +51,14 @@ def test_remax_reinforce_document_loop_trains_and_moves_the_fleets_weights(tiny_
 def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_dir, tmp_path,
                                                                    fresh_fleet):
     """AReaL-lite's GRPO script (its RLVR workflow, custom reward, PPO actor, saver, stats
-    logger, evaluator and a second engine for evaluation), eta = 1."""
+    logger, evaluator and a second engine for evaluation), eta = 1, with its config in
+    AReaL-lite's own format (sections, key names, allocation_mode; 1 epoch of 3 steps)."""
     from areal_like.utils.metrics_logger import read_metrics
 
     proc = subprocess.run(
         [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/gsm8k_grpo.py",
          "--config", "examples/arealite/gsm8k_grpo.yaml", f"model.path={tiny_model_dir}",
-         *attach_args(fresh_fleet),
-         f"logging.log_dir={tmp_path}", "total_train_steps=3", "checkpoint.freq_steps=3"],
+         *attach_args(fresh_fleet), f"cluster.fileroot={tmp_path}"],
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -75,6 +75,9 @@ def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_di
     dumped = {p.name for p in (run / "generated").iterdir()}
     assert "0" in dumped and dumped <= {"0", "1", "2", "3", str(10**12)}, dumped
     assert (run / "checkpoints" / "epoch0_step2_global2" / "config.json").is_file()
+    # WeightUpdateMeta.from_disk(config.saver): the fleet loaded from the saver's folder
+    assert (run / "checkpoints" / "weight_update" / "model.safetensors").is_file()
+    assert "config (AReaL-lite): sglang.random_seed" in proc.stdout  # a differing meaning
 
 sys.path.insert(0, str(REPO / "examples" / "arealite"))
 

@@ -29,6 +29,12 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from areal_like.api.arealite_keys import (
+    ArealiteKeyError,
+    arealite_only,
+    looks_like_arealite,
+    translate_arealite,
+)
 from areal_like.api.inherited_task_keys import inherited_task_keys
 
 T = TypeVar("T")
@@ -260,10 +266,20 @@ def _to_object(composed: Any, config_cls: type, source: str) -> Any:
 def load_config(
     config_cls: type[T], config_file: str | Path, overrides: Optional[list[str]] = None
 ) -> T:
-    """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance."""
+    """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance (an
+    AReaL-lite experiment YAML is read through `arealite_keys`)."""
     path = Path(config_file).resolve()
+    if _is_arealite_yaml(path):
+        return _load_arealite(config_cls, path, overrides or [], notices=True)
     composed, source = _compose(config_cls, path, overrides)
-    if OmegaConf.get_type(composed) is not config_cls:
+    schema = OmegaConf.get_type(composed)
+    if schema is not config_cls and isinstance(schema, type) and issubclass(config_cls, schema):
+        try:  # a schema extending the YAML's (e.g. AReaL-lite's classes): its defaults fill in
+            composed = OmegaConf.merge(OmegaConf.structured(config_cls),
+                                       OmegaConf.to_container(composed, resolve=False))
+        except OmegaConfBaseException as e:
+            raise explain_config_error(e, config_cls, source) from e
+    elif schema is not config_cls:
         raise ConfigError(
             f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
             f"(add `defaults: [<schema name>, _self_]` at the top)"
@@ -277,6 +293,8 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     names a registered schema; otherwise only the sections `base_cls` knows are read into it
     (the script validates the rest itself) — unknown keys inside those sections still fail."""
     overrides = list(overrides or [])
+    if _is_arealite_yaml(Path(config_file)):  # the script prints the notices, not the launcher
+        return _load_arealite(base_cls, Path(config_file), overrides, notices=False)
     composed, source = _compose(base_cls, config_file, [], drop_inherited=False)
     schema = OmegaConf.get_type(composed)
     if dataclasses.is_dataclass(schema):
@@ -299,3 +317,64 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
 def to_yaml(config: Any) -> str:
     """The config as YAML (what a run saves next to its logs)."""
     return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def _is_arealite_yaml(path: Path) -> bool:
+    """An AReaL-lite experiment config: no defaults list, and AReaL-lite's own keys."""
+    if not path.is_file():
+        return False  # `_compose` says so
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except OmegaConfBaseException:
+        return False  # `_compose` explains it
+    return isinstance(raw, dict) and "defaults" not in raw and looks_like_arealite(raw)
+
+
+def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
+                   notices: bool) -> T:
+    """An AReaL-lite YAML (+ overrides in either key names) into `config_cls`: the YAML is
+    composed, overridden, resolved, then translated (`translate_arealite`). `model.path=X`
+    sets `actor.path`, so AReaL-lite's `${actor.path}` references follow it."""
+    path = path.resolve()
+    source = f"{path.name} with overrides {overrides}" if overrides else path.name
+    composed, _ = _compose(config_cls, path, [], drop_inherited=False)
+    raw = OmegaConf.create(OmegaConf.to_container(composed, resolve=False))
+    try:
+        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+        model_path = OmegaConf.select(raw, "model.path")
+        if model_path and OmegaConf.select(raw, "actor") is not None:
+            raw.actor.path = model_path
+        resolved = OmegaConf.to_container(raw, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{source}: {_root_message(e)}") from e
+    try:
+        top = _fields_at(config_cls, "") or []
+        ours, said = translate_arealite(resolved, top.__contains__)  # type: ignore[arg-type]
+    except ArealiteKeyError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    lenient = not dataclasses.is_dataclass(config_cls) or config_cls.__name__ == (
+        "BaseExperimentConfig")  # a launcher reading a script's YAML: its sections only
+    _drop_arealite_only(ours, config_cls, "", lenient)
+    if notices and os.environ.get("RANK", "0") == "0":
+        for line in said:
+            print(f"config (AReaL-lite): {line}", file=sys.stderr, flush=True)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(config_cls), ours)
+    except OmegaConfBaseException as e:
+        raise explain_config_error(e, config_cls, source) from e
+    return _to_object(merged, config_cls, source)  # type: ignore[no-any-return]
+
+
+def _drop_arealite_only(node: dict[str, Any], config_cls: type, parent: str,
+                        lenient: bool) -> None:
+    """Remove the AReaL-lite keys `config_cls` has no field for (they were mapped to ours);
+    `lenient`: also whole top-level sections it lacks (a script's own)."""
+    fields = _fields_at(config_cls, parent)
+    if fields is None:
+        return  # a free-form dict
+    for key in list(node):
+        if key not in fields:
+            if arealite_only(parent, key) or (lenient and not parent):
+                del node[key]
+        elif isinstance(node[key], dict):
+            _drop_arealite_only(node[key], config_cls, f"{parent}.{key}".lstrip("."), lenient)

@@ -18,16 +18,25 @@ from areal_like.api import (
     RolloutWorkflow,
     SaveLoadMeta,
     TrainEngine,
-    WeightUpdateMeta,
 )
 from areal_like.api.config import (
     BaseExperimentConfig,
-    DatasetConfig,
-    EvaluationConfig,
     OptimizerConfig,
     RolloutConfig,
     SGLangServerConfig,
     TrainEngineConfig,
+)
+from areal_like.arealite.config import (
+    ClusterSpecConfig,
+    DatasetConfig,
+    EvaluatorConfig,
+    GRPOConfig,
+    PPOActorConfig,
+    PPOConfig,
+    RecoverConfig,
+    SaverConfig,
+    SFTConfig,
+    StatsLoggerConfig,
 )
 from areal_like.arealite.engines import (
     FSDPEngine,
@@ -41,13 +50,13 @@ from areal_like.arealite.training import (
     FSDPPPOActor,
     Saver,
     StatsLogger,
+    WeightUpdateMeta,
     log_gpu_stats,
     seeding,
 )
 from areal_like.utils import stats_tracker
 from areal_like.utils.batching import concat_padded as concat_padded_tensors
 from areal_like.utils.packed_logprobs import gather_logprobs
-from recipes.configs import GRPOConfig, PPOConfig, SFTConfig
 from workflows import ArealOpenAI, MultiTurnWorkflow, ReMaxWorkflow, RLVRWorkflow
 
 LLMRequest = ModelRequest
@@ -55,13 +64,13 @@ LLMResponse = ModelResponse
 ReMaxRLVRWorkflow = ReMaxWorkflow
 # AReaL-lite's config class names (areal/api/cli_args.py) for ours
 InferenceEngineConfig = RolloutConfig
-PPOActorConfig = TrainEngineConfig
 SGLangConfig = SGLangServerConfig
-EvaluatorConfig = EvaluationConfig
 
 __all__ = [
-    "ArealOpenAI", "BaseExperimentConfig", "DatasetConfig", "EvaluatorConfig", "GRPOConfig",
-    "InferenceEngineConfig", "OptimizerConfig", "PPOActorConfig", "PPOConfig", "SFTConfig",
+    "ArealOpenAI", "BaseExperimentConfig", "ClusterSpecConfig", "DatasetConfig",
+    "EvaluatorConfig", "GRPOConfig", "InferenceEngineConfig", "OptimizerConfig",
+    "PPOActorConfig", "PPOConfig", "RecoverConfig", "SFTConfig", "SaverConfig",
+    "StatsLoggerConfig",
     "SGLangConfig", "TrainEngineConfig", "Evaluator", "FSDPEngine", "FSDPPPOActor", "FinetuneSpec",
     "GenerationHyperparameters", "InferenceEngine", "LLMRequest", "LLMResponse",
     "MultiTurnWorkflow", "RLVRWorkflow", "ReMaxRLVRWorkflow", "RemoteSGLangEngine",

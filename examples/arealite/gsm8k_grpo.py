@@ -49,7 +49,7 @@ def process_gsm8k_rl_dataset(dataset: Dataset):
 
 
 def get_gsm8k_dataset(split, rank, world_size):
-    dataset = build_task(DatasetConfig(type="addition", split=split, size=400 if split == "train" else 40)).dataset.remove_columns(["messages"])  # areal-like: no model hub on this machine; the built-in addition task stands in for openai/gsm8k (question/answer columns)
+    dataset = build_task(DatasetConfig(type="addition", split=split, size=12 if split == "train" else 40)).dataset.remove_columns(["messages"])  # areal-like: no model hub on this machine; the built-in addition task stands in for openai/gsm8k (question/answer columns)
     dataset = split_dataset_by_node(dataset, rank=rank, world_size=world_size)
     return process_gsm8k_rl_dataset(dataset)
 
@@ -64,7 +64,7 @@ def main(args):
 
     rank = int(os.getenv("RANK"))
     world_size = int(os.getenv("WORLD_SIZE"))
-    tokenizer = load_hf_tokenizer(config.model.tokenizer_path or config.model.path)  # areal-like: config.tokenizer_path is model.tokenizer_path (empty: model.path)
+    tokenizer = load_hf_tokenizer(config.tokenizer_path)
 
     seeding.set_random_seed(config.seed, key=f"trainer{rank}")
 
@@ -73,20 +73,20 @@ def main(args):
         get_gsm8k_dataset("train", rank, world_size),
         batch_size=config.train_dataset.batch_size // world_size,
         shuffle=config.train_dataset.shuffle,
-        num_workers=0,  # areal-like: our DatasetConfig has no num_workers (tasks are generated in-process)
+        num_workers=config.train_dataset.num_workers,
         collate_fn=lambda x: x,
-        drop_last=True,  # areal-like: nor drop_last
+        drop_last=config.train_dataset.drop_last,
     )
     valid_dataloader = StatefulDataLoader(
         get_gsm8k_dataset("test", rank, world_size),
         batch_size=config.valid_dataset.batch_size // world_size,
         shuffle=config.valid_dataset.shuffle,
-        num_workers=0,  # areal-like: as above
+        num_workers=config.valid_dataset.num_workers,
         collate_fn=lambda x: x,
-        drop_last=True,  # areal-like: as above
+        drop_last=config.valid_dataset.drop_last,
     )
     ft_spec = FinetuneSpec(
-        total_train_epochs=1,  # areal-like: runs are measured in steps (total_train_steps), not epochs
+        total_train_epochs=config.total_train_epochs,
         dataset_size=len(train_dataloader) * config.train_dataset.batch_size,
         train_batch_size=config.train_dataset.batch_size,
     )
@@ -100,11 +100,11 @@ def main(args):
     eval_rollout.set_version(int(1e12))
 
     # Initialize train engine
-    actor = FSDPPPOActor(config=config.actor, algorithm=config.algorithm)  # areal-like: PPO settings live in the algorithm section
+    actor = FSDPPPOActor(config=config.actor)
     actor.initialize(None, ft_spec)
     ref = None
-    if config.algorithm.kl_ctl > 0 and config.use_ref_model:  # areal-like: algorithm.kl_ctl; the reference model is switched on by use_ref_model
-        ref = FSDPPPOActor(config=config.ref, algorithm=config.algorithm)  # areal-like: as above
+    if config.actor.kl_ctl > 0 and config.ref is not None:
+        ref = FSDPPPOActor(config=config.ref)
         ref.initialize(None, ft_spec)
 
     # NOTE: Weight update meta only requires address and free port of rank 0,
@@ -112,7 +112,7 @@ def main(args):
     # due to `engine.get_param_specs()`.
     # Therefore, we create weight update meta on all ranks, then broadcast the one on rank 0.
     weight_update_meta = [
-        WeightUpdateMeta.from_disk(os.path.abspath(os.path.join(StatsLogger.get_log_path(config.logging), "weights")), 0)  # areal-like: NCCL needs GPUs; through the disk here (our recipes stream over a process group with rollout.weight_transport=distributed)
+        WeightUpdateMeta.from_disk(config.saver)  # areal-like: AReaL-lite's disk form of the call: NCCL (from_fsdp_nccl) needs GPUs (our recipes stream over a gloo group with rollout.weight_transport=distributed)
     ]
     dist.broadcast_object_list(weight_update_meta, src=0)
     weight_update_meta = weight_update_meta[0]
@@ -128,18 +128,18 @@ def main(args):
         tokenizer=tokenizer,
         enable_thinking=False,
         dump_dir=os.path.join(
-            StatsLogger.get_log_path(config.logging), "generated"  # areal-like: stats_logger is our logging section
+            StatsLogger.get_log_path(config.stats_logger), "generated"
         ),
     )
 
     # Run training.
-    saver = Saver(config.checkpoint, ft_spec, for_recover=False, run_root=StatsLogger.get_log_path(config.logging))  # areal-like: saver is our checkpoint section; checkpoints go under the run directory
-    logger = StatsLogger(config.logging, ft_spec)  # areal-like: as above
-    evaluator = Evaluator(config.evaluation, ft_spec)  # areal-like: evaluator is our evaluation section
+    saver = Saver(config.saver, ft_spec, for_recover=False)
+    logger = StatsLogger(config.stats_logger, ft_spec)
+    evaluator = Evaluator(config.evaluator, ft_spec)
 
-    total_epochs = 1  # areal-like: as above
+    total_epochs = config.total_train_epochs
     steps_per_epoch = len(train_dataloader)
-    max_steps = min(total_epochs * steps_per_epoch, config.total_train_steps)  # areal-like: as above
+    max_steps = total_epochs * steps_per_epoch
 
     logger.info(f"total_epochs={total_epochs} step_per_epoch={steps_per_epoch}")
     data_generator = iter(train_dataloader)
@@ -148,7 +148,7 @@ def main(args):
         step = global_step % steps_per_epoch
 
         with stats_tracker.record_timing("rollout"):
-            if config.rollout.max_head_offpolicyness > 0:  # areal-like: asynchronous training is eta > 0
+            if config.async_training:
                 batch = rollout.prepare_batch(train_dataloader, workflow=workflow)
             else:
                 try:
@@ -163,7 +163,7 @@ def main(args):
         dist.barrier()  # areal-like: device_ids is for NCCL only
         if torch.cuda.is_available(): torch.cuda.synchronize()  # areal-like: the unguarded call fails on a CPU-only machine  # noqa: E701
 
-        if config.algorithm.recompute_logprob or config.algorithm.use_decoupled_loss:  # areal-like: algorithm section
+        if config.actor.recompute_logprob or config.actor.use_decoupled_loss:
             with stats_tracker.record_timing("recompute_logp"):
                 logp = actor.compute_logp(batch)
                 batch["prox_logp"] = logp

@@ -12,7 +12,8 @@ import aiohttp
 logger = logging.getLogger("engines.remote_sglang")
 
 CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
-GENERATION_PROBE_TIMEOUT_S = 60.0  # SGLang's /health_generate gives up by itself after 20 s
+# the server gives up by itself first (server.health_generate_timeout)
+GENERATION_PROBE_TIMEOUT_S = 60.0
 CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
 
 

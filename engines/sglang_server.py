@@ -136,7 +136,8 @@ def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     env = dict(os.environ)
     threads = str(config.threads_per_server)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1",
+               SGLANG_HEALTH_CHECK_TIMEOUT=str(config.health_generate_timeout))
     if config.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["AREAL_LIKE_SGLANG_FORK"] = "1" if config.fork_children else "0"  # see the shim

@@ -110,8 +110,10 @@ def _module_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     from engines.sglang_server import SGLangFleet
 
     # forked children (`server.fork_children`, opt-in): a spare is restarted after nearly
-    # every test that uses it, ~15 s less each; the session fleet keeps SGLang's spawn
-    config = SGLangServerConfig(n_servers=1, context_length=1024, fork_children=True)
+    # every test that uses it, ~15 s less each; the session fleet keeps SGLang's spawn. Its
+    # /health_generate gives up after 5 s, not 20: the hung-scheduler test waits for it twice
+    config = SGLangServerConfig(n_servers=1, context_length=1024, fork_children=True,
+                                health_generate_timeout=5)
     fleet = SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
                         log_dir=tmp_path_factory.mktemp("spare"))
     with fleet:

@@ -171,7 +171,7 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
     generates again."""
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         health_check_interval=0.5, request_timeout=20.0)
+                         health_check_interval=0.5, request_timeout=5.0)
     root = spare.processes[0].pid  # its HTTP front end; under it scheduler, detokenizer
     stopped = [pid for pid in process_tree(root) if pid != root]
     assert stopped, "the SGLang server has no child processes to stop"

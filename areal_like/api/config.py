@@ -125,6 +125,9 @@ class SGLangServerConfig:
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
     fork_children: bool = False  # CPU: fork, not spawn, the scheduler + detokenizer (no re-import)
     startup_timeout: float = 300.0
+    # how long the server's /health_generate waits for one generated token before it answers
+    # "not generating" (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT): how soon a hung scheduler is found
+    health_generate_timeout: int = 20
     max_restarts: int = 3  # per server: the launcher restarts a dead server this many times
     # Niceness (0-19) of the server processes. Where they share cores with the trainer, a
     # positive value lets the trainer (the critical path) run first; rollouts fill the gaps.
@@ -150,6 +153,8 @@ class SGLangServerConfig:
         _check(name, "gpus_per_server", self.gpus_per_server >= 1, self.gpus_per_server, ">= 1")
         _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
                "> 0 seconds")
+        _check(name, "health_generate_timeout", self.health_generate_timeout >= 1,
+               self.health_generate_timeout, ">= 1 second")
         _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
         _check(name, "nice", 0 <= self.nice <= 19, self.nice, "in 0..19")
         _cpu_list(name, "cpus", self.cpus)

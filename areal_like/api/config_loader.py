@@ -270,7 +270,7 @@ def load_config(
     AReaL-lite experiment YAML is read through `arealite_keys`)."""
     path = Path(config_file).resolve()
     if _is_arealite_yaml(path):
-        return _load_arealite(config_cls, path, overrides or [], notices=True)
+        return _load_arealite(config_cls, path, overrides or [], for_launcher=False)
     composed, source = _compose(config_cls, path, overrides)
     schema = OmegaConf.get_type(composed)
     if schema is not config_cls and isinstance(schema, type) and issubclass(config_cls, schema):
@@ -293,8 +293,8 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     names a registered schema; otherwise only the sections `base_cls` knows are read into it
     (the script validates the rest itself) — unknown keys inside those sections still fail."""
     overrides = list(overrides or [])
-    if _is_arealite_yaml(Path(config_file)):  # the script prints the notices, not the launcher
-        return _load_arealite(base_cls, Path(config_file), overrides, notices=False)
+    if _is_arealite_yaml(Path(config_file)):
+        return _load_arealite(base_cls, Path(config_file), overrides, for_launcher=True)
     composed, source = _compose(base_cls, config_file, [], drop_inherited=False)
     schema = OmegaConf.get_type(composed)
     if dataclasses.is_dataclass(schema):
@@ -331,10 +331,11 @@ def _is_arealite_yaml(path: Path) -> bool:
 
 
 def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
-                   notices: bool) -> T:
+                   for_launcher: bool) -> T:
     """An AReaL-lite YAML (+ overrides in either key names) into `config_cls`: the YAML is
     composed, overridden, resolved, then translated (`translate_arealite`). `model.path=X`
-    sets `actor.path`, so AReaL-lite's `${actor.path}` references follow it."""
+    sets `actor.path`, so AReaL-lite's `${actor.path}` references follow it. A launcher reads
+    only the sections `config_cls` has, and leaves the notices to the script."""
     path = path.resolve()
     source = f"{path.name} with overrides {overrides}" if overrides else path.name
     composed, _ = _compose(config_cls, path, [], drop_inherited=False)
@@ -352,10 +353,8 @@ def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
         ours, said = translate_arealite(resolved, top.__contains__)  # type: ignore[arg-type]
     except ArealiteKeyError as e:
         raise ConfigError(f"{source}: {e}") from None
-    lenient = not dataclasses.is_dataclass(config_cls) or config_cls.__name__ == (
-        "BaseExperimentConfig")  # a launcher reading a script's YAML: its sections only
-    _drop_arealite_only(ours, config_cls, "", lenient)
-    if notices and os.environ.get("RANK", "0") == "0":
+    _drop_arealite_only(ours, config_cls, "", lenient=for_launcher)
+    if not for_launcher and os.environ.get("RANK", "0") == "0":
         for line in said:
             print(f"config (AReaL-lite): {line}", file=sys.stderr, flush=True)
     try:

@@ -13,6 +13,9 @@ as the trainer sees it (`areal_like.runtime.weight_sync.push_weights`):
 - `floor`: a bare gloo broadcast of the same buckets from this process to a child process
   (no SGLang, no HTTP, nothing loaded): what moving the bytes costs at minimum.
 The ratios show what the transport adds over the floor, and how much faster than disk it is.
+`--paused-loop spin wait` measures each size twice: with SGLang's own paused scheduler (a busy
+loop, `AREAL_LIKE_SGLANG_PAUSED_SPIN=1`) and with the shim's (it waits on its sockets), and
+`--busy N` runs N CPU-bound processes beside it all (a shared machine).
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -95,7 +101,8 @@ def floor_seconds(engine: FSDPEngine, bucket_bytes: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def measure(size: str, rounds: int, bucket_mb: float, tmp: Path) -> dict[str, float]:
+def measure(size: str, rounds: int, bucket_mb: float, tmp: Path,
+            paused_loop: str = "wait") -> dict[str, float]:
     base = build_tiny_model(tmp / f"{size}-base", size, seed=1)
     engine = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(base)),
                                           optimizer=OptimizerConfig(lr=1e-4)))
@@ -103,10 +110,12 @@ def measure(size: str, rounds: int, bucket_mb: float, tmp: Path) -> dict[str, fl
     n_params = sum(p.numel() for p in engine.model.parameters())
     nbytes = sum(p.nbytes for p in engine.weight_specs())
     config = RolloutConfig(weight_transport="distributed", weight_bucket_mb=bucket_mb)
-    result: dict[str, float] = {"size": size, "params_m": n_params / 1e6, "mb": nbytes / 2**20}
+    result: dict[str, Any] = {"size": size, "params_m": n_params / 1e6, "mb": nbytes / 2**20,
+                              "paused_loop": paused_loop}
+    os.environ["AREAL_LIKE_SGLANG_PAUSED_SPIN"] = "1" if paused_loop == "spin" else "0"
     try:
         with SGLangFleet(base, SGLangServerConfig(n_servers=1, max_total_tokens=4096),
-                         log_dir=tmp / f"{size}-logs") as fleet:
+                         log_dir=tmp / f"{size}-{paused_loop}-logs") as fleet:
             config.server_addrs = fleet.addresses
             client = RemoteSGLangEngine(config)
             client.initialize()
@@ -143,16 +152,27 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["1m", "10m", "50m", "100m"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=256.0)
+    parser.add_argument("--paused-loop", nargs="+", choices=["wait", "spin"], default=["wait"])
+    parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside it")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="weight_update_") as tmp:
-        rows = [measure(size, args.rounds, args.bucket_mb, Path(tmp)) for size in args.sizes]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="weight_update_") as tmp:
+            rows = [measure(size, args.rounds, args.bucket_mb, Path(tmp), loop)
+                    for size in args.sizes for loop in args.paused_loop]
+    finally:
+        for proc in busy:
+            proc.kill()
     print(f"bucket {args.bucket_mb:g} MB, median of {args.rounds} rounds, seconds from the "
-          f"trainer's call to the fleet resuming")
-    print("| model | params | fp32 weights | buckets | floor: bare gloo broadcast s | "
-          "distributed s | vs floor | disk s (of which fleet paused) | disk / distributed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"trainer's call to the fleet resuming, {args.busy} busy processes beside it")
+    print("| model | params | fp32 weights | paused scheduler | buckets | floor: bare gloo "
+          "broadcast s | distributed s | vs floor | disk s (of which fleet paused) | "
+          "disk / distributed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | {r['buckets']:.0f} | "
+        print(f"| {r['size']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | {r['paused_loop']} | "
+              f"{r['buckets']:.0f} | "
               f"{r['floor']:.3f} | {r['distributed']:.3f} | "
               f"{r['distributed'] / r['floor']:.2f}x | {r['disk']:.3f} "
               f"({r['disk_paused']:.3f}) | "

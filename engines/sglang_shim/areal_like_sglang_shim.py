@@ -16,6 +16,9 @@ after one of these modules is imported:
 - `sglang.srt.entrypoints.engine` (CPU engine, `AREAL_LIKE_SGLANG_FORK=1`, set from
   `SGLangServerConfig.fork_children`): start the scheduler and detokenizer by fork, so they
   inherit the imports instead of repeating them.
+- `sglang.srt.managers.scheduler` (CPU engine): a paused scheduler (`/pause_generation`, as
+  every weight update pauses the fleet) waits on its sockets like an idle one under
+  `--sleep-on-idle`, instead of polling them in a busy loop that takes a whole core.
 """
 
 from __future__ import annotations
@@ -92,6 +95,24 @@ def _fork_children(engine: ModuleType) -> None:
     engine._set_envs_and_config = set_envs_and_config_then_fork
 
 
+def _paused_scheduler_waits(scheduler: ModuleType) -> None:
+    """SGLang's event loops `continue` at once while the engine is paused, so a paused
+    scheduler spins through `ingest_requests` on a whole core for as long as a weight update
+    lasts (or, for a server left paused, until it resumes): on a small CPU machine that core
+    is the trainer's. With `--sleep-on-idle` the scheduler already has an `IdleSleeper`
+    polling its request sockets (up to 1 s, woken by any message); a paused one with no
+    request left to dispatch now waits on it too. The paused loop does nothing but take
+    requests, so it answers each as soon as it arrives, as before."""
+    record_paused = scheduler.Scheduler._record_scheduler_state_for_paused_engine
+
+    def record_paused_then_wait(self: Any) -> None:
+        record_paused(self)
+        if not self._deferred_input_requests:
+            self.maybe_sleep_on_idle()
+
+    scheduler.Scheduler._record_scheduler_state_for_paused_engine = record_paused_then_wait
+
+
 _HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torchvision.extension": define_missing_torchvision_ops,
 }
@@ -99,6 +120,8 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     _HOOKS["sglang.srt.arg_groups.choices"] = _allow_deterministic_torch_native
     _HOOKS["sglang.srt.batch_invariant_ops"] = _cpu_batch_invariant_mode
     _HOOKS["sglang.kernels.ops.sampling.murmur_hash"] = _cpu_murmur_hash
+    if os.environ.get("AREAL_LIKE_SGLANG_PAUSED_SPIN") != "1":  # 1: SGLang's loop, to compare
+        _HOOKS["sglang.srt.managers.scheduler"] = _paused_scheduler_waits
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # SGLangServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
 

@@ -9,8 +9,8 @@ after one of these modules is imported:
   with CPU kernels that raise. torchvision's `_meta_registrations` registers fake kernels for
   exactly these two ops without checking that its C++ ops loaded, which raises "operator
   torchvision::nms does not exist" and makes `import torchvision` (and so sglang) fail.
-- `sglang.srt.arg_groups.choices`, `sglang.srt.batch_invariant_ops` and
-  `sglang.kernels.ops.sampling.murmur_hash` (CPU engine only):
+- `sglang.srt.arg_groups.choices`, `sglang.srt.batch_invariant_ops`,
+  `sglang.kernels.ops.sampling.murmur_hash` and `sglang.srt.layers.sampler` (CPU engine only):
   make `--enable-deterministic-inference` work with the `torch_native` backend, see
   `areal_like_sglang_deterministic.py`.
 - `sglang.srt.entrypoints.engine` (CPU engine, `AREAL_LIKE_SGLANG_FORK=1`, set from
@@ -95,6 +95,12 @@ def _fork_children(engine: ModuleType) -> None:
     engine._set_envs_and_config = set_envs_and_config_then_fork
 
 
+def _eager_seeded_sampling(sampler: ModuleType) -> None:
+    import areal_like_sglang_deterministic
+
+    areal_like_sglang_deterministic.install_eager_seeded_sampling(sampler)
+
+
 def _paused_scheduler_waits(scheduler: ModuleType) -> None:
     """SGLang's event loops `continue` at once while the engine is paused, so a paused
     scheduler spins through `ingest_requests` on a whole core for as long as a weight update
@@ -120,6 +126,8 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     _HOOKS["sglang.srt.arg_groups.choices"] = _allow_deterministic_torch_native
     _HOOKS["sglang.srt.batch_invariant_ops"] = _cpu_batch_invariant_mode
     _HOOKS["sglang.kernels.ops.sampling.murmur_hash"] = _cpu_murmur_hash
+    if os.environ.get("AREAL_LIKE_SGLANG_COMPILED_SAMPLER") != "1":  # 1: SGLang's, to compare
+        _HOOKS["sglang.srt.layers.sampler"] = _eager_seeded_sampling
     if os.environ.get("AREAL_LIKE_SGLANG_PAUSED_SPIN") != "1":  # 1: SGLang's loop, to compare
         _HOOKS["sglang.srt.managers.scheduler"] = _paused_scheduler_waits
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # SGLangServerConfig.fork_children

@@ -255,7 +255,6 @@ def part2(args: argparse.Namespace) -> None:
                                      size=args.size, seed=1)
         wf_async = RLVRWorkflow(zero_reward_async, gconfig, str(model_dir))
         wf_sync = RLVRWorkflow(zero_reward, gconfig, str(model_dir))
-        stack.callback(wf_sync.reward_executor.shutdown)
         fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(n_servers=1)))
         addr = fleet.addresses[0]
         # at most concurrency / k episodes of k requests each: `concurrency` requests in flight

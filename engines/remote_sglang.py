@@ -21,7 +21,7 @@ on another server when one exists; after `request_retries` tries the error names
 and the cause. A server that stops answering leaves service (no request or weight update goes
 to it) and comes back only after loading the current weights (`engines/sglang_membership.py`);
 while no server is in service, requests wait for one up to `server_down_timeout` s, and past
-that every `on_fleet_failure` callback gets the error. Every token's version is the one the
+that every `watch_fleet` callback gets the error. Every token's version is the one the
 server reports (`meta_info.weight_versions` spans), not a client-side guess; a reply older
 than the weights its server held when the request was sent (the server restarted between
 requests) is retried elsewhere while that server reloads the current weights. If a request is
@@ -99,7 +99,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self._loop_thread: Optional[EventLoopThread] = None
         self._owns_loop = False
         # called with the error when no server came back within server_down_timeout
-        self.on_fleet_failure: list[Callable[[BaseException], None]] = []
+        self._on_fleet_failure: list[Callable[[BaseException], None]] = []
         self._session: Optional[aiohttp.ClientSession] = None
         self._version = 0
         self._version_lock = threading.Lock()
@@ -137,9 +137,12 @@ class RemoteSGLangEngine(InferenceEngine):
     async def _start_watch(self) -> None:
         self.membership.start()
 
+    def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:
+        self._on_fleet_failure.append(on_failure)
+
     def _fail(self, error: BaseException) -> None:
         logger.error("%s", error)
-        for callback in self.on_fleet_failure:
+        for callback in self._on_fleet_failure:
             callback(error)
 
     async def _open_session(self) -> None:

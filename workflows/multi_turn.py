@@ -14,7 +14,7 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
 from areal_like.utils.chat import render_chat
 from workflows.common import (
     TrajectoryBuilder,
@@ -27,7 +27,7 @@ from workflows.common import (
 DEFAULT_FEEDBACK = "Your answer is wrong. Please try again."
 
 
-class MultiTurnWorkflow(RolloutWorkflow):
+class MultiTurnWorkflow(RolloutWorkflow, UsesRewards):
     """Up to `max_turns` attempts in one conversation; reward = r × turn_discount^(turns-1).
 
     Token-in/token-out: each turn sends the exact ids accumulated so far (prompt, earlier
@@ -53,8 +53,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.gconfig = with_eos_stop(gconfig.new(n_samples=1), self.tokenizer)
         self.max_turns = max_turns
         self.turn_discount = turn_discount
-        self.reward_executor = reward_executor or default_reward_executor()
-        self.reward_executor.check_early(reward_fn)
+        self.use_rewards(reward_fn, reward_executor)  # else the episode's (see UsesRewards)
         self.feedback_ids = self._feedback_ids(feedback)
 
     def _feedback_ids(self, feedback: str) -> list[int]:

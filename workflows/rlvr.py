@@ -17,7 +17,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
-from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
 from areal_like.utils.batching import concat_padded
 from workflows.common import (
     TrajectoryBuilder,
@@ -28,7 +28,7 @@ from workflows.common import (
 )
 
 
-class RLVRWorkflow(RolloutWorkflow):
+class RLVRWorkflow(RolloutWorkflow, UsesRewards):
     """One prompt in, one group of `gconfig.n_samples` scored trajectories out.
 
     `data` needs `messages` (chat) and whatever the reward function reads (e.g. `answer`);
@@ -50,8 +50,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.tokenizer = load_tokenizer(tokenizer)
         self.enable_thinking = enable_thinking  # None: as configured (model.chat_template_kwargs)
         self.gconfig = with_eos_stop(gconfig, self.tokenizer)
-        self.reward_executor = reward_executor or default_reward_executor()
-        self.reward_executor.check_early(reward_fn)
+        self.use_rewards(reward_fn, reward_executor)  # else the episode's (see UsesRewards)
 
     def prompt_ids(self, data: dict[str, Any]) -> list[int]:
         if "messages" not in data:

@@ -17,7 +17,7 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
 from areal_like.utils.chat import render_chat
 from workflows.common import (
     TrajectoryBuilder,
@@ -54,7 +54,7 @@ class Conversation:
     final_text: str = ""
 
 
-class ToolAgentWorkflow(RolloutWorkflow):
+class ToolAgentWorkflow(RolloutWorkflow, UsesRewards):
     """Multi-step tool use, token-in/token-out, one trajectory row per conversation.
 
     Per-action rewards (from `action_reward_fn`, times `action_reward_weight`) are placed on
@@ -81,8 +81,7 @@ class ToolAgentWorkflow(RolloutWorkflow):
         self.max_steps = max_steps
         self.action_reward_fn = action_reward_fn
         self.action_reward_weight = action_reward_weight
-        self.reward_executor = reward_executor or default_reward_executor()
-        self.reward_executor.check_early(reward_fn)
+        self.use_rewards(reward_fn, reward_executor)  # else the episode's (see UsesRewards)
         self.n_tool_errors = 0
 
     def _tool_message_ids(self, results: list[ToolResult]) -> list[int]:

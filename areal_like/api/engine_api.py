@@ -99,8 +99,23 @@ class InferenceEngine(FleetClient):
     """
 
     @abc.abstractmethod
+    def initialize(self, loop_thread: Optional[Any] = None, check_health: bool = True) -> None:
+        """Connect to the servers. With `loop_thread` (an `areal_like.utils.loop_thread.
+        EventLoopThread`) the engine's I/O runs on that loop (the rollout controller's), else
+        on a loop of its own; `check_health` first waits until the servers answer."""
+
+    @abc.abstractmethod
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
+
+    def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:
+        """Call `on_failure(error)` once the engine has lost its whole fleet (no server left
+        in service): the rollout controller then fails its waits with that error. An engine
+        that cannot lose its fleet never calls it."""
+
+    def fleet_stats(self) -> dict[str, float]:
+        """Counters of the fleet's servers (taken out of service, readmitted, added ...)."""
+        return {}
 
 
 class TrainEngine(abc.ABC):

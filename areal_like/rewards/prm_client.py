@@ -17,7 +17,7 @@ from typing import Any, Optional
 import aiohttp
 
 from areal_like.rewards.failures import RewardFailure
-from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor, episode_rewards
 
 
 class PRMClient:
@@ -41,7 +41,7 @@ class PRMClient:
 
     @property
     def executor(self) -> RewardExecutor:
-        return self._executor or default_reward_executor()
+        return self._executor or episode_rewards()  # its own, else the episode's
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "timeout": self.timeout, "_executor": self._executor,

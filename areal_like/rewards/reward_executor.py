@@ -15,15 +15,19 @@ real number raises `RewardFailure` — never a 0.0 — and is counted (`reward/f
 function into `RewardBudgetExceeded`, which stops the run. `on_failure="constant"` is the
 explicit opt-in to train on `failure_reward` instead (still counted and budgeted).
 
-Recipes share one executor per process: `configure_rewards(config.reward)` then
-`default_reward_executor()`; workflows use it unless given their own.
+Whoever runs episodes owns the executor and hands it to each episode explicitly: the rollout
+controller (`RolloutController(rewards=...)`, else one of its own) sets it in each episode's
+context (`use_episode_rewards`, as it seeds the episode's requests), and a workflow uses the
+executor it was built with, else its episode's (`episode_rewards`). No executor is
+process-global: one sent to another process arrives as a new executor with the same settings
+(pools, locks and budgets never cross a process boundary).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import threading
@@ -31,7 +35,7 @@ import time
 import traceback
 from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from pebble import ProcessExpired, ProcessPool
 
@@ -53,6 +57,7 @@ from areal_like.utils import stats_tracker
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
 
 
@@ -91,10 +96,9 @@ class RewardExecutor:
             return self._threads
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Sent to another process (a workflow going to the rollout controller): there it is
-        # that process's shared executor when it is the shared one here, else a new one with
-        # the same settings. Pools, locks and budgets never cross a process boundary.
-        return _executor_in_this_process, (self.config, self is _default)
+        # Sent to another process (a workflow built with its own executor, going to the
+        # rollout controller): a new executor there, with the same settings.
+        return RewardExecutor, (self.config,)
 
     def shutdown(self) -> None:
         """Stop the workers (running calls are terminated). Safe to call twice."""
@@ -331,40 +335,60 @@ def _set_once(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-# ---- the process-wide executor recipes share --------------------------------------------
-_default: Optional[RewardExecutor] = None
-_default_lock = threading.Lock()
+# ---- the episode's executor ------------------------------------------------------------
+_EPISODE_REWARDS: contextvars.ContextVar[Optional[RewardExecutor]] = contextvars.ContextVar(
+    "areal_like_episode_rewards", default=None)
 
 
-def default_reward_executor() -> RewardExecutor:
-    """The shared executor (created with default settings unless `configure_rewards` ran)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = RewardExecutor()
-        return _default
+def use_episode_rewards(rewards: RewardExecutor) -> None:
+    """Give the episode running in the current asyncio task (and the tasks it starts) its
+    reward executor. Call it at the top of that task: each task has its own copy of the
+    context."""
+    _EPISODE_REWARDS.set(rewards)
 
 
-def _executor_in_this_process(config: RewardConfig, shared: bool) -> RewardExecutor:
-    return default_reward_executor() if shared else RewardExecutor(config)
+async def with_episode_rewards(rewards: RewardExecutor, work: Awaitable[T]) -> T:
+    """Await `work` (e.g. a held-out evaluation's episodes) with `rewards` as its episodes'
+    executor; run it as a task of its own (`run_coroutine`), so the setting ends with it."""
+    use_episode_rewards(rewards)
+    return await work
 
 
-def configure_rewards(config: RewardConfig) -> RewardExecutor:
-    """Replace the shared executor with one built from `config` (the old one is shut down)."""
-    global _default
-    with _default_lock:
-        old, _default = _default, RewardExecutor(config)
-    if old is not None:
-        old.shutdown()
-    return _default
+def episode_rewards() -> RewardExecutor:
+    """The reward executor of the running episode (see `use_episode_rewards`)."""
+    rewards = _EPISODE_REWARDS.get()
+    if rewards is None:
+        raise RuntimeError(
+            "no reward executor for this episode: run the workflow through a "
+            "RolloutController or WorkflowExecutor (they hand each episode theirs), or build "
+            "it with one (reward_executor=RewardExecutor(RewardConfig(...)))")
+    return rewards
 
 
-def _shutdown_default() -> None:
-    if _default is not None:
-        _default.shutdown()
+def check_reward_early(fn: Callable[..., Any], rewards: Optional[RewardExecutor]) -> None:
+    """The checks a workflow runs on its reward function when it is built: the signature,
+    and, with an executor that will send `fn` to its workers, that it can be sent (without
+    one, the episode's executor checks it: `RewardExecutor.check`)."""
+    if rewards is None:
+        check_signature(fn, None)
+    else:
+        rewards.check_early(fn)
 
 
-atexit.register(_shutdown_default)
+class UsesRewards:
+    """A workflow's reward executor: the one it was built with, else its episode's."""
 
-__all__ = ["RewardExecutor", "RewardFailure", "RewardFunctionError", "configure_rewards",
-           "default_reward_executor"]
+    _reward_executor: Optional[RewardExecutor] = None
+
+    def use_rewards(self, reward_fn: Callable[..., Any],
+                    reward_executor: Optional[RewardExecutor]) -> None:
+        self._reward_executor = reward_executor
+        check_reward_early(reward_fn, reward_executor)
+
+    @property
+    def reward_executor(self) -> RewardExecutor:
+        return self._reward_executor or episode_rewards()
+
+
+__all__ = ["RewardExecutor", "RewardFailure", "RewardFunctionError", "UsesRewards",
+           "episode_rewards", "use_episode_rewards", "with_episode_rewards"]

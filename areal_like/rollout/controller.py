@@ -31,30 +31,43 @@ from areal_like.api.io_struct import (
     WeightGroupSpec,
     WeightUpdateMeta,
 )
-from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
+from areal_like.api.rollout_api import HeldOutEvaluation, RolloutAPI, ShouldAccept
 from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rewards.reward_executor import RewardExecutor, with_episode_rewards
 from areal_like.rollout.executor import WorkflowExecutor
+from areal_like.utils import stats_tracker
 
 
 class RolloutController(InferenceEngine, RolloutAPI):
     """An engine client plus the executor that runs workflows on it (see module doc)."""
 
     def __init__(self, config: RolloutConfig, engine: InferenceEngine,
-                 wait_timeout: float = 3600.0) -> None:
+                 wait_timeout: float = 3600.0, evaluator: Optional[HeldOutEvaluation] = None,
+                 eval_timeout: float = 600.0, rewards: Optional[RewardExecutor] = None) -> None:
+        """`rewards`: the reward executor of every episode it runs (a workflow built with one
+        of its own uses that); without it, one of the controller's own, default settings."""
         self.config = config
         self.engine = engine
-        self.executor = WorkflowExecutor(config, engine, wait_timeout=wait_timeout)
+        self._owns_rewards = rewards is None
+        self.rewards = rewards if rewards is not None else RewardExecutor()
+        self.executor = WorkflowExecutor(config, engine, wait_timeout=wait_timeout,
+                                         rewards=self.rewards)
+        self.evaluator = evaluator
+        self.eval_timeout = eval_timeout
         self._held: set[concurrent.futures.Future[Any]] = set()
+        self._evaluations: list[tuple[int, concurrent.futures.Future[dict[str, float]]]] = []
 
     # ---- lifecycle ----------------------------------------------------------------------
-    def initialize(self, check_health: bool = True) -> None:
-        """Start the rollout loop and connect the engine on it."""
+    def initialize(self, loop_thread: Optional[Any] = None, check_health: bool = True) -> None:
+        """Start the rollout loop and connect the engine on it (the loop is the executor's:
+        `loop_thread` must be None)."""
+        if loop_thread is not None:
+            raise ValueError("RolloutController runs its engine on its executor's loop; "
+                             "initialize(loop_thread=...) is for engines")
         self.executor.initialize()
         try:
-            callbacks = getattr(self.engine, "on_fleet_failure", None)
-            if callbacks is not None:
-                callbacks.append(self.executor.fail)
-            self.engine.initialize(loop_thread=self.executor.loop_thread,  # type: ignore[call-arg]
+            self.engine.watch_fleet(self.executor.fail)
+            self.engine.initialize(loop_thread=self.executor.loop_thread,
                                    check_health=check_health)
         except BaseException:
             self.executor.destroy()
@@ -66,10 +79,13 @@ class RolloutController(InferenceEngine, RolloutAPI):
             self.engine.destroy()
         finally:
             self.executor.destroy()
+            if self._owns_rewards:
+                self.rewards.shutdown()
 
     def run_coroutine(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        """Run `coro` on the rollout loop from another thread (TimeoutError after `timeout`)."""
-        return self.executor.run_coroutine(coro, timeout)
+        """Run `coro` on the rollout loop from another thread (TimeoutError after `timeout`);
+        the episodes it runs get the controller's reward executor."""
+        return self.executor.run_coroutine(with_episode_rewards(self.rewards, coro), timeout)
 
     # ---- generation ---------------------------------------------------------------------
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
@@ -117,8 +133,10 @@ class RolloutController(InferenceEngine, RolloutAPI):
         return self.executor.stats()
 
     def fleet_stats(self) -> dict[str, float]:
-        fleet_stats = getattr(self.engine, "fleet_stats", None)
-        return fleet_stats() if fleet_stats is not None else {}
+        return self.engine.fleet_stats()
+
+    def export_stats(self) -> dict[str, float]:
+        return {**self.fleet_stats(), **stats_tracker.export()}
 
     def state_dict(self) -> dict[str, Any]:
         return self.executor.state_dict()
@@ -139,7 +157,8 @@ class RolloutController(InferenceEngine, RolloutAPI):
     def run_at_version(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         """Start `coro` on the rollout loop now; the next weight update waits until it is done,
         so every request it makes is served by the current weights."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.executor.loop)
+        future = asyncio.run_coroutine_threadsafe(with_episode_rewards(self.rewards, coro),
+                                                  self.executor.loop)
         self._held.add(future)
         future.add_done_callback(self._held.discard)
         return future
@@ -189,3 +208,39 @@ class RolloutController(InferenceEngine, RolloutAPI):
 
     def get_version(self) -> int:
         return self.engine.get_version()
+
+    # ---- held-out evaluation ------------------------------------------------------------
+    def start_evaluation(self, version: int) -> None:
+        """See `RolloutAPI.start_evaluation`; without an evaluator, nothing to do."""
+        if self.evaluator is None:
+            return
+        seeds = self.evaluator.draw_seeds(self)  # now, in call order: runs repeat exactly
+        future = self.run_at_version(self.evaluator.arun(self.engine, seeds))
+        self._evaluations.append((version, future))
+        if self.config.max_head_offpolicyness == 0:
+            # eta = 0 is the synchronous reference and repeats bit for bit: nothing it
+            # trains on may share the servers with evaluation requests (see docs)
+            done, _ = concurrent.futures.wait([future], timeout=self.eval_timeout)
+            if not done:  # training must not go on beside it: that is no longer eta = 0
+                self._evaluations.pop()
+                raise self._overran(version, future)
+
+    def finished_evaluations(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]:
+        deadline = time.monotonic() + self.eval_timeout
+        done = []
+        while self._evaluations:
+            version, future = self._evaluations[0]
+            if not future.done() and not wait:
+                break
+            try:
+                metrics = future.result(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise self._overran(version, future) from None
+            self._evaluations.pop(0)
+            done.append((version, metrics))
+        return done
+
+    def _overran(self, version: int, future: concurrent.futures.Future[Any]) -> TimeoutError:
+        future.cancel()
+        return TimeoutError(f"evaluation of version {version} did not finish within "
+                            f"{self.eval_timeout:.0f} s")

@@ -1,17 +1,14 @@
 """WorkflowExecutor: runs many `arun_episode` coroutines under a staleness bound.
 
-Threading model, and why. Trainer code is plain synchronous torch: a training step blocks its
-thread for seconds. If rollouts ran on an event loop driven by the trainer thread they would
-stall during every step, and rollout and training would never overlap. So the executor owns
-one daemon thread running an asyncio loop; every episode (and the inference engine's HTTP
-session, which must live on the loop that uses it) runs there, while the trainer calls plain
-blocking methods — `submit`, `wait`, `prepare_batch` — from its own thread. torch kernels
-release the GIL, so the loop keeps requests flowing while the trainer computes. Alternatives
-rejected: a separate process (trajectories and errors would have to be pickled across, and the
-engine's client state could not be shared with the trainer's weight-update calls); one thread
-per episode (thousands of threads, no shared aiohttp session). The hand-off is a
-`threading.Condition` around small queues; the loop is woken with `call_soon_threadsafe`.
-The engine runs its own coroutines there with `run_coroutine(coro, timeout)`.
+Threading model. Callers are plain synchronous code (a training step blocks its thread for
+seconds), so the executor owns one daemon thread running an asyncio loop: every episode, and
+the inference engine's HTTP session (it must live on the loop that uses it), runs there, while
+callers use blocking methods (`submit`, `wait`, `prepare_batch`) from their own thread. In
+training the executor lives in the rollout controller's process, away from the trainer's
+interpreter lock (`areal_like.runtime.rollout_process`). The hand-off is a
+`threading.Condition` around small queues; the loop is woken with `call_soon_threadsafe`. The
+engine runs its own coroutines there with `run_coroutine(coro, timeout)`. Each episode runs in
+a task of its own, whose context seeds its requests and holds its reward executor.
 
 Flow: `submit` queues an item; the loop admits queued items while fewer than
 `max_concurrent_rollouts` run and the staleness bound allows (see `staleness.py`); a finished
@@ -45,6 +42,7 @@ from areal_like.api.seeding import begin_episode
 from areal_like.api.trajectory import validate_trajectory
 from areal_like.api.workflow_api import RolloutWorkflow
 from areal_like.rewards.failures import RewardBudgetExceeded, failures_of
+from areal_like.rewards.reward_executor import RewardExecutor, use_episode_rewards
 from areal_like.rollout.data_cursor import DataCursor
 from areal_like.rollout.executor_state import (
     EpisodeResult,
@@ -86,12 +84,14 @@ class WorkflowExecutor:
         config: RolloutConfig,
         inference_engine: InferenceEngine,
         wait_timeout: float = 3600.0,
+        rewards: Optional[RewardExecutor] = None,  # every episode's (see `use_episode_rewards`)
     ) -> None:
         if wait_timeout <= 0:
             raise ValueError(f"WorkflowExecutor wait_timeout={wait_timeout} must be > 0")
         self.config = config
         self.engine = inference_engine
         self.wait_timeout = wait_timeout
+        self.rewards = rewards
         self._state = ExecutorState(config)
         self._loop_thread = EventLoopThread("rollout-loop", on_error=self._state.set_fatal)
         self._tasks: set[asyncio.Task] = set()
@@ -227,6 +227,8 @@ class WorkflowExecutor:
     async def _episode_outcome(self, sub: Submission) -> tuple[Outcome, Optional[EpisodeResult]]:
         sub.start = time.monotonic()
         begin_episode(sub.episode_seed)  # this task's context: seeds its requests in order
+        if self.rewards is not None:
+            use_episode_rewards(self.rewards)
         trajectory = await sub.workflow.arun_episode(self.engine, sub.data)
         if trajectory is None:
             return Outcome.REJECTED_BY_WORKFLOW, None
@@ -311,13 +313,9 @@ class WorkflowExecutor:
             logger.warning("%s", message)
         return self._assemble(results, version)
 
-    def prepare_batch(
-        self,
-        dataloader: Iterable[Any],
-        workflow: RolloutWorkflow,
-        should_accept: Optional[ShouldAccept] = None,
-        timeout: Optional[float] = None,
-    ) -> TensorDict:
+    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
+                      should_accept: Optional[ShouldAccept] = None,
+                      timeout: Optional[float] = None) -> TensorDict:
         """Keep the pipeline full from `dataloader` (cycled epoch after epoch) and return the
         next `consumer_batch_size` groups. The executor owns the position in the dataloader
         (see `state_dict`); always pass the same dataloader (or, after a restore, an equal
@@ -344,10 +342,9 @@ class WorkflowExecutor:
             self._cursor = DataCursor(dataloader, **position)
             self._restored_position = None
         elif self._cursor.loader is not dataloader:
-            raise ValueError(
-                "prepare_batch got a different dataloader than before; the executor tracks the "
-                "position of one dataloader. Call reset_data_position() to switch loaders."
-            )
+            raise ValueError("prepare_batch got a different dataloader than before; the executor "
+                             "tracks the position of one dataloader. Call "
+                             "reset_data_position() to switch loaders.")
         return self._cursor
 
     def episode_seed(self, data: dict[str, Any]) -> int:
@@ -366,10 +363,8 @@ class WorkflowExecutor:
             raise ValueError(f"timeout={timeout} must be > 0 seconds")
         return timeout
 
-    def _wait_groups(
-        self, count: int, timeout: Optional[float], refill: Optional[Callable[[int], None]],
-        what: str,
-    ) -> TensorDict:
+    def _wait_groups(self, count: int, timeout: Optional[float],
+                     refill: Optional[Callable[[int], None]], what: str) -> TensorDict:
         self._check_open()
         self._check_blocking_allowed(what)
         if count < 1:
@@ -391,13 +386,10 @@ class WorkflowExecutor:
                 refill(need)
                 self._kick()
 
-    def _timeout_error(
-        self, what: str, count: int, have: int, timeout: float, version: int
-    ) -> RolloutTimeoutError:
-        return RolloutTimeoutError(
-            f"{what} timed out after {timeout:.3g} s with {have} of {count} groups ready; "
-            + self._state.describe(version)
-        )
+    def _timeout_error(self, what: str, count: int, have: int, timeout: float,
+                       version: int) -> RolloutTimeoutError:
+        return RolloutTimeoutError(f"{what} timed out after {timeout:.3g} s with {have} of "
+                                   f"{count} groups ready; " + self._state.describe(version))
 
     def _assemble(self, results: list[EpisodeResult], version: int) -> TensorDict:
         batch, last = assemble_batch(results, version, self._state.snapshot(version))

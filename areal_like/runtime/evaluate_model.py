@@ -26,7 +26,7 @@ from typing import Any, Optional
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_launch_config
 from areal_like.data.prompt_limits import load_tokenizer
-from areal_like.rewards.reward_executor import configure_rewards
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.runtime.evaluation import evaluate
 from areal_like.runtime.held_out import held_out_items
 from areal_like.runtime.recipe_args import set_threads, split_args
@@ -61,7 +61,7 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     if not items:
         raise ConfigError(f"valid_dataset (type={config.valid_dataset.type}) has no items to "
                           f"evaluate on")
-    rewards = configure_rewards(config.reward)
+    rewards = RewardExecutor(config.reward)
     rewards.check(reward_fn, items[0])  # a broken verifier fails before servers start
     log_dir = Path(tempfile.mkdtemp(prefix="areal_like_eval_"))
     fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
@@ -71,7 +71,7 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     fleet.start()
     try:
         rollout = dataclasses.replace(config.rollout, server_addrs=list(fleet.addresses))
-        controller = RolloutController(rollout, RemoteSGLangEngine(rollout))
+        controller = RolloutController(rollout, RemoteSGLangEngine(rollout), rewards=rewards)
         controller.initialize()
         try:
             ev = config.evaluation

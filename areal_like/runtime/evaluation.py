@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from areal_like.api import GenerationHyperparameters, InferenceEngine, RolloutWorkflow
 from areal_like.api.seeding import begin_episode
 from areal_like.rewards.failures import failures_of
-from areal_like.rewards.reward_executor import RewardExecutor, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils import stats_tracker
 from workflows.rlvr import RLVRWorkflow
 
@@ -88,7 +88,6 @@ class Evaluator:
                  reward_executor: RewardExecutor | None = None,
                  workflow: RolloutWorkflow | None = None, pass_n: int = 0) -> None:
         self.items = items
-        reward_executor = reward_executor or default_reward_executor()
         self.greedy = workflow or RLVRWorkflow(reward_fn, gconfig.new(greedy=True, n_samples=1),
                                                tokenizer, reward_executor)
         self.pass_k, self.pass_n = pass_k, pass_n or pass_k

@@ -34,7 +34,7 @@ from areal_like.api.config import BaseExperimentConfig, TrainEngineConfig
 from areal_like.data.loader import ItemLoader
 from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.failures import RewardFunctionError
-from areal_like.rewards.reward_executor import configure_rewards
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.evaluation import Evaluator
@@ -82,7 +82,7 @@ class RLSetup:
                            "data/valid_long_prompts_dropped": float(n_valid_long)}
         # the trainer only checks rewards (fast, alike on every rank); they run, and are
         # loaded in worker processes, inside the rollout controller
-        self.rewards = configure_rewards(dataclasses.replace(config.reward, use_processes=False))
+        self.rewards = RewardExecutor(dataclasses.replace(config.reward, use_processes=False))
         self.check_rewards()  # before anything slow starts: a broken reward fails the run now
         self.actor_engine = start_engine(config.actor)
         group_statistics = uses_group_statistics(config.algorithm)

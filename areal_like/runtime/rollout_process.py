@@ -5,13 +5,14 @@ work; run as a thread of the trainer they take its interpreter lock and slow eve
 step that overlaps them. Here they run in a child process (spawned: no fork of a process that
 holds torch threads and sockets) that owns the fleet client, the `WorkflowExecutor`, the
 reward workers and held-out evaluation. The trainer (rank 0) talks to it through
-`RolloutProcess`, an `InferenceEngine` with the same blocking calls as `RolloutController`.
+`RolloutProcess`, which offers the rollout API (`RolloutAPI`) as `RolloutController` does.
 
 The channel is a `multiprocessing` pipe, one call at a time. Batches come back as
 TensorDicts whose tensors travel through shared memory (torch's multiprocessing reductions:
 a file descriptor per storage, no copy of the data through the pipe). Workflows, dataloaders
 and `should_accept` functions are sent once (by reference afterwards), so they must be
-picklable; the reward executor a workflow holds becomes the controller's own. Every call is
+picklable; a workflow built without a reward executor scores with the controller's (built
+from the set-up's `reward` section, see `UsesRewards`). Every call is
 bounded by a timeout; a controller that dies or stops answering fails the call with its exit
 code, and a failed call inside the controller is re-raised here as the same exception type
 with the controller's traceback attached as a note.
@@ -19,22 +20,21 @@ with the controller's traceback attached as a note.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
+import inspect
 import itertools
 import logging
 import multiprocessing as mp
 import pickle
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
-from tensordict import TensorDict
 
-from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
-from areal_like.api.rollout_api import RolloutAPI, ShouldAccept
-from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.api.rollout_api import RolloutAPI, remote_calls
 from areal_like.runtime.rollout_service import (
     RolloutProcessError,
     RolloutSetup,
@@ -53,7 +53,7 @@ class RolloutProcess(RolloutAPI):
     def __init__(self, setup: Optional[RolloutSetup] = None) -> None:
         """`setup` now, or later: `start(setup)`."""
         self.setup = setup
-        self.last_episode_ids: list[str] = []
+        self._last_episode_ids: list[str] = []
         self._process: Optional[mp.process.BaseProcess] = None
         self._conn: Any = None
         self._sent: dict[int, tuple[int, Any]] = {}  # id(obj) -> (token, obj: kept alive)
@@ -104,7 +104,7 @@ class RolloutProcess(RolloutAPI):
         self.spawn(self.setup.rollout.controller_nice, self.setup.rollout.controller_cpus)
         # it may have ended already (e.g. could not pin itself): `wait_ready` reports why
         with contextlib.suppress(OSError, EOFError):
-            self._conn.send((self.setup.reward, setup_bytes))
+            self._conn.send_bytes(setup_bytes)
 
     def wait_ready(self) -> None:
         """Wait until the started controller reached every server (or raise its error)."""
@@ -145,7 +145,7 @@ class RolloutProcess(RolloutAPI):
         self._unsent[id(obj)] = (token, obj)  # known to the controller once the call is sent
         return _Ref(token, obj)
 
-    def _call(self, name: str, *args: Any, timeout: float = 60.0, **kwargs: Any) -> Any:
+    def _call(self, name: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
         if self._broken is not None:
             raise RolloutProcessError(f"rollout controller unusable: {self._broken}")
         if self._process is None:
@@ -162,7 +162,8 @@ class RolloutProcess(RolloutAPI):
             ) from e
         except (OSError, EOFError) as e:
             raise self._died(name, e) from e
-        return self._receive(name, timeout + CALL_MARGIN_S)
+        value, self._last_episode_ids = self._receive(name, timeout + CALL_MARGIN_S)
+        return value
 
     def _receive(self, name: str, timeout: float) -> Any:
         assert self._process is not None
@@ -195,94 +196,64 @@ class RolloutProcess(RolloutAPI):
             + (f"; {type(cause).__name__}: {cause}" if cause else "") + "); its log lines are "
             "above, in the trainer's output")
 
-    # ---- RolloutAPI ---------------------------------------------------------------------
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow,
-               should_accept: Optional[ShouldAccept] = None) -> None:
-        self._call("submit", data, self._ref(workflow), self._ref(should_accept))
+    # ---- the rollout API: every call derived from its declaration (see the end) ---------
+    @property
+    def last_episode_ids(self) -> list[str]:
+        return list(self._last_episode_ids)
 
-    def wait(self, count: int, timeout: Optional[float] = None) -> TensorDict:
-        return self._batch("wait", count, timeout=timeout)
 
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        return self._batch("rollout_batch", data, self._ref(workflow),
-                           self._ref(should_accept), timeout=timeout)
+# The bound on each call the trainer makes, by name (seconds, before CALL_MARGIN_S), from the
+# set-up and the call's arguments; a call not named here gets DEFAULT_CALL_TIMEOUT_S.
+DEFAULT_CALL_TIMEOUT_S = 60.0
+CallTimeout = Callable[[RolloutSetup, dict[str, Any]], float]
 
-    def prepare_batch(self, dataloader: Iterable[Any], workflow: RolloutWorkflow,
-                      should_accept: Optional[ShouldAccept] = None,
-                      timeout: Optional[float] = None) -> TensorDict:
-        return self._batch("prepare_batch", self._ref(dataloader), self._ref(workflow),
-                           self._ref(should_accept), timeout=timeout)
 
-    def _batch(self, name: str, *args: Any, timeout: Optional[float]) -> TensorDict:
-        wait = self.setup.wait_timeout if timeout is None else timeout
-        batch, self.last_episode_ids = self._call(name, *args, timeout=wait, wait_s=timeout)
-        return batch
+def _batch_timeout(setup: RolloutSetup, args: dict[str, Any]) -> float:
+    return setup.wait_timeout if args.get("timeout") is None else args["timeout"]
 
-    def pause(self) -> None:
-        self._call("pause")
 
-    def resume(self) -> None:
-        self._call("resume")
+def _weight_timeout(setup: RolloutSetup, args: dict[str, Any]) -> float:
+    return setup.rollout.weight_update_timeout
 
-    def update_weights(self, meta: WeightUpdateMeta) -> None:
-        self._call("update_weights", meta,
-                   timeout=3 * self.setup.rollout.weight_update_timeout + CALL_MARGIN_S)
 
-    # the distributed transport (see FleetClient): each bounded like a weight update
-    def form_weight_group(self, spec: WeightGroupSpec,
-                          force: bool = False) -> WeightGroupLayout:
-        return self._call("form_weight_group", spec, force, timeout=self._update_timeout())
+CALL_TIMEOUTS: dict[str, CallTimeout] = {
+    "wait": _batch_timeout,
+    "rollout_batch": _batch_timeout,
+    "prepare_batch": _batch_timeout,
+    "update_weights": lambda setup, args: 3 * _weight_timeout(setup, args),
+    "form_weight_group": _weight_timeout,
+    "join_weight_group": _weight_timeout,
+    "begin_weight_broadcast": lambda setup, args: 2 * _weight_timeout(setup, args),
+    "receive_weight_bucket": _weight_timeout,
+    "end_weight_broadcast": _weight_timeout,
+    "start_evaluation": lambda setup, args: setup.eval_timeout,
+    "finished_evaluations": lambda setup, args: (setup.eval_timeout if args.get("wait")
+                                                 else DEFAULT_CALL_TIMEOUT_S),
+}
+# arguments sent once and by reference afterwards (the controller keeps them)
+BY_REFERENCE = frozenset({"workflow", "dataloader", "should_accept"})
 
-    def join_weight_group(self) -> dict[str, str]:
-        return self._call("join_weight_group", timeout=self._update_timeout())
 
-    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
-        return self._call("begin_weight_broadcast", meta, timeout=2 * self._update_timeout())
+def _remote_call(name: str, declared: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(declared)
+    timeout = CALL_TIMEOUTS.get(name, lambda setup, args: DEFAULT_CALL_TIMEOUT_S)
 
-    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
-                              members: tuple[str, ...]) -> dict[str, str]:
-        return self._call("receive_weight_bucket", meta, index, members,
-                          timeout=self._update_timeout())
+    def call(self: RolloutProcess, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()  # every argument travels, positionally
+        given = dict(bound.arguments)
+        for key in BY_REFERENCE & given.keys():
+            bound.arguments[key] = self._ref(given[key])
+        assert self.setup is not None
+        return self._call(name, *bound.args[1:], timeout=timeout(self.setup, given),
+                          **bound.kwargs)
 
-    def end_weight_broadcast(self, meta: WeightUpdateMeta,
-                             failed: dict[str, str]) -> dict[str, str]:
-        return self._call("end_weight_broadcast", meta, failed, timeout=self._update_timeout())
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = declared.__doc__
+    call.__signature__ = signature  # type: ignore[attr-defined]  # for help() and inspect
+    return call
 
-    def _update_timeout(self) -> float:
-        return self.setup.rollout.weight_update_timeout
 
-    def set_version(self, version: int) -> None:
-        self._call("set_version", version)
-
-    def get_version(self) -> int:
-        return self._call("get_version")
-
-    # ---- state, statistics, evaluation --------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return self._call("state_dict")
-
-    def load_state_dict(self, state: dict[str, Any], restore_version: bool = True) -> None:
-        self._call("load_state_dict", state, restore_version)
-
-    def buffered_episode_ids(self) -> list[str]:
-        return self._call("buffered_episode_ids")
-
-    def stats(self) -> dict[str, Any]:
-        return self._call("stats")
-
-    def export_stats(self) -> dict[str, float]:
-        """The controller's statistics since the last export (rollout, reward, fleet)."""
-        return self._call("export_stats")
-
-    def start_evaluation(self, version: int) -> None:
-        """Evaluate the fleet's current weights (labelled `version`) beside training; the
-        next weight update waits for it. Results come from `finished_evaluations`."""
-        self._call("start_evaluation", version, timeout=self.setup.eval_timeout)
-
-    def finished_evaluations(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]:
-        """(version, metrics) of the evaluations done since the last call; with `wait`, all
-        started ones (bounded by the evaluation timeout). A failed evaluation raises."""
-        timeout = self.setup.eval_timeout if wait else 60.0
-        return self._call("finished_evaluations", wait, timeout=timeout)
+for _name, _declared in remote_calls().items():
+    setattr(RolloutProcess, _name, _remote_call(_name, _declared))
+abc.update_abstractmethods(RolloutProcess)

@@ -4,7 +4,6 @@ training rollouts, pinned to the version they evaluate."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import dataclasses
 import logging
@@ -12,7 +11,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Optional
@@ -20,11 +18,11 @@ from typing import Any, Optional
 import torch
 
 from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.rollout_api import remote_calls
 from areal_like.rewards.failures import RewardFunctionError
-from areal_like.rewards.reward_executor import configure_rewards, default_reward_executor
+from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import Evaluator
-from areal_like.utils import stats_tracker
 from areal_like.utils.cpus import pin_to_cpus
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines import RemoteSGLangEngine
@@ -59,28 +57,18 @@ class _Ref:
     obj: Any = None
 
 
-# the calls the trainer may make (anything else is a bug on its side): answered by the
-# `RolloutController` as they are, or by the service where it adds something
-CONTROLLER_CALLS = frozenset({
-    "submit", "pause", "resume", "update_weights", "set_version", "get_version",
-    "state_dict", "load_state_dict", "buffered_episode_ids", "stats",
-    "form_weight_group", "join_weight_group", "begin_weight_broadcast",
-    "receive_weight_bucket", "end_weight_broadcast",
-})
-SERVICE_CALLS = frozenset({
-    "wait", "rollout_batch", "prepare_batch", "export_stats", "start_evaluation",
-    "finished_evaluations",
-})
-
-
 class RolloutService:
+    """The controller process's side of the pipe: the `RolloutController` built from the
+    set-up, answering the calls `remote_calls()` derives from the rollout API."""
+
+    CALLS = frozenset(remote_calls())
+
     def __init__(self, setup: RolloutSetup) -> None:
         silence_library_progress_bars()
         self.setup = setup
-        self.rewards = default_reward_executor()  # configured by `serve` (see there)
+        self.rewards = RewardExecutor(setup.reward)  # every episode's (the controller's)
         self.controller: Optional[RolloutController] = None
         self._objects: dict[int, Any] = {}
-        self._evaluations: list[tuple[int, concurrent.futures.Future[dict[str, float]]]] = []
         try:
             for what, reward_fn, example in setup.reward_checks:
                 try:
@@ -88,7 +76,10 @@ class RolloutService:
                 except RewardFunctionError as e:
                     raise RewardFunctionError(f"{what}: {e}") from None
             controller = RolloutController(setup.rollout, RemoteSGLangEngine(setup.rollout),
-                                           wait_timeout=setup.wait_timeout)
+                                           wait_timeout=setup.wait_timeout,
+                                           evaluator=setup.evaluator,
+                                           eval_timeout=setup.eval_timeout,
+                                           rewards=self.rewards)
             controller.keep_partial_groups = setup.keep_partial_groups
             controller.initialize()
             self.controller = controller
@@ -104,11 +95,16 @@ class RolloutService:
             self.rewards.shutdown()
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name not in CONTROLLER_CALLS | SERVICE_CALLS:
+        if name not in self.CALLS:
             raise AttributeError(f"the rollout controller has no call {name!r}")
+        assert self.controller is not None
         args = tuple(self._resolve(a) for a in args)
-        target = self.ctl if name in CONTROLLER_CALLS else self
-        return getattr(target, name)(*args, **kwargs)
+        kwargs = {k: self._resolve(v) for k, v in kwargs.items()}
+        return getattr(self.controller, name)(*args, **kwargs)
+
+    def last_episode_ids(self) -> list[str]:
+        assert self.controller is not None
+        return self.controller.last_episode_ids
 
     def _resolve(self, value: Any) -> Any:
         if not isinstance(value, _Ref):
@@ -117,74 +113,13 @@ class RolloutService:
             self._objects[value.token] = value.obj
         return self._objects[value.token]
 
-    @property
-    def ctl(self) -> RolloutController:
-        assert self.controller is not None
-        return self.controller
-
-    # ---- batches (with the episode ids of the batch) -----------------------------------
-    def wait(self, count: int, wait_s: Optional[float]) -> tuple[Any, list[str]]:
-        return self.ctl.wait(count, wait_s), self.ctl.last_episode_ids
-
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: Any, should_accept: Any,
-                      wait_s: Optional[float]) -> tuple[Any, list[str]]:
-        return (self.ctl.rollout_batch(data, workflow, should_accept, wait_s),
-                self.ctl.last_episode_ids)
-
-    def prepare_batch(self, loader: Any, workflow: Any, should_accept: Any,
-                      wait_s: Optional[float]) -> tuple[Any, list[str]]:
-        return (self.ctl.prepare_batch(loader, workflow, should_accept, wait_s),
-                self.ctl.last_episode_ids)
-
-    def export_stats(self) -> dict[str, float]:
-        return {**self.ctl.fleet_stats(), **stats_tracker.export()}
-
-    # ---- evaluation ---------------------------------------------------------------------
-    def start_evaluation(self, version: int) -> None:
-        evaluator = self.setup.evaluator
-        if evaluator is None:
-            return
-        seeds = evaluator.draw_seeds(self.ctl)  # now, in call order: runs repeat exactly
-        future = self.ctl.run_at_version(evaluator.arun(self.ctl.engine, seeds))
-        self._evaluations.append((version, future))
-        if self.setup.rollout.max_head_offpolicyness == 0:
-            # eta = 0 is the synchronous reference and repeats bit for bit: nothing it
-            # trains on may share the servers with evaluation requests (see docs)
-            done, _ = concurrent.futures.wait([future], timeout=self.setup.eval_timeout)
-            if not done:  # training must not go on beside it: that is no longer eta = 0
-                self._evaluations.pop()
-                raise self._overran(version, future)
-
-    def finished_evaluations(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
-        deadline = time.monotonic() + self.setup.eval_timeout
-        done = []
-        while self._evaluations:
-            version, future = self._evaluations[0]
-            if not future.done() and not wait:
-                break
-            try:
-                metrics = future.result(max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                raise self._overran(version, future) from None
-            self._evaluations.pop(0)
-            done.append((version, metrics))
-        return done
-
-    def _overran(self, version: int, future: concurrent.futures.Future[Any]) -> TimeoutError:
-        future.cancel()
-        return TimeoutError(f"evaluation of version {version} did not finish within "
-                            f"{self.setup.eval_timeout:.0f} s")
-
 
 def serve(conn: Any, nice: int, cpus: list[int]) -> None:
     """The controller process: place itself (`nice`, `cpus`), wait for its set-up, build the
     service, then answer calls until told to stop or until the trainer's end of the pipe
     closes (the trainer died). It is started before the trainer knows the set-up, so that its
-    imports overlap the trainer's own start-up (`RolloutProcess.spawn`).
-
-    The setup arrives as (reward config, pickled setup) and is unpickled only after the shared
-    reward executor is configured: the workflows in it then take that executor (see
-    `RewardExecutor.__reduce__`)."""
+    imports overlap the trainer's own start-up (`RolloutProcess.spawn`). The set-up arrives
+    pickled; the service builds the reward executor every episode gets from it."""
     _stop_with_parent()
     if nice:  # before the reward workers start: they inherit it
         os.nice(nice)
@@ -194,18 +129,16 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
         conn.send(("error", _portable(e)))
         return
     try:
-        message = conn.recv()
+        setup_bytes = conn.recv_bytes()
     except (EOFError, OSError):
         return  # the trainer ended before it had a set-up to send
-    if message is None:
-        return
-    reward, setup_bytes = message
-    configure_rewards(reward)
-    setup: RolloutSetup = pickle.loads(setup_bytes)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s [rollout-controller] %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
+        setup: Optional[RolloutSetup] = pickle.loads(setup_bytes)
+        if setup is None:  # stopped before its set-up
+            return
         service = RolloutService(setup)
     except BaseException as e:
         conn.send(("error", _portable(e)))
@@ -222,7 +155,7 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
                 return
             name, args, kwargs = message
             try:
-                reply = ("ok", service.call(name, args, kwargs))
+                reply = ("ok", (service.call(name, args, kwargs), service.last_episode_ids()))
             except BaseException as e:  # noqa: BLE001  (sent to the trainer, re-raised there)
                 reply = ("error", _portable(e))
             conn.send(reply)

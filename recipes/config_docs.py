@@ -24,6 +24,7 @@ import tokenize
 from pathlib import Path
 from typing import Any, Optional
 
+from areal_like.api import algorithm_config as algo
 from areal_like.api import config as core
 from areal_like.api.io_struct import GenerationHyperparameters
 
@@ -44,13 +45,22 @@ SECTIONS: list[tuple[str, str]] = [
     ("rollout", "RolloutConfig"), ("server", "SGLangServerConfig"),
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
-    ("algorithm", "AlgorithmConfig"), ("train_dataset", "DatasetConfig"),
+    ("algorithm", "AlgorithmConfig"), ("algorithm.adv", "AdvantageConfig"),
+    ("algorithm.norm", "AdvantageNormConfig"), ("algorithm.loss", "PolicyLossConfig"),
+    ("algorithm.off_policy", "OffPolicyConfig"), ("algorithm.kl", "KLConfig"),
+    ("algorithm.shaping", "RewardShapingConfig"), ("algorithm.filters", "GroupFilterConfig"),
+    ("algorithm.update", "UpdateConfig"), ("train_dataset", "DatasetConfig"),
     ("valid_dataset", "DatasetConfig"), ("reward", "RewardConfig"),
     ("checkpoint", "CheckpointConfig"),
     ("evaluation", "EvaluationConfig"), ("logging", "LoggingConfig"),
     ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
     ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
 ]
+
+
+ALGORITHM_SECTIONS = [algo.AdvantageConfig, algo.AdvantageNormConfig, algo.PolicyLossConfig,
+                      algo.OffPolicyConfig, algo.KLConfig, algo.RewardShapingConfig,
+                      algo.GroupFilterConfig, algo.UpdateConfig]
 
 
 def documented_classes() -> list[type]:
@@ -60,7 +70,8 @@ def documented_classes() -> list[type]:
     return [
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
         core.RolloutConfig, core.SGLangServerConfig, core.TrainEngineConfig,
-        core.OptimizerConfig, core.MicroBatchSpec, core.AlgorithmConfig, core.DatasetConfig,
+        core.OptimizerConfig, core.MicroBatchSpec, core.AlgorithmConfig, *ALGORITHM_SECTIONS,
+        core.DatasetConfig,
         core.RewardConfig,
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
         recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,

@@ -14,13 +14,13 @@ from areal_like.api.config_loader import register_config_dir, register_schema
 class GRPOConfig(BaseExperimentConfig):
     """GRPO family (and ReMax): the algorithm section picks estimator, loss, aggregation."""
 
-    use_ref_model: bool = False  # frozen reference for KL (needs algorithm.kl_ctl > 0)
+    use_ref_model: bool = False  # frozen reference for KL (needs algorithm.kl.coef > 0)
     ref: TrainEngineConfig = field(default_factory=TrainEngineConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check("GRPOConfig", "algorithm.kl_ctl",
-              self.algorithm.kl_ctl == 0 or self.use_ref_model, self.algorithm.kl_ctl,
+        check("GRPOConfig", "algorithm.kl.coef",
+              self.algorithm.kl.coef == 0 or self.use_ref_model, self.algorithm.kl.coef,
               "0 without a reference model (KL to it needs one: set use_ref_model=true)")
 
 

@@ -20,6 +20,7 @@ from areal_like.algorithms import (
     broadcast_to_tokens,
     register_advantage_estimator,
 )
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.api.config import AlgorithmConfig
 from areal_like.utils.stats_tracker import StatsTracker
 
@@ -56,7 +57,7 @@ def _entropy_keep(model, batch, ratio):
 def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None, keep=None):
     """Float64 loss from the padded batch with per-token loops (the formulas of losses.py).
     `keep`: the tokens the entropy filter selected (default: selected with `model`)."""
-    eps_h = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    eps_h = cfg.loss.eps_clip if cfg.loss.eps_clip_high is None else cfg.loss.eps_clip_high
     rows = []
     for i in range(batch.shape[0]):
         n = int(batch["attention_mask"][i].sum())
@@ -66,8 +67,8 @@ def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None, keep=None
                    if ref_model is not None else None)
         # token t is predicted at position t - 1
         rows.append([(i, t, logp_all, ref_all) for t in range(1, n) if batch["loss_mask"][i, t]])
-    if cfg.top_entropy_ratio < 1:
-        keep = _entropy_keep(model, batch, cfg.top_entropy_ratio) if keep is None else keep
+    if cfg.loss.top_entropy_ratio < 1:
+        keep = _entropy_keep(model, batch, cfg.loss.top_entropy_ratio) if keep is None else keep
         rows = [[x for x in r if (x[0], x[1]) in keep] for r in rows]
     per_seq = []
     for i, row in enumerate(rows):
@@ -84,47 +85,46 @@ def _reference_loss(model, batch, prox_next, cfg, adv, ref_model=None, keep=None
         losses = []
         for lp, prox, behav, dist, ref in terms:
             a = adv[i]
-            r = seq_ratio if cfg.policy_loss == "gspo" else torch.exp(lp - prox)
-            if cfg.policy_loss in ("ppo", "gspo"):
-                loss = torch.maximum(-a * r, -a * r.clamp(1 - cfg.eps_clip, 1 + eps_h))
-                if cfg.c_clip is not None and a < 0:
-                    loss = torch.minimum(loss, torch.tensor(-a * cfg.c_clip, dtype=loss.dtype))
-            elif cfg.policy_loss == "cispo":
-                loss = -r.detach().clamp(1 - cfg.eps_clip, 1 + eps_h) * a * lp
+            r = seq_ratio if cfg.loss.policy == "gspo" else torch.exp(lp - prox)
+            if cfg.loss.policy in ("ppo", "gspo"):
+                loss = torch.maximum(-a * r, -a * r.clamp(1 - cfg.loss.eps_clip, 1 + eps_h))
+                if cfg.loss.c_clip is not None and a < 0:
+                    loss = torch.minimum(loss, torch.tensor(-a * cfg.loss.c_clip, dtype=loss.dtype))
+            elif cfg.loss.policy == "cispo":
+                loss = -r.detach().clamp(1 - cfg.loss.eps_clip, 1 + eps_h) * a * lp
             else:  # reinforce
                 loss = -a * lp
-            if cfg.use_decoupled_loss:
+            if cfg.off_policy.decoupled:
                 w = math.exp(prox - behav)
-                cap = cfg.behav_imp_weight_cap
+                cap = cfg.off_policy.behav_imp_weight_cap
                 loss = loss * (0.0 if cap is not None and w > cap else w)
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * _entropy(dist)
-            if cfg.kl_ctl and not cfg.kl_in_reward:  # k3 = pi_ref/pi - 1 - log(pi_ref/pi)
-                loss = loss + cfg.kl_ctl * (torch.exp(ref - lp) - 1 - (ref - lp))
+            if cfg.loss.entropy_coef:
+                loss = loss - cfg.loss.entropy_coef * _entropy(dist)
+            if cfg.kl.coef and not cfg.kl.in_reward:  # k3 = pi_ref/pi - 1 - log(pi_ref/pi)
+                loss = loss + cfg.kl.coef * (torch.exp(ref - lp) - 1 - (ref - lp))
             losses.append(loss)
         per_seq.append(losses)
     nonempty = [s for s in per_seq if s]
-    if cfg.loss_agg_mode == "token-mean":
+    if cfg.loss.agg_mode == "token-mean":
         return sum(sum(s) for s in nonempty) / sum(len(s) for s in nonempty)
-    if cfg.loss_agg_mode == "seq-mean-token-mean":
+    if cfg.loss.agg_mode == "seq-mean-token-mean":
         return sum(sum(s) / len(s) for s in nonempty) / len(nonempty)
-    if cfg.loss_agg_mode == "seq-mean-token-sum":
+    if cfg.loss.agg_mode == "seq-mean-token-sum":
         return sum(sum(s) for s in nonempty) / len(nonempty)
-    return sum(sum(s) for s in nonempty) / (len(nonempty) * cfg.loss_agg_constant)
+    return sum(sum(s) for s in nonempty) / (len(nonempty) * cfg.loss.agg_constant)
 
 
 CASES = [
-    dict(policy_loss="ppo", loss_agg_mode="token-mean"),
-    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-mean", behav_imp_weight_cap=1.5),
-    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-sum", eps_clip_high=0.28, c_clip=1.1),
-    dict(policy_loss="ppo", loss_agg_mode="constant", loss_agg_constant=6.0, entropy_coef=0.01),
-    dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", eps_clip=0.05),
-    dict(policy_loss="cispo", loss_agg_mode="token-mean", use_decoupled_loss=False),
-    dict(policy_loss="reinforce", loss_agg_mode="token-mean", use_decoupled_loss=False),
+    dict(loss=dict(policy="ppo", agg_mode="token-mean")),
+    dict(loss=dict(policy="ppo", agg_mode="seq-mean-token-mean"), off_policy=dict(behav_imp_weight_cap=1.5)),
+    dict(loss=dict(policy="ppo", agg_mode="seq-mean-token-sum", eps_clip_high=0.28, c_clip=1.1)),
+    dict(loss=dict(policy="ppo", agg_mode="constant", agg_constant=6.0, entropy_coef=0.01)),
+    dict(loss=dict(policy="gspo", agg_mode="seq-mean-token-mean", eps_clip=0.05)),
+    dict(loss=dict(policy="cispo", agg_mode="token-mean"), off_policy=dict(decoupled=False)),
+    dict(loss=dict(policy="reinforce", agg_mode="token-mean"), off_policy=dict(decoupled=False)),
     # the entropy filter selects over the whole batch, not per micro-batch
-    dict(policy_loss="ppo", loss_agg_mode="token-mean", kl_ctl=0.1, kl_estimator="k3",
-         top_entropy_ratio=0.5),
-    dict(policy_loss="ppo", loss_agg_mode="seq-mean-token-mean", top_entropy_ratio=0.3),
+    dict(loss=dict(policy="ppo", agg_mode="token-mean", top_entropy_ratio=0.5), kl=dict(coef=0.1, estimator="k3")),
+    dict(loss=dict(policy="ppo", agg_mode="seq-mean-token-mean", top_entropy_ratio=0.3)),
 ]
 
 
@@ -137,12 +137,12 @@ def _perturbed_model(path, scale=0.05):
     return model
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['policy_loss']}-{c['loss_agg_mode']}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['loss']['policy']}-{c['loss']['agg_mode']}")
 def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_model_dir, case):
     case = dict(case)
     one_mb = case.pop("one_micro_batch", False)
     model = _model(tiny_model_dir)
-    ref_model = _perturbed_model(tiny_model_dir) if case.get("kl_ctl") else None
+    ref_model = _perturbed_model(tiny_model_dir) if case.get("kl", {}).get("coef") else None
     batch = _batch(model, noise=0.3)
     g = torch.Generator().manual_seed(7)
     # a given proximal policy (next-token aligned) so that ratios move away from 1
@@ -153,7 +153,7 @@ def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_
         prox[i, :n - 1] = (lp[1:] + 0.2 * torch.randn(n - 1, generator=g,
                                                       dtype=torch.float64)).float()
     batch["prox_logp"] = prox
-    cfg = AlgorithmConfig(adv_estimator="grpo", group_size=4, **case)
+    cfg = algorithm_config(group_size=4, **case, adv=dict(estimator="grpo"))
     engine = RefEngine(model, lr=0.0, max_tokens_per_mb=1000 if one_mb else 24)
     tracker = StatsTracker()
     ref = RefEngine(ref_model) if ref_model is not None else None
@@ -161,7 +161,7 @@ def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_
     assert engine.n_micro_batches == 1 if one_mb else engine.n_micro_batches >= 3
     got_grad = _grads(model).clone()
 
-    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.adv_norm_eps)
+    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.norm.eps)
     model.zero_grad()
     want = _reference_loss(model, batch, prox, cfg, adv, ref_model)
     want.backward()
@@ -173,11 +173,11 @@ def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_
                 "actor/update/clip_ratio/avg", "actor/update/entropy/avg",
                 "actor/advantages/avg", "actor/task_reward/avg", "actor/response_length/max"):
         assert math.isfinite(exported[key]), key
-    if cfg.use_decoupled_loss:
+    if cfg.off_policy.decoupled:
         assert exported["actor/update/behav_imp_weight/max"] > 0
-        if cfg.behav_imp_weight_cap:
+        if cfg.off_policy.behav_imp_weight_cap:
             assert exported["actor/update/behav_capped_ratio/avg"] > 0
-    if cfg.c_clip is not None:
+    if cfg.loss.c_clip is not None:
         assert exported["actor/update/dual_clip_ratio/avg"] > 0  # the dual clip did bind
 
 
@@ -223,11 +223,10 @@ def test_presets_run_an_update(tiny_model_dir):
     for name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "remax", "cispo",
                  "cpgd"):
         model = _model(tiny_model_dir, torch.float32)
-        cfg = algorithm_preset(name, group_size=4, max_response_tokens=6, overlong_tokens=2,
-                               loss_agg_constant=6.0)
+        cfg = algorithm_preset(name, group_size=4, shaping=dict(max_response_tokens=6, overlong_tokens=2), loss=dict(agg_constant=6.0))
         tracker = StatsTracker()
         actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
-                         ref=ref if cfg.kl_ctl else None, tracker=tracker)
+                         ref=ref if cfg.kl.coef else None, tracker=tracker)
         stats = actor.update(_batch(model, seed=3))
         out = tracker.export()
         assert math.isfinite(stats["loss"]), name
@@ -245,11 +244,10 @@ def test_entropy_filter_uses_the_entropy_recorded_when_the_batch_was_prepared(ti
     later change of the weights does not change which tokens are trained."""
     model = _model(tiny_model_dir)
     batch = _batch(model, noise=0.3)
-    cfg = AlgorithmConfig(adv_estimator="grpo", group_size=4, top_entropy_ratio=0.4,
-                          loss_agg_mode="token-mean")
+    cfg = algorithm_config(group_size=4, adv=dict(estimator="grpo"), loss=dict(top_entropy_ratio=0.4, agg_mode="token-mean"))
     engine = RefEngine(model, lr=0.0, max_tokens_per_mb=24)
     actor = PPOActor(engine, cfg, tracker=StatsTracker())
-    keep = _entropy_keep(model, batch, cfg.top_entropy_ratio)
+    keep = _entropy_keep(model, batch, cfg.loss.top_entropy_ratio)
     prepared = actor.compute_advantages(batch)
     got = {(i, t + 1) for i, t in prepared["policy_mask"].nonzero().tolist()}
     assert got == keep and len(keep) == math.ceil(0.4 * int(batch["loss_mask"].sum()))
@@ -257,9 +255,9 @@ def test_entropy_filter_uses_the_entropy_recorded_when_the_batch_was_prepared(ti
     with torch.no_grad():  # the policy moves before the update
         for p in model.parameters():
             p.mul_(1.5)
-    assert _entropy_keep(model, batch, cfg.top_entropy_ratio) != keep  # a real change
+    assert _entropy_keep(model, batch, cfg.loss.top_entropy_ratio) != keep  # a real change
     stats = actor.update(prepared)
-    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.adv_norm_eps)
+    adv = _grpo_ref(batch["rewards"].tolist(), batch["group_id"].tolist(), cfg.norm.eps)
     want = _reference_loss(model, batch, prepared["prox_logp"], cfg, adv, keep=keep)
     assert stats["loss"] == pytest.approx(float(want.detach()), rel=1e-5, abs=1e-6)
 
@@ -271,8 +269,7 @@ def test_user_registered_estimator_is_selected_by_config(tiny_model_dir):
 
     try:
         model = _model(tiny_model_dir)
-        cfg = AlgorithmConfig(adv_estimator="test_half_reward", use_decoupled_loss=False,
-                              recompute_logprob=False)
+        cfg = algorithm_config(adv=dict(estimator="test_half_reward"), off_policy=dict(decoupled=False, recompute_logprob=False))
         prepared = PPOActor(RefEngine(model), cfg, tracker=StatsTracker()).compute_advantages(
             _batch(model))
         m = prepared["loss_mask"]
@@ -292,8 +289,7 @@ def test_behaviour_logprobs_are_needed_only_by_the_corrections_that_use_them(tin
     losses = []
     for drop in (False, True):
         model = _model(tiny_model_dir, torch.float32)
-        cfg = algorithm_preset("grpo", group_size=4, use_decoupled_loss=False,
-                               recompute_logprob=True)
+        cfg = algorithm_preset("grpo", group_size=4, off_policy=dict(decoupled=False, recompute_logprob=True))
         actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
                          tracker=StatsTracker())
         given = batch.clone()
@@ -303,11 +299,12 @@ def test_behaviour_logprobs_are_needed_only_by_the_corrections_that_use_them(tin
     assert math.isfinite(losses[0]) and losses[1] == pytest.approx(losses[0], rel=1e-6)
     without = batch.clone()
     del without["logprobs"]
-    for flags, named in (({"use_decoupled_loss": True, "recompute_logprob": True},
-                          "algorithm.use_decoupled_loss=true"),
-                         ({"use_decoupled_loss": False, "recompute_logprob": False},
-                          "algorithm.recompute_logprob=false")):
+    for flags, named in (({"decoupled": True, "recompute_logprob": True},
+                          "algorithm.off_policy.decoupled=true"),
+                         ({"decoupled": False, "recompute_logprob": False},
+                          "algorithm.off_policy.recompute_logprob=false")):
         actor = PPOActor(RefEngine(_model(tiny_model_dir, torch.float32)),
-                         algorithm_preset("grpo", group_size=4, **flags), tracker=StatsTracker())
+                         algorithm_preset("grpo", group_size=4, off_policy=flags),
+                         tracker=StatsTracker())
         with pytest.raises(ValueError, match=f"no 'logprobs' .*which {named} needs"):
             actor.update(without.clone())

@@ -15,6 +15,7 @@ from areal_like.algorithms import (
     SFTActor,
     algorithm_preset,
 )
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.api.config import AlgorithmConfig
 from areal_like.utils.stats_tracker import StatsTracker
 
@@ -25,8 +26,7 @@ def test_critic_gae_with_dense_rewards_and_value_learning(tiny_model_dir):
         tiny_model_dir, num_labels=1).double()
     policy = _model(tiny_model_dir)
     batch = _batch(policy, dense=True)
-    cfg = algorithm_preset("ppo", discount=0.9, gae_lambda=0.8, adv_norm_level="none",
-                           value_eps_clip=1.0)
+    cfg = algorithm_preset("ppo", adv=dict(discount=0.9, gae_lambda=0.8), norm=dict(level="none"), loss=dict(value_eps_clip=1.0))
     critic = CriticActor(RefEngine(critic_model, lr=1e-3, adam=True, max_tokens_per_mb=24), cfg,
                          tracker=StatsTracker())
     actor = PPOActor(RefEngine(policy, max_tokens_per_mb=24), cfg, tracker=StatsTracker())
@@ -89,13 +89,12 @@ def test_sft_actor_matches_nll_and_learns(tiny_model_dir):
 
 def test_actor_options_running_norm_clip_filter_minibatches_and_version_lag(tiny_model_dir):
     model = _model(tiny_model_dir)
-    on_policy = dict(use_decoupled_loss=False, recompute_logprob=False, group_size=4)
+    on_policy = dict(group_size=4, off_policy=dict(decoupled=False, recompute_logprob=False))
     batches = [_batch(model, seed=s) for s in (1, 2)]
     # running (cross-batch) normalisation: the 2nd batch is normalised with both batches' stats
-    actor = PPOActor(RefEngine(model), AlgorithmConfig(adv_estimator="dr_grpo",
-                                                       adv_norm_level="running", **on_policy),
+    actor = PPOActor(RefEngine(model), algorithm_config(**on_policy, adv=dict(estimator="dr_grpo"), norm=dict(level="running")),
                      tracker=StatsTracker())
-    raw_actor = PPOActor(RefEngine(model), AlgorithmConfig(adv_estimator="dr_grpo", **on_policy),
+    raw_actor = PPOActor(RefEngine(model), algorithm_config(**on_policy, adv=dict(estimator="dr_grpo")),
                          tracker=StatsTracker())
     raw = [raw_actor.compute_advantages(b) for b in batches]
     got = [actor.compute_advantages(b) for b in batches][1]
@@ -108,9 +107,9 @@ def test_actor_options_running_norm_clip_filter_minibatches_and_version_lag(tiny
     # clip-filter weights multiply the advantages of groups with reward variance
     batch = batches[0]
     batch["rewards"][4:8] = 1.0  # second group flat
-    weighted = PPOActor(RefEngine(model), AlgorithmConfig(clip_filter_weight=True, **on_policy),
+    weighted = PPOActor(RefEngine(model), algorithm_config(**on_policy, filters=dict(clip_filter_weight=True)),
                         tracker=StatsTracker()).compute_advantages(batch)
-    plain = PPOActor(RefEngine(model), AlgorithmConfig(**on_policy),
+    plain = PPOActor(RefEngine(model), algorithm_config(**on_policy),
                      tracker=StatsTracker()).compute_advantages(batch)
     torch.testing.assert_close(weighted["advantages"][:4], 2.0 * plain["advantages"][:4])
     assert (weighted["advantages"][4:] == 0).all()
@@ -119,7 +118,7 @@ def test_actor_options_running_norm_clip_filter_minibatches_and_version_lag(tiny
     engine.set_version(3)
     calls = []
     engine.train_batch = lambda b, **kw: calls.append(b.shape[0]) or {"loss": 1.0}
-    PPOActor(engine, AlgorithmConfig(ppo_n_minibatches=2, **on_policy),
+    PPOActor(engine, algorithm_config(**on_policy, update=dict(n_minibatches=2)),
              tracker=tracker).update(batches[1])
     assert calls == [4, 4]
     assert tracker.export()["actor/version_lag/avg"] == 3.0

@@ -16,6 +16,7 @@ from areal_like.algorithms import (
     register_advantage_estimator,
 )
 from areal_like.algorithms.advantages import discounted_returns, gae_advantages
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.api.config import AlgorithmConfig
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -95,7 +96,7 @@ GROUPS = [0, 0, 0, 0, 1, 1, 1, 2, 3, 3, 3]  # group 1: all equal; group 2: singl
 def test_group_estimators_match_reference_and_never_nan(name):
     cfg = AlgorithmConfig()
     out = get_advantage_estimator(name)(_inputs(REWARDS, GROUPS), cfg)
-    want = _group_ref(REWARDS, GROUPS, name, cfg.adv_norm_eps)
+    want = _group_ref(REWARDS, GROUPS, name, cfg.norm.eps)
     got = out.advantages
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64)[:, None].expand(-1, 4),
@@ -110,7 +111,7 @@ def test_group_estimators_broadcast_only_to_trained_tokens():
 
 
 def test_remax_and_cpgd():
-    cfg = AlgorithmConfig(clip_filter_max_weight=3.0)
+    cfg = algorithm_config(filters=dict(clip_filter_max_weight=3.0))
     base = torch.tensor([0.5] * len(REWARDS), dtype=torch.float64)
     out = get_advantage_estimator("remax")(_inputs(REWARDS, GROUPS, baseline_rewards=base), cfg)
     torch.testing.assert_close(out.advantages[:, 0],
@@ -132,7 +133,7 @@ def test_remax_and_cpgd():
 
 def test_reinforce_and_reinforce_pp_use_dense_rewards():
     rewards, values, mask = _random_dense(4)
-    cfg = AlgorithmConfig(discount=0.9)
+    cfg = algorithm_config(adv=dict(discount=0.9))
     inputs = AdvantageInputs(token_rewards=rewards, seq_rewards=rewards.sum(-1), loss_mask=mask,
                              group_index=torch.arange(6))
     zeros = [[0.0] * 9 for _ in range(6)]
@@ -143,7 +144,7 @@ def test_reinforce_and_reinforce_pp_use_dense_rewards():
     vals = [float(want_g[i, t]) for i in range(6) for t in range(9) if mask[i, t]]
     mu = sum(vals) / len(vals)
     sigma = math.sqrt(sum((v - mu) ** 2 for v in vals) / len(vals))
-    want = torch.where(mask, (want_g - mu) / (sigma + cfg.adv_norm_eps), 0.0)
+    want = torch.where(mask, (want_g - mu) / (sigma + cfg.norm.eps), 0.0)
     torch.testing.assert_close(out.advantages, want, **TOL)
     torch.testing.assert_close(out.returns, want_g, **TOL)
 
@@ -155,7 +156,7 @@ def test_gae_estimator_requires_values():
     with pytest.raises(ValueError, match="values"):
         get_advantage_estimator("gae")(inputs, AlgorithmConfig())
     inputs.values = values
-    out = get_advantage_estimator("gae")(inputs, AlgorithmConfig(discount=0.95, gae_lambda=0.9))
+    out = get_advantage_estimator("gae")(inputs, algorithm_config(adv=dict(discount=0.95, gae_lambda=0.9)))
     want_adv, want_ret = _ref_gae(rewards.tolist(), values.tolist(), mask.tolist(), 0.95, 0.9)
     torch.testing.assert_close(out.advantages, want_adv, **TOL)
     torch.testing.assert_close(out.returns, want_ret, **TOL)

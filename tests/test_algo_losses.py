@@ -18,7 +18,7 @@ from areal_like.algorithms.losses import (
     reinforce_loss,
     value_loss,
 )
-from areal_like.api.config import AlgorithmConfig
+from areal_like.api.algorithm_presets import algorithm_config
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -173,7 +173,7 @@ def test_value_loss_matches_reference():
 def test_registered_losses_are_zero_off_mask_and_read_eps_from_config(name):
     lp, old, adv, mask = _data(6, n=10)
     cu = torch.tensor([0, 4, 10])
-    cfg = AlgorithmConfig(eps_clip=0.1, eps_clip_high=0.3, cpgd_drift_coef=0.05)
+    cfg = algorithm_config(loss=dict(eps_clip=0.1, eps_clip_high=0.3, cpgd_drift_coef=0.05))
     loss, _ = get_policy_loss(name)(PolicyLossInputs(lp, old, adv, mask, cu), cfg)
     assert loss.shape == lp.shape and (loss[~mask] == 0).all() and torch.isfinite(loss).all()
     if name == "ppo":

@@ -36,6 +36,7 @@ from areal_like.algorithms.losses import (
     value_loss,
 )
 from areal_like.algorithms.registry import ADVANTAGE_ESTIMATORS
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.api.config import (
     AlgorithmConfig,
     GenerationHyperparameters,
@@ -44,7 +45,7 @@ from areal_like.api.config import (
 )
 from areal_like.utils.stats_tracker import StatsTracker
 
-ON_POLICY = dict(use_decoupled_loss=False, recompute_logprob=False, group_size=4)
+ON_POLICY = dict(group_size=4, off_policy=dict(decoupled=False, recompute_logprob=False))
 
 
 def _trained(batch, i):
@@ -53,28 +54,28 @@ def _trained(batch, i):
 
 
 def _shape(x, cfg):
-    return max(-cfg.reward_clip, min(cfg.reward_clip, (x + cfg.reward_bias) * cfg.reward_scaling))
+    return max(-cfg.shaping.clip, min(cfg.shaping.clip, (x + cfg.shaping.bias) * cfg.shaping.scaling))
 
 
 # ---- Dr.GRPO: the constant is the generation budget ---------------------------------------
 
 def test_dr_grpo_constant_is_the_generation_budget():
     algo = algorithm_preset("dr_grpo", group_size=4)
-    assert algo.loss_agg_constant is None
+    assert algo.loss.agg_constant is None
     resolve_algorithm(algo, GenerationHyperparameters(n_samples=4, max_new_tokens=24),
                       RolloutConfig())
-    assert algo.loss_agg_constant == 24.0 and algo.max_response_tokens == 24
-    with pytest.raises(ValueError, match="loss_agg_constant"):
+    assert algo.loss.agg_constant == 24.0 and algo.shaping.max_response_tokens == 24
+    with pytest.raises(ValueError, match="algorithm.loss.agg_constant"):
         PPOActor(None, algorithm_preset("dr_grpo", group_size=4))
-    with pytest.raises(ValueError, match="max_response_tokens"):
-        PPOActor(None, algorithm_preset("dapo", group_size=4, overlong_tokens=2))
+    with pytest.raises(ValueError, match="algorithm.shaping.max_response_tokens"):
+        PPOActor(None, algorithm_preset("dapo", group_size=4, shaping=dict(overlong_tokens=2)))
 
 
 def test_dr_grpo_loss_divides_the_token_sum_by_the_budget(tiny_model_dir):
     model = _model(tiny_model_dir)
     batch = _batch(model, noise=0.0)
     budget = 16.0
-    cfg = algorithm_preset("dr_grpo", loss_agg_constant=budget, **ON_POLICY)
+    cfg = algorithm_preset("dr_grpo", **ON_POLICY, loss=dict(agg_constant=budget))
     stats = PPOActor(RefEngine(model, lr=0.0, max_tokens_per_mb=24), cfg,
                      tracker=StatsTracker()).update(batch)
     # on-policy at ratio 1: l_t = -A_i; loss = sum_i sum_t -A_i / (N * budget)
@@ -88,7 +89,7 @@ def test_dr_grpo_loss_divides_the_token_sum_by_the_budget(tiny_model_dir):
 
 # ---- ReMax / REINFORCE: the baseline is shaped like the reward ---------------------------
 
-SHAPING = dict(reward_scaling=2.0, reward_bias=-0.25, reward_clip=1.0)
+SHAPING = dict(shaping=dict(scaling=2.0, bias=-0.25, clip=1.0))
 
 
 def _baseline_batch(model):
@@ -131,16 +132,14 @@ def test_kl_penalty_is_added_after_group_normalisation(tiny_model_dir, discount)
     batch = _batch(model, noise=0.0)
     batch["rewards"][4:8] = 1.0  # the second group is flat
     kl_ctl = 0.3
-    cfg = AlgorithmConfig(adv_estimator="grpo", kl_ctl=kl_ctl, kl_in_reward=True,
-                          kl_estimator="k1", discount=discount, clip_filter_weight=True,
-                          clip_filter_flat_weight=1.0, **ON_POLICY)
+    cfg = algorithm_config(**ON_POLICY, adv=dict(estimator="grpo", discount=discount), kl=dict(coef=kl_ctl, in_reward=True, estimator="k1"), filters=dict(clip_filter_weight=True, clip_filter_flat_weight=1.0))
     actor = PPOActor(RefEngine(model), cfg, ref=RefEngine(ref_model), tracker=StatsTracker())
     prepared = actor.compute_advantages(batch)
 
     r, g = batch["rewards"].tolist(), batch["group_id"].tolist()
-    outcome = _grpo_ref(r, g, cfg.adv_norm_eps)
+    outcome = _grpo_ref(r, g, cfg.norm.eps)
     flat = {gi: len({r[j] for j in range(8) if g[j] == gi}) == 1 for gi in set(g)}
-    w = min(len(flat) / (len(flat) - sum(flat.values())), cfg.clip_filter_max_weight)
+    w = min(len(flat) / (len(flat) - sum(flat.values())), cfg.filters.clip_filter_max_weight)
     for i in range(8):
         n = int(batch["attention_mask"][i].sum())
         ref_lp = _true_logprobs(ref_model, batch["input_ids"][i], n)
@@ -165,8 +164,7 @@ def test_token_estimators_keep_the_kl_inside_their_rewards(tiny_model_dir):
         for p in ref_model.parameters():
             p.mul_(0.9)
     batch = _batch(model, noise=0.0)
-    cfg = AlgorithmConfig(adv_estimator="reinforce", kl_ctl=0.2, kl_in_reward=True,
-                          kl_estimator="k1", discount=0.8, **ON_POLICY)
+    cfg = algorithm_config(**ON_POLICY, adv=dict(estimator="reinforce", discount=0.8), kl=dict(coef=0.2, in_reward=True, estimator="k1"))
     prepared = PPOActor(RefEngine(model), cfg, ref=RefEngine(ref_model),
                         tracker=StatsTracker()).compute_advantages(batch)
     for i in range(8):
@@ -282,15 +280,12 @@ def _micro_batch(inputs, vocab=11, seed=1):
 
 @pytest.mark.parametrize("poison", POISONS, ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("case", [
-    dict(policy_loss="ppo", entropy_coef=0.01, kl_ctl=0.1, kl_in_reward=False,
-         kl_estimator="k3", use_decoupled_loss=True, behav_imp_weight_cap=5.0),
-    dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", kl_ctl=0.1,
-         kl_in_reward=False, kl_estimator="k2"),
-    dict(policy_loss="cispo", eps_clip=10.0, eps_clip_high=0.28, use_decoupled_loss=False),
-    dict(policy_loss="reinforce", loss_agg_mode="constant", loss_agg_constant=8.0,
-         use_decoupled_loss=False),
-    dict(policy_loss="cpgd", cpgd_drift_coef=0.1, use_decoupled_loss=False),
-], ids=lambda c: c["policy_loss"])
+    dict(loss=dict(policy="ppo", entropy_coef=0.01), kl=dict(coef=0.1, in_reward=False, estimator="k3"), off_policy=dict(decoupled=True, behav_imp_weight_cap=5.0)),
+    dict(loss=dict(policy="gspo", agg_mode="seq-mean-token-mean"), kl=dict(coef=0.1, in_reward=False, estimator="k2")),
+    dict(loss=dict(policy="cispo", eps_clip=10.0, eps_clip_high=0.28), off_policy=dict(decoupled=False)),
+    dict(loss=dict(policy="reinforce", agg_mode="constant", agg_constant=8.0), off_policy=dict(decoupled=False)),
+    dict(loss=dict(policy="cpgd", cpgd_drift_coef=0.1), off_policy=dict(decoupled=False)),
+], ids=lambda c: c["loss"]["policy"])
 def test_whole_loss_closures_ignore_poisoned_masked_positions(case, poison):
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(MASK.shape[0], 11, generator=g)
@@ -300,7 +295,7 @@ def test_whole_loss_closures_ignore_poisoned_masked_positions(case, poison):
                            for k, v in clean.items()}):
         leaf = logits.clone().requires_grad_(True)
         # the closure's mask is the next-token mask: position t trains token t+1
-        loss = make_policy_loss_fn(AlgorithmConfig(**case), StatsTracker())(
+        loss = make_policy_loss_fn(algorithm_config(**case), StatsTracker())(
             leaf, _micro_batch(inputs))
         loss.backward()
         results.append((loss.detach(), leaf.grad))
@@ -327,11 +322,11 @@ def test_whole_loss_closures_ignore_poisoned_masked_positions(case, poison):
     (algorithm_preset("rloo"), True), (algorithm_preset("cpgd"), True),
     (algorithm_preset("dapo"), True), (algorithm_preset("gspo"), True),
     (algorithm_preset("remax"), False), (algorithm_preset("ppo"), False),
-    (algorithm_preset("reinforce_pp", kl_ctl=0.0), False),
-    (algorithm_preset("ppo", adv_norm_level="group"), True),
-    (algorithm_preset("remax", clip_filter_weight=True), True),
-    (algorithm_preset("ppo", dynamic_sampling=True), True),
-], ids=lambda x: "" if isinstance(x, bool) else x.adv_estimator)
+    (algorithm_preset("reinforce_pp", kl=dict(coef=0.0)), False),
+    (algorithm_preset("ppo", norm=dict(level="group")), True),
+    (algorithm_preset("remax", filters=dict(clip_filter_weight=True)), True),
+    (algorithm_preset("ppo", filters=dict(dynamic_sampling=True)), True),
+], ids=lambda x: "" if isinstance(x, bool) else x.adv.estimator)
 def test_uses_group_statistics(config, expected):
     assert uses_group_statistics(config) is expected
 
@@ -346,8 +341,8 @@ def test_user_estimators_are_group_based_unless_declared(tiny_model_dir):
         raise AssertionError("not called")
 
     try:
-        assert not uses_group_statistics(AlgorithmConfig(adv_estimator="test_per_sample"))
-        assert uses_group_statistics(AlgorithmConfig(adv_estimator="test_unknown"))
+        assert not uses_group_statistics(algorithm_config(adv=dict(estimator="test_per_sample")))
+        assert uses_group_statistics(algorithm_config(adv=dict(estimator="test_unknown")))
         with pytest.raises(ValueError, match="kl_placement"):
             register_advantage_estimator("test_bad", kl_placement="middle")
     finally:

@@ -55,14 +55,14 @@ def test_every_arealite_section_maps_to_ours_and_stays_readable(tmp_path, capsys
     assert config.tokenizer_path == config.model.tokenizer_path == "/m"
     assert config.ref is not None and config.ref.model.path == "/m"
     # PPO keys: read from actor by the script, and ours in algorithm
-    assert (config.actor.eps_clip, config.algorithm.eps_clip) == (0.4, 0.4)
-    assert config.algorithm.eps_clip_high == 0.28
-    assert (config.algorithm.reward_scaling, config.algorithm.reward_bias) == (10.0, -0.5)
-    assert config.algorithm.behav_imp_weight_cap == 5.0
+    assert (config.actor.eps_clip, config.algorithm.loss.eps_clip) == (0.4, 0.4)
+    assert config.algorithm.loss.eps_clip_high == 0.28
+    assert (config.algorithm.shaping.scaling, config.algorithm.shaping.bias) == (10.0, -0.5)
+    assert config.algorithm.off_policy.behav_imp_weight_cap == 5.0
     assert config.algorithm.group_size == config.gconfig.n_samples == 4
-    assert config.algorithm.adv_norm_level == "group"
-    assert config.algorithm.kl_ctl == 0.05 and config.use_ref_model  # AReaL-lite builds ref
-    assert config.actor.algorithm().kl_ctl == 0.05
+    assert config.algorithm.norm.level == "group"
+    assert config.algorithm.kl.coef == 0.05 and config.use_ref_model  # AReaL-lite builds ref
+    assert config.actor.algorithm().kl.coef == 0.05
     assert config.actor.optimizer.type == "adamw" and config.actor.backend == "auto"
     # placement, servers, logging, checkpoints, evaluation
     assert (config.server.n_servers, config.server.gpus_per_server) == (4, 2)
@@ -87,8 +87,8 @@ def test_every_arealite_section_maps_to_ours_and_stays_readable(tmp_path, capsys
 
 def test_our_schemas_and_the_launcher_read_an_arealite_yaml(tmp_path, capsys):
     ours = load_config(OurGRPOConfig, EXAMPLE, ["model.path=/m"])
-    assert type(ours) is OurGRPOConfig and ours.algorithm.eps_clip == 0.4
-    assert ours.actor.model.path == "/m" and ours.algorithm.recompute_logprob
+    assert type(ours) is OurGRPOConfig and ours.algorithm.loss.eps_clip == 0.4
+    assert ours.actor.model.path == "/m" and ours.algorithm.off_policy.recompute_logprob
     assert "total_train_epochs=1: our recipes stop at total_train_steps" in capsys.readouterr().err
     launch = load_launch_config(BaseExperimentConfig, EXAMPLE,
                                 ["model.path=/m", "cluster.fileroot=/r",
@@ -102,9 +102,9 @@ def test_our_schemas_and_the_launcher_read_an_arealite_yaml(tmp_path, capsys):
     ({"actor": {"init_from_scratch": True}}, "actor.init_from_scratch=True: a model is always"),
     ({"actor": {"backend": "megatron"}}, "actor.backend='megatron': the train engine here is"),
     ({"actor": {"use_lora": True}}, "actor.use_lora=True: LoRA is not supported yet"),
-    ({"actor": {"mask_no_eos_with_zero": True}}, "algorithm.overlong_reward_penalty"),
+    ({"actor": {"mask_no_eos_with_zero": True}}, "algorithm.shaping.overlong_penalty"),
     ({"actor": {"adv_norm": {"mean_level": "batch", "std_level": "group"}}},
-     "algorithm.adv_norm_level"),
+     "algorithm.norm.level"),
     ({"allocation_mode": "vllm.d2+d2"}, "allocation_mode='vllm.d2+d2': only"),
     ({"server_only": True}, "areal-like serve"),
     ({"recover": {"mode": "sometimes"}}, "recover.mode='sometimes'"),

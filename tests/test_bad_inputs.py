@@ -96,9 +96,9 @@ CONFIG_CASES = [
     ("train_dataset.type=my_tasks.make", "type"),
     ("algorithm.group_size=3", "group_size"),
     ("algorithm.temperature=0.5", "temperature"),
-    ("algorithm.use_decoupled_loss=false", "use_decoupled_loss"),
-    ("algorithm.eps_clip=-0.1", "eps_clip"),
-    ("algorithm.top_entropy_ratio=0", "top_entropy_ratio"),
+    ("algorithm.off_policy.decoupled=false", "off_policy.decoupled"),
+    ("algorithm.loss.eps_clip=-0.1", "eps_clip"),
+    ("algorithm.loss.top_entropy_ratio=0", "top_entropy_ratio"),
     ("algorithm.epsclip=0.2", "epsclip"),
     ("gconfig.max_new_tokens=0", "max_new_tokens"),
     ("gconfig.n_samples=0", "n_samples"),
@@ -129,10 +129,10 @@ def test_bad_config_value_names_its_key(override, key):
 # ---- what the trainer would refuse, refused by the launcher before anything starts ---------
 
 PREFLIGHT_CASES = [
-    (["algorithm.adv_estimator=grpoo"],
-     "algorithm.adv_estimator='grpoo' is not registered; did you mean 'grpo'?"),
-    (["algorithm.policy_loss=foo"], "algorithm.policy_loss='foo' is not registered"),
-    (["algorithm.kl_ctl=0.1"], "algorithm.kl_ctl=0.1 is invalid: expected 0 without a reference"),
+    (["algorithm.adv.estimator=grpoo"],
+     "algorithm.adv.estimator='grpoo' is not registered; did you mean 'grpo'?"),
+    (["algorithm.loss.policy=foo"], "algorithm.loss.policy='foo' is not registered"),
+    (["algorithm.kl.coef=0.1"], "algorithm.kl.coef=0.1 is invalid: expected 0 without a reference"),
     (["train_dataset.type=gsm8k", "train_dataset.path=no/such.jsonl"],
      "train_dataset.path='no/such.jsonl': no such file"),
     (["reward.fn=no_such_module:score"], "reward.fn='no_such_module:score' cannot be imported"),
@@ -216,8 +216,8 @@ def test_a_name_registered_by_a_module_the_config_imports_passes_the_launchers_c
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         target = resolve_target("grpo", ["reward.fn=my_rewards:score",
-                                         "algorithm.adv_estimator=my_grpo"])
-        assert target.config.algorithm.adv_estimator == "my_grpo"
+                                         "algorithm.adv.estimator=my_grpo"])
+        assert target.config.algorithm.adv.estimator == "my_grpo"
     finally:
         ADVANTAGE_ESTIMATORS.unregister("my_grpo")
 

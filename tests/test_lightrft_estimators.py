@@ -17,10 +17,10 @@ from test_algo_ref_engine import RefEngine, _batch, _model, _true_logprobs
 from areal_like.algorithms import PPOActor, estimator_traits, get_advantage_estimator
 from areal_like.algorithms.estimators import AdvantageInputs
 from areal_like.algorithms.kl_controller import KLController
-from areal_like.api.config import AlgorithmConfig
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.utils.stats_tracker import StatsTracker
 
-ON_POLICY = dict(use_decoupled_loss=False, recompute_logprob=False, group_size=4)
+ON_POLICY = dict(group_size=4, off_policy=dict(decoupled=False, recompute_logprob=False))
 REWARDS = [1.0, 0.0, 0.5, 0.25, 0.3, 0.3, 0.3, 0.3, 2.0, -1.0, 0.5, 0.7]  # group 1 is flat
 GROUPS = [0] * 4 + [1] * 4 + [2] * 4
 EPS = 1e-8  # the seed's epsilon
@@ -61,7 +61,7 @@ def _inputs(lengths=(3, 1, 4, 2, 2, 3, 1, 4, 2, 2, 3, 1), L=5):
 @pytest.mark.parametrize("group_std", ["unbiased", "population"])
 def test_group_norm_std_is_selectable(name, group_std):
     """Seed: (r - mean) / (r.std(1) + eps) with torch's unbiased std; ours also population."""
-    cfg = AlgorithmConfig(adv_estimator=name, group_std=group_std, adv_norm_eps=EPS)
+    cfg = algorithm_config(adv=dict(estimator=name, group_std=group_std), norm=dict(eps=EPS))
     inp = _inputs()
     out = get_advantage_estimator(name)(inp, cfg).advantages
     for i in range(len(REWARDS)):
@@ -73,8 +73,7 @@ def test_group_norm_std_is_selectable(name, group_std):
             assert float(out[i, t]) == pytest.approx(expect, abs=1e-12)
     # the two conventions differ by sqrt(n / (n - 1)) on a non-flat group of n = 4
     if group_std == "unbiased":
-        pop = get_advantage_estimator(name)(inp, AlgorithmConfig(
-            adv_estimator=name, adv_norm_eps=0.0)).advantages
+        pop = get_advantage_estimator(name)(inp, algorithm_config(adv=dict(estimator=name), norm=dict(eps=0.0))).advantages
         ratio = float(pop[0, 0]) / float(out[0, 0])
         assert ratio == pytest.approx(math.sqrt(4 / 3), rel=1e-6)
     assert estimator_traits(name).group_based and estimator_traits(name).kl_placement == "outcome"
@@ -84,13 +83,13 @@ def test_rloo_cpgd_reinforce_gae_as_the_seed_computes_them():
     inp = _inputs()
     b = len(REWARDS)
     # rloo: r - (sum_g r - r) / (n - 1)
-    out = get_advantage_estimator("rloo")(inp, AlgorithmConfig(adv_estimator="rloo")).advantages
+    out = get_advantage_estimator("rloo")(inp, algorithm_config(adv=dict(estimator="rloo"))).advantages
     for i in range(b):
         m = _members(i)
         want = REWARDS[i] - (sum(m) - REWARDS[i]) / (len(m) - 1)
         assert float(out[i, 0]) == pytest.approx(want, abs=1e-12)
     # cpgd: (r - mean_g) * clip-filter weight (flat groups lambda = 1, others min(G/(G-Gf), 3))
-    out = get_advantage_estimator("cpgd")(inp, AlgorithmConfig(adv_estimator="cpgd")).advantages
+    out = get_advantage_estimator("cpgd")(inp, algorithm_config(adv=dict(estimator="cpgd"))).advantages
     w = min(3 / (3 - 1), 3.0)
     for i in range(b):
         m = _members(i)
@@ -98,7 +97,7 @@ def test_rloo_cpgd_reinforce_gae_as_the_seed_computes_them():
         assert float(out[i, 0]) == pytest.approx(want, abs=1e-12)
     # reinforce: cumulative discounted returns of the token rewards (seed's loop)
     gamma = 0.9
-    cfg = AlgorithmConfig(adv_estimator="reinforce", discount=gamma)
+    cfg = algorithm_config(adv=dict(estimator="reinforce", discount=gamma))
     out = get_advantage_estimator("reinforce")(inp, cfg).advantages
     for i in range(b):
         ret = 0.0
@@ -112,7 +111,7 @@ def test_rloo_cpgd_reinforce_gae_as_the_seed_computes_them():
     values = torch.randn(b, 5, generator=gen, dtype=torch.float64)
     inp.values = values
     lam = 0.8
-    cfg = AlgorithmConfig(adv_estimator="gae", discount=gamma, gae_lambda=lam)
+    cfg = algorithm_config(adv=dict(estimator="gae", discount=gamma, gae_lambda=lam))
     got = get_advantage_estimator("gae")(inp, cfg)
     for i in range(b):
         v = [float(values[i, t]) if inp.loss_mask[i, t] else 0.0 for t in range(5)]
@@ -145,10 +144,10 @@ def test_kl_controller_fixed_and_adaptive_trajectories():
     assert restored.value == ctl.value and restored.n_updates == ctl.n_updates
     with pytest.raises(ValueError, match="kl_horizon"):
         KLController(0.1, target=0.1, horizon=10).update(0.0, 64)
-    with pytest.raises(ValueError, match="kl_target"):
-        AlgorithmConfig(kl_ctl=0.0, kl_target=0.1)
+    with pytest.raises(ValueError, match=r"algorithm.kl.coef=0.0 .*with target set"):
+        algorithm_config(kl=dict(coef=0.0, target=0.1))
     with pytest.raises(ValueError, match="group_std"):
-        AlgorithmConfig(group_std="sample")
+        algorithm_config(adv=dict(group_std="sample"))
 
 
 def _kl_ref(model, ref_model, batch, i, estimator):
@@ -173,9 +172,7 @@ def test_reinforce_baseline_with_adaptive_kl_in_reward(tiny_model_dir, estimator
         for p in ref_model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     target, horizon, beta, gamma, eps = 0.01, 40, 0.2, 0.9, 1e-5
-    cfg = AlgorithmConfig(adv_estimator="reinforce_baseline", kl_ctl=beta, kl_in_reward=True,
-                          kl_estimator=estimator, kl_target=target, kl_horizon=horizon,
-                          discount=gamma, adv_norm_eps=eps, **ON_POLICY)
+    cfg = algorithm_config(**ON_POLICY, adv=dict(estimator="reinforce_baseline", discount=gamma), kl=dict(coef=beta, in_reward=True, estimator=estimator, target=target, horizon=horizon), norm=dict(eps=eps))
     actor = PPOActor(RefEngine(model, lr=0.0), cfg, ref=RefEngine(ref_model),
                      tracker=StatsTracker())
     for step in range(3):
@@ -218,8 +215,7 @@ def test_kl_as_loss_uses_the_controllers_coefficient(tiny_model_dir):
         for p in ref_model.parameters():
             p.mul_(0.9)
     batch = _batch(model)
-    cfg = AlgorithmConfig(adv_estimator="grpo", kl_ctl=0.1, kl_estimator="k3", kl_target=0.5,
-                          loss_agg_mode="token-mean", **ON_POLICY)
+    cfg = algorithm_config(**ON_POLICY, adv=dict(estimator="grpo"), kl=dict(coef=0.1, estimator="k3", target=0.5), loss=dict(agg_mode="token-mean"))
     losses = []
     for coef in (0.1, 0.4):
         actor = PPOActor(RefEngine(model, lr=0.0), cfg, ref=RefEngine(ref_model),

@@ -16,13 +16,13 @@ def test_grpo_with_remote_rm_and_adaptive_kl(sglang_fleet, tiny_model_dir, tmp_p
     try:
         records = _run_recipe(
             "grpo", sglang_fleet, tiny_model_dir, tmp_path, *SMALL, "gconfig.n_samples=4",
-            "algorithm.adv_estimator=group_norm", "algorithm.group_std=unbiased",
+            "algorithm.adv.estimator=group_norm", "algorithm.adv.group_std=unbiased",
             "use_ref_model=true", f"ref.model.path={tiny_model_dir}",
-            "algorithm.kl_ctl=0.05", "algorithm.kl_target=0.001", "algorithm.kl_horizon=100",
-            "algorithm.kl_estimator=k3", f"reward.remote_rm_url={server.url}",
+            "algorithm.kl.coef=0.05", "algorithm.kl.target=0.001", "algorithm.kl.horizon=100",
+            "algorithm.kl.estimator=k3", f"reward.remote_rm_url={server.url}",
             # the untrained model earns no reward: the entropy bonus moves the weights, so the
             # policy drifts from the reference and the controller sees KL > 0
-            "actor.optimizer.lr=1e-3", "algorithm.entropy_coef=0.05", steps=3)
+            "actor.optimizer.lr=1e-3", "algorithm.loss.entropy_coef=0.05", steps=3)
         stats = server.stats()
     finally:
         server.close()

@@ -13,7 +13,7 @@ from test_algo_ref_engine import RefEngine, _batch, _model
 
 from areal_like.algorithms import AdvantageInputs, PPOActor, get_advantage_estimator
 from areal_like.algorithms.action_norm import action_spans
-from areal_like.api.config import AlgorithmConfig
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.data.memory_episodes import (
     MEMORY_SYSTEM,
     answer_from_memory,
@@ -71,7 +71,7 @@ def _agent_batch(seed: int, b: int = 5, n: int = 14):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_action_norm_matches_the_seeds_formula(seed):
     rewards, mask = _agent_batch(seed)
-    config = AlgorithmConfig(adv_estimator="action_norm", adv_norm_eps=1e-8)
+    config = algorithm_config(adv=dict(estimator="action_norm"), norm=dict(eps=1e-8))
     out = get_advantage_estimator("action_norm")(AdvantageInputs(
         token_rewards=rewards, seq_rewards=rewards.sum(1), loss_mask=mask,
         group_index=torch.zeros(len(mask), dtype=torch.long)), config)
@@ -86,7 +86,7 @@ def test_action_norm_of_equal_rewards_is_zero_not_a_division_by_eps():
     rewards[0, 2] = rewards[0, 4] = rewards[1, 1] = 1.7
     out = get_advantage_estimator("action_norm")(AdvantageInputs(
         rewards, rewards.sum(1), mask, torch.zeros(2, dtype=torch.long)),
-        AlgorithmConfig(adv_estimator="action_norm", adv_norm_eps=1e-8))
+        algorithm_config(adv=dict(estimator="action_norm"), norm=dict(eps=1e-8)))
     assert out.advantages.abs().max() == 0
     torch.testing.assert_close(out.advantages,
                                _memalpha_reference(rewards.tolist(), mask.tolist(), 1e-8))
@@ -107,8 +107,7 @@ def test_action_norm_through_the_actor_trains_each_action_with_its_own_advantage
         for a in range(1, int(spans[i].max()) + 1):
             dense[i, int((spans[i] == a).nonzero().max())] = float(torch.rand((), generator=g))
     batch["rewards"] = dense
-    cfg = AlgorithmConfig(adv_estimator="action_norm", adv_norm_eps=1e-8,
-                          use_decoupled_loss=False, recompute_logprob=False)
+    cfg = algorithm_config(adv=dict(estimator="action_norm"), norm=dict(eps=1e-8), off_policy=dict(decoupled=False, recompute_logprob=False))
     prepared = PPOActor(RefEngine(model), cfg, tracker=StatsTracker()).compute_advantages(batch)
     # next-token alignment: position t predicts token t+1, so the masks shift left by one
     shifted_r = torch.zeros_like(dense, dtype=torch.float64)

@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 # the untrained policy writes random text: cut it at spaces so most completions have
 # several steps; 2 epochs x 2 mini-batches per step for actor and critic
 PRM_ARGS = [*SMALL, "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
-            "prm.step_delimiter=' '", "algorithm.ppo_epochs=2",
-            "algorithm.ppo_n_minibatches=2"]
+            "prm.step_delimiter=' '", "algorithm.update.epochs=2",
+            "algorithm.update.n_minibatches=2"]
 
 
 @pytest.mark.parametrize("how", ["recipe_starts_it", "given_url"])

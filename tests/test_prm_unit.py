@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from areal_like.algorithms import CriticActor, PPOActor
 from areal_like.api import ModelResponse
-from areal_like.api.config import AlgorithmConfig
+from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.models.tiny import build_tokenizer
 from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
 from areal_like.rewards.prm_steps import place_step_rewards, split_steps, step_end_tokens
@@ -162,8 +162,7 @@ def _gae_reference(batch: TensorDict, gamma: float, lam: float) -> list[list[flo
 @pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.8)])
 def test_gae_over_sparse_step_rewards_matches_a_float64_loop(gamma, lam):
     batch = _sparse_batch()
-    cfg = AlgorithmConfig(adv_estimator="gae", discount=gamma, gae_lambda=lam,
-                          adv_norm_level="none")
+    cfg = algorithm_config(adv=dict(estimator="gae", discount=gamma, gae_lambda=lam), norm=dict(level="none"))
     prepared = PPOActor(_RecordingEngine(), cfg, tracker=StatsTracker()).compute_advantages(batch)
     ref = _gae_reference(batch, gamma, lam)
     got = prepared["advantages"].double().tolist()
@@ -175,8 +174,7 @@ def test_gae_over_sparse_step_rewards_matches_a_float64_loop(gamma, lam):
     assert torch.allclose(returns[m], torch.tensor(ref, dtype=torch.float64)[m] + vals[m],
                           atol=1e-6)
     # with batch normalisation: population mean 0 and std 1 over the trained positions
-    cfg_n = AlgorithmConfig(adv_estimator="gae", discount=gamma, gae_lambda=lam,
-                            adv_norm_level="batch", adv_norm_eps=0.0)
+    cfg_n = algorithm_config(adv=dict(estimator="gae", discount=gamma, gae_lambda=lam), norm=dict(level="batch", eps=0.0))
     norm = PPOActor(_RecordingEngine(), cfg_n, tracker=StatsTracker()).compute_advantages(batch)
     flat = [ref[i][t] for i in range(len(ref)) for t in range(len(ref[i])) if m[i, t]]
     mu = sum(flat) / len(flat)
@@ -188,7 +186,7 @@ def test_gae_over_sparse_step_rewards_matches_a_float64_loop(gamma, lam):
 @pytest.mark.parametrize("epochs, n_mb", [(1, 1), (4, 2), (3, 4)])
 def test_epochs_times_minibatches_optimizer_steps_each_row_once_per_epoch(epochs, n_mb):
     batch = _sparse_batch(n_rows=6)
-    cfg = AlgorithmConfig(adv_estimator="gae", ppo_epochs=epochs, ppo_n_minibatches=n_mb)
+    cfg = algorithm_config(adv=dict(estimator="gae"), update=dict(epochs=epochs, n_minibatches=n_mb))
     for actor_cls in (PPOActor, CriticActor):
         engine = _RecordingEngine()
         actor = actor_cls(engine, cfg, tracker=StatsTracker())
@@ -204,9 +202,9 @@ def test_epochs_times_minibatches_optimizer_steps_each_row_once_per_epoch(epochs
         assert stats["loss"] == pytest.approx((epochs * n_mb + 1) / 2)  # mean over all steps
 
 
-def test_ppo_epochs_is_checked():
-    with pytest.raises(ValueError, match="ppo_epochs"):
-        AlgorithmConfig(ppo_epochs=0)
+def test_update_epochs_is_checked():
+    with pytest.raises(ValueError, match="algorithm.update.epochs=0"):
+        algorithm_config(update=dict(epochs=0))
 
 
 class _FixedPRM:

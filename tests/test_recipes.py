@@ -75,7 +75,7 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
 # GRPO whose runs differ wherever sampling does: the untrained model earns no task reward, so
 # the entropy bonus (at a high lr) is what moves the weights, and it depends on every token.
 EQUIVALENCE = [*SMALL, "gconfig.n_samples=4", "gconfig.max_new_tokens=6",
-               "rollout.max_head_offpolicyness=0", "algorithm.entropy_coef=0.05",
+               "rollout.max_head_offpolicyness=0", "algorithm.loss.entropy_coef=0.05",
                "actor.optimizer.lr=1e-3", "evaluation.freq_steps=3", "evaluation.pass_k=2"]
 
 

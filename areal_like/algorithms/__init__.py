@@ -19,7 +19,6 @@ from areal_like.algorithms.advantages import broadcast_to_tokens, discounted_ret
 from areal_like.algorithms.aggregation import aggregate_loss, loss_weight
 from areal_like.algorithms.estimators import AdvantageInputs, AdvantageOutputs
 from areal_like.algorithms.losses import PolicyLossInputs
-from areal_like.algorithms.presets import PRESETS, algorithm_preset
 from areal_like.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -30,6 +29,12 @@ from areal_like.algorithms.registry import (
     register_advantage_estimator,
     register_policy_loss,
     uses_group_statistics,
+)
+from areal_like.api.algorithm_presets import (
+    PRESETS,
+    algorithm_config,
+    algorithm_preset,
+    register_algorithm_preset,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +66,7 @@ __all__ = [
     "ReinforceActor",
     "SFTActor",
     "aggregate_loss",
+    "algorithm_config",
     "algorithm_preset",
     "broadcast_to_tokens",
     "check_actor_config",
@@ -72,6 +78,7 @@ __all__ = [
     "get_policy_loss",
     "loss_weight",
     "register_advantage_estimator",
+    "register_algorithm_preset",
     "register_policy_loss",
     "uses_group_statistics",
 ]

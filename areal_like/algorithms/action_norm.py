@@ -43,7 +43,7 @@ def action_norm(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOu
                              device=rewards.device).scatter_add(1, span, rewards)[:, 1:]
     exists = torch.zeros(span.shape[0], n_spans + 1, dtype=torch.long, device=span.device
                          ).scatter_add(1, span, inputs.loss_mask.long())[:, 1:] > 0
-    scores = normalize(per_action, exists, None, mean=True, std=True, eps=config.adv_norm_eps,
+    scores = normalize(per_action, exists, None, mean=True, std=True, eps=config.norm.eps,
                        all_reduce=inputs.all_reduce)
     padded = torch.cat([torch.zeros_like(scores[:, :1]), scores], dim=1)
     adv = torch.where(inputs.loss_mask.bool(), padded.gather(1, span), 0.0)

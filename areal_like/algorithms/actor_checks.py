@@ -10,20 +10,20 @@ from areal_like.api.config import AlgorithmConfig
 def check_actor_config(config: AlgorithmConfig, has_ref: bool) -> None:
     """KeyError for an unregistered name (listing the registered ones), ValueError for a
     combination the actor cannot train with; `has_ref`: a reference model is configured."""
-    get_advantage_estimator(config.adv_estimator)
-    get_policy_loss(config.policy_loss)
-    if config.kl_ctl > 0 and not has_ref:
-        raise ValueError(f"AlgorithmConfig.kl_ctl={config.kl_ctl} needs a reference model: "
+    get_advantage_estimator(config.adv.estimator)
+    get_policy_loss(config.loss.policy)
+    if config.kl.coef > 0 and not has_ref:
+        raise ValueError(f"algorithm.kl.coef={config.kl.coef} needs a reference model: "
                          "set use_ref_model=true (recipes; PPOActor: pass ref=<TrainEngine>) "
-                         "or algorithm.kl_ctl=0")
-    if config.loss_agg_mode == "constant" and config.loss_agg_constant is None:
-        raise ValueError("AlgorithmConfig.loss_agg_mode='constant' needs "
-                         "AlgorithmConfig.loss_agg_constant: set it to the generation budget "
+                         "or algorithm.kl.coef=0")
+    if config.loss.agg_mode == "constant" and config.loss.agg_constant is None:
+        raise ValueError("algorithm.loss.agg_mode='constant' needs "
+                         "algorithm.loss.agg_constant: set it to the generation budget "
                          "(gconfig.max_new_tokens; recipe configs fill it in)")
-    if config.overlong_reward_penalty and config.max_response_tokens <= 0:
-        raise ValueError("AlgorithmConfig.overlong_reward_penalty=True needs "
-                         "AlgorithmConfig.max_response_tokens > 0: set it to the generation "
+    if config.shaping.overlong_penalty and config.shaping.max_response_tokens <= 0:
+        raise ValueError("algorithm.shaping.overlong_penalty=True needs "
+                         "algorithm.shaping.max_response_tokens > 0: set it to the generation "
                          "budget (gconfig.max_new_tokens; recipe configs fill it in)")
-    if config.clip_filter_weight and config.adv_estimator == "cpgd":
+    if config.filters.clip_filter_weight and config.adv.estimator == "cpgd":
         raise ValueError("adv_estimator='cpgd' already applies clip-filter weights; "
                          "set clip_filter_weight=False")

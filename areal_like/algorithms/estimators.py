@@ -1,21 +1,21 @@
-"""Advantage estimators, selectable by name (`AlgorithmConfig.adv_estimator`).
+"""Advantage estimators, selectable by name (`algorithm.adv.estimator`).
 
 Every estimator maps `AdvantageInputs` to `AdvantageOutputs` in next-token alignment. Notation:
 r_i = total (shaped) reward of sequence i, g(i) its group (the samples of one prompt),
 r_t = per-token reward, G_t = discounted return (`advantages.py`), sigma = population std,
-eps = `adv_norm_eps`. Outcome estimators give every trained token of a sequence the same
+eps = `norm.eps`. Outcome estimators give every trained token of a sequence the same
 advantage.
 
     gae           A_t = GAE(gamma, lambda) with critic values           (dense rewards OK)
     reinforce     A_t = G_t                                              (dense rewards OK)
     reinforce_pp  A_t = (G_t - mean_batch G) / (sigma_batch G + eps)     (dense rewards OK)
                   over all trained tokens of the batch (all ranks); REINFORCE++ puts the token
-                  KL into the reward: set kl_in_reward=True, kl_ctl > 0 and give a reference.
+                  KL into the reward: set kl.in_reward=True, kl.coef > 0 and give a reference.
     reinforce_baseline
                   A_t = whiten_batch(G_t of r'_t),  r'_t = r_t - [t last] * mean_g r
                   (LightRFT / REINFORCE++-baseline: the group mean removed from the outcome,
                   then normalised over all trained tokens of the batch, all ranks)
-    grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps); `group_std` picks sigma:
+    grpo          A_i = (r_i - mean_g r) / (sigma_g r + eps); `adv.group_std` picks sigma:
     (group_norm)  population (default) or unbiased (n - 1, LightRFT's torch.std)
     dr_grpo       A_i = r_i - mean_g r
     rloo          A_i = r_i - mean_{j in g, j != i} r_j
@@ -24,10 +24,10 @@ advantage.
                   (same scale, bias, clip; the actor shapes it); without the key A_i = r_i
     cpgd          A_i = (r_i - mean_g r) * w_i, w = clip-filter weight (`normalize.py`)
 
-KL in the reward (kl_in_reward, kl_ctl > 0), in the order OpenRLHF and LightRFT use: the
+KL in the reward (kl.in_reward, kl.coef > 0), in the order OpenRLHF and LightRFT use: the
 outcome estimators (grpo, dr_grpo, rloo, remax, cpgd; `kl_placement="outcome"`) see the shaped
 outcome rewards only; the actor normalises their advantages and applies clip-filter weights,
-then adds the penalty's return-to-go  -kl_ctl * sum_{t' >= t} discount^(t'-t) KL_t'.
+then adds the penalty's return-to-go  -kl.coef * sum_{t' >= t} adv.discount^(t'-t) KL_t'.
 The token estimators (gae, reinforce, reinforce_pp) take the penalty inside r_t, which is
 their definition (REINFORCE++).
 
@@ -86,20 +86,20 @@ def gae(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     values = _require(inputs.values, "values", "gae", "critic values from CriticActor."
                       "compute_values")
     adv, ret = gae_advantages(inputs.token_rewards, values, inputs.loss_mask,
-                              config.discount, config.gae_lambda)
+                              config.adv.discount, config.adv.gae_lambda)
     return AdvantageOutputs(adv, ret)
 
 
 @register_advantage_estimator("reinforce", group_based=False, kl_placement="token")
 def reinforce(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
-    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
+    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.adv.discount)
     return AdvantageOutputs(ret, ret)
 
 
 @register_advantage_estimator("reinforce_pp", group_based=False, kl_placement="token")
 def reinforce_pp(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
-    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.discount)
-    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
+    ret = discounted_returns(inputs.token_rewards, inputs.loss_mask, config.adv.discount)
+    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.norm.eps,
                     all_reduce=inputs.all_reduce)
     return AdvantageOutputs(adv, ret)
 
@@ -107,7 +107,7 @@ def reinforce_pp(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageO
 def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: bool,
                    leave_one_out: bool, unbiased: bool = False) -> AdvantageOutputs:
     scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=std,
-                       leave_one_out=leave_one_out, eps=config.adv_norm_eps, unbiased=unbiased)
+                       leave_one_out=leave_one_out, eps=config.norm.eps, unbiased=unbiased)
     return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
 
 
@@ -117,8 +117,8 @@ def reinforce_baseline(inputs: AdvantageInputs, config: AlgorithmConfig) -> Adva
     group_mean = r - normalize(r, None, inputs.group_index, mean=True, std=False)
     # -mean_g r at each row's last trained token; the token KL (if any) stays in r_t
     centred = inputs.token_rewards - place_at_last_token(group_mean, inputs.loss_mask)
-    ret = discounted_returns(centred, inputs.loss_mask, config.discount)
-    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.adv_norm_eps,
+    ret = discounted_returns(centred, inputs.loss_mask, config.adv.discount)
+    adv = normalize(ret, inputs.loss_mask, None, mean=True, std=True, eps=config.norm.eps,
                     all_reduce=inputs.all_reduce)
     return AdvantageOutputs(adv, ret)
 
@@ -126,7 +126,7 @@ def reinforce_baseline(inputs: AdvantageInputs, config: AlgorithmConfig) -> Adva
 @register_advantage_estimator("grpo", group_based=True, kl_placement="outcome")
 def grpo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     return _group_outcome(inputs, config, std=True, leave_one_out=False,
-                          unbiased=config.group_std == "unbiased")
+                          unbiased=config.adv.group_std == "unbiased")
 
 
 # LightRFT's name for GRPO's group normalisation
@@ -158,8 +158,9 @@ def remax(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
 @register_advantage_estimator("cpgd", group_based=True, kl_placement="outcome")
 def cpgd(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     centred = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=False,
-                        eps=config.adv_norm_eps)
+                        eps=config.norm.eps)
     weights = clip_filter_weights(inputs.seq_rewards, inputs.group_index,
-                                  config.clip_filter_max_weight, config.clip_filter_flat_weight,
+                                  config.filters.clip_filter_max_weight,
+                                  config.filters.clip_filter_flat_weight,
                                   all_reduce=inputs.all_reduce)
     return AdvantageOutputs(broadcast_to_tokens(centred * weights, inputs.loss_mask))

@@ -38,7 +38,7 @@ def drop_zero_variance_groups(trajectory: TensorDict) -> bool:
 
 def dynamic_sampling_filter(config: AlgorithmConfig) -> Optional[Callable[[TensorDict], bool]]:
     """The executor's should-accept predicate for `config` (None when dynamic sampling is off)."""
-    return drop_zero_variance_groups if config.dynamic_sampling else None
+    return drop_zero_variance_groups if config.filters.dynamic_sampling else None
 
 
 def filter_zero_variance_groups(batch: TensorDict, group_index: torch.Tensor,

@@ -205,15 +205,15 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 # ---- registered by name: fn(PolicyLossInputs, AlgorithmConfig) -> (token_loss, stats) -------
 
 def _eps(config: AlgorithmConfig) -> tuple[float, float]:
-    high = config.eps_clip if config.eps_clip_high is None else config.eps_clip_high
-    return config.eps_clip, high
+    high = config.loss.eps_clip if config.loss.eps_clip_high is None else config.loss.eps_clip_high
+    return config.loss.eps_clip, high
 
 
 @register_policy_loss("ppo")
 def _ppo(x: PolicyLossInputs, config: AlgorithmConfig) -> tuple[torch.Tensor, LossStats]:
     low, high = _eps(config)
     return ppo_loss(x.logprobs, x.old_logprobs, x.advantages, x.loss_mask, low, high,
-                    config.c_clip)
+                    config.loss.c_clip)
 
 
 @register_policy_loss("gspo")
@@ -238,4 +238,4 @@ def _reinforce(x: PolicyLossInputs, config: AlgorithmConfig) -> tuple[torch.Tens
 def _cpgd(x: PolicyLossInputs, config: AlgorithmConfig) -> tuple[torch.Tensor, LossStats]:
     low, high = _eps(config)
     return cpgd_loss(x.logprobs, x.old_logprobs, x.advantages, x.loss_mask, low, high,
-                     config.cpgd_drift_coef)
+                     config.loss.cpgd_drift_coef)

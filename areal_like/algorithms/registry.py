@@ -9,7 +9,7 @@ Users add their own with a decorator and select them by name in `AlgorithmConfig
         adv = inputs.seq_rewards - 0.5
         return AdvantageOutputs(advantages=broadcast_to_tokens(adv, inputs.loss_mask))
 
-    AlgorithmConfig(adv_estimator="my_baseline")
+    algorithm_config(adv={"estimator": "my_baseline"})
 
 Signatures: an advantage estimator is `fn(AdvantageInputs, AlgorithmConfig) ->
 AdvantageOutputs` (see `estimators.py`); a policy loss is `fn(PolicyLossInputs,
@@ -125,6 +125,6 @@ def uses_group_statistics(config: AlgorithmConfig) -> bool:
     """True when an advantage of `config` depends on the other samples of the same prompt:
     a group-based estimator, group-level normalisation, clip-filter weights or dynamic
     sampling. Such an algorithm must never train on a group with a missing (failed) member."""
-    return (estimator_traits(config.adv_estimator).group_based
-            or config.adv_norm_level == "group" or bool(config.clip_filter_weight)
-            or bool(config.dynamic_sampling))
+    return (estimator_traits(config.adv.estimator).group_based
+            or config.norm.level == "group" or bool(config.filters.clip_filter_weight)
+            or bool(config.filters.dynamic_sampling))

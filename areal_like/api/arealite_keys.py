@@ -15,18 +15,20 @@ import copy
 import re
 from typing import Any, Callable
 
+from areal_like.api.algorithm_config import MOVED_KEYS
+
 # top-level keys only AReaL-lite's experiment configs have: one of them marks a YAML as such
 TOP_LEVEL = ("experiment_name", "trial_name", "allocation_mode", "cluster", "total_train_epochs",
              "tokenizer_path", "async_training", "server_only", "sglang", "saver", "recover",
              "evaluator", "stats_logger")
-# PPO settings AReaL-lite reads from `actor`: ours live in `algorithm` under the same names
+# PPO settings AReaL-lite reads from `actor`: ours live in `algorithm` (`MOVED_KEYS` says where)
 ACTOR_ALGORITHM_KEYS = (
     "group_size", "ppo_n_minibatches", "eps_clip", "c_clip", "temperature", "reward_scaling",
     "reward_bias", "reward_clip", "overlong_reward_penalty", "overlong_tokens",
     "overlong_penalty_factor", "discount", "gae_lambda", "kl_ctl", "recompute_logprob",
     "use_decoupled_loss", "behav_imp_weight_cap", "dynamic_sampling")
 # AReaL-lite's name -> ours, in `algorithm`
-ACTOR_ALGORITHM_RENAMED = {"eps_clip_higher": "eps_clip_high"}
+ACTOR_ALGORITHM_RENAMED = {"eps_clip_higher": "loss.eps_clip_high"}
 # keys of AReaL-lite's actor that change nothing a run computes here (names, logging, how
 # weights travel: our rollout.weight_transport decides that)
 ACTOR_IGNORED = ("experiment_name", "trial_name", "log_agent_stats", "log_agent_stats_keys",
@@ -36,10 +38,10 @@ ACTOR_REFUSED = {
     "init_from_scratch": (False, "a model is always loaded from {section}.path (build a fresh "
                                  "one with `python -m areal_like.models.tiny --out DIR`)"),
     "mask_no_eos_with_zero": (False, "truncated answers keep their reward here; penalise them "
-                                     "with algorithm.overlong_reward_penalty"),
+                                     "with algorithm.shaping.overlong_penalty"),
     "use_lora": (False, "LoRA is not supported yet"),
-    "reward_norm": (None, "rewards are shaped by algorithm.reward_scaling / reward_bias / "
-                          "reward_clip; normalise advantages with algorithm.adv_norm_level"),
+    "reward_norm": (None, "rewards are shaped by algorithm.shaping.scaling / bias / clip; "
+                          "normalise advantages with algorithm.norm.level"),
 }
 NORM_LEVELS = ("batch", "group")
 SGLANG_TO_SERVER = {"context_length": "context_length", "dtype": "dtype",
@@ -161,28 +163,36 @@ def _engine(out: dict[str, Any], section: str, notices: list[str]) -> None:
     algorithm = _section(out, "algorithm")
     level = _adv_norm_level(node.pop("group_adv_norm", False), node.pop("adv_norm", None))
     if level != "none":
-        algorithm.setdefault("adv_norm_level", level)
+        _set_default(algorithm, "norm.level", level)
     for key in ACTOR_ALGORITHM_KEYS:
         if key in node and node[key] is not None:
-            algorithm.setdefault(key, node[key])
+            _set_default(algorithm, MOVED_KEYS.get(key, key), node[key])
     for theirs, ours in ACTOR_ALGORITHM_RENAMED.items():
         if node.get(theirs) is not None:
-            algorithm.setdefault(ours, node[theirs])
+            _set_default(algorithm, ours, node[theirs])
     if "ref" in out and float(node.get("kl_ctl") or 0.0) > 0:
         out.setdefault("use_ref_model", True)  # AReaL-lite builds the reference when kl_ctl > 0
 
 
+def _set_default(section: dict[str, Any], dotted: str, value: Any) -> None:
+    """`section[a][b] = value` for `dotted` "a.b", unless already set."""
+    *parents, leaf = dotted.split(".")
+    for parent in parents:
+        section = section.setdefault(parent, {})
+    section.setdefault(leaf, value)
+
+
 def _adv_norm_level(group_adv_norm: bool, adv_norm: Any) -> str:
     """AReaL-lite's `group_adv_norm` / `adv_norm: {mean_level, std_level}` as our one
-    `algorithm.adv_norm_level`."""
+    `algorithm.norm.level`."""
     if not adv_norm:
         return "group" if group_adv_norm else "none"
     mean, std = adv_norm.get("mean_level", "batch"), adv_norm.get("std_level", "batch")
     if mean != std or mean not in NORM_LEVELS:
         raise ArealiteKeyError(
             f"actor.adv_norm={{mean_level: {mean}, std_level: {std}}}: advantages are "
-            f"normalised at one level here, algorithm.adv_norm_level in {NORM_LEVELS} (mean "
-            f"and std; algorithm.adv_norm_mean / adv_norm_std switch either off)")
+            f"normalised at one level here, algorithm.norm.level in {NORM_LEVELS} (mean "
+            f"and std; algorithm.norm.mean / norm.std switch either off)")
     return str(mean)
 
 

@@ -29,6 +29,8 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from areal_like.api.algorithm_config import moved_key_message
+from areal_like.api.algorithm_presets import AlgorithmKeyError, preset_values
 from areal_like.api.arealite_keys import (
     ArealiteKeyError,
     arealite_only,
@@ -158,6 +160,8 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str,
     valid = _fields_at(config_cls, parent) or []
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
+    if parent == "algorithm" and moved_key_message(leaf):
+        return ConfigError(f"{source}: bad config key '{key}': {moved_key_message(leaf)}")
     cls, hint, params = _class_at(config_cls, parent), "", []
     if cls is not None and hasattr(cls, "suggestable_keys"):  # keys depend on the section's type
         valid, params = cls.suggestable_keys((section_types or {}).get(parent))
@@ -284,6 +288,7 @@ def load_config(
             f"{path}: its defaults list does not name the schema of {config_cls.__name__} "
             f"(add `defaults: [<schema name>, _self_]` at the top)"
         )
+    _apply_algorithm_preset(composed, path, overrides or [], source)
     return _to_object(composed, config_cls, source)  # type: ignore[no-any-return]
 
 
@@ -311,7 +316,57 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
                                  OmegaConf.from_dotlist([o.lstrip("+") for o in mine]))
     except OmegaConfBaseException as e:
         raise explain_config_error(e, base_cls, source) from e
+    _apply_algorithm_preset(merged, Path(config_file).resolve(), mine, source)
     return _to_object(merged, base_cls, source)  # type: ignore[no-any-return]
+
+
+def _apply_algorithm_preset(composed: Any, path: Path, overrides: list[str],
+                            source: str) -> None:
+    """Put the values of `algorithm.preset` under the keys the YAML chain and the overrides
+    set themselves (in place): a preset is overridden key by key."""
+    name = OmegaConf.select(composed, "algorithm.preset", default=None)
+    if not name:
+        return
+    try:
+        values = preset_values(str(name))
+    except AlgorithmKeyError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    explicit = _algorithm_keys_set_by(path, set()) | {
+        o.lstrip("+~").split("=", 1)[0][len("algorithm."):]
+        for o in overrides if o.lstrip("+~").startswith("algorithm.")}
+    for key, value in _flatten(values):
+        if not any(key == k or key.startswith(f"{k}.") for k in explicit):
+            OmegaConf.update(composed, f"algorithm.{key}", value, merge=False)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _algorithm_keys_set_by(path: Path, seen: set[Path]) -> set[str]:
+    """The dotted keys under `algorithm` that the YAML at `path` and the YAMLs its defaults list
+    names (not the registered schemas) set."""
+    if path in seen or not path.is_file():
+        return set()
+    seen.add(path)
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    if not isinstance(raw, dict):
+        return set()
+    keys: set[str] = set()
+    for entry in raw.get("defaults") or []:
+        if isinstance(entry, str) and entry != "_self_":
+            for folder in [path.parent, *_SEARCH_DIRS]:
+                keys |= _algorithm_keys_set_by((folder / f"{entry}.yaml").resolve(), seen)
+    section = raw.get("algorithm")
+    if isinstance(section, dict):
+        keys |= {k for k, _ in _flatten(section)}
+    return keys
 
 
 def to_yaml(config: Any) -> str:

@@ -9,11 +9,11 @@ and our engines find theirs (`config.model`, `config.algorithm`, `config.logging
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from areal_like.api.algorithm_config import AlgorithmConfig
+from areal_like.api.algorithm_config import MOVED_KEYS, AlgorithmConfig
 from areal_like.api.arealite_keys import ACTOR_ALGORITHM_KEYS
 from areal_like.api.config import DatasetConfig as _DatasetConfig
 from areal_like.api.config import TrainEngineConfig
@@ -111,9 +111,12 @@ class PPOActorConfig(TrainEngineConfig):
 
     def algorithm(self, base: Optional[AlgorithmConfig] = None) -> AlgorithmConfig:
         """`base` (default: ours) with this section's PPO keys."""
-        values = {k: getattr(self, k) for k in ACTOR_ALGORITHM_KEYS}
-        return dataclasses.replace(base or AlgorithmConfig(), eps_clip_high=self.eps_clip_higher,
-                                   **values)
+        algorithm = copy.deepcopy(base or AlgorithmConfig())
+        values = {MOVED_KEYS.get(k, k): getattr(self, k) for k in ACTOR_ALGORITHM_KEYS}
+        for dotted, value in {**values, "loss.eps_clip_high": self.eps_clip_higher}.items():
+            *section, leaf = dotted.split(".")
+            setattr(getattr(algorithm, section[0]) if section else algorithm, leaf, value)
+        return algorithm
 
 
 @dataclass

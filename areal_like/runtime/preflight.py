@@ -47,9 +47,9 @@ def check_recipe_config(config: Any) -> None:
     algorithm = getattr(config, "algorithm", None)
     if algorithm is None:
         return
-    for key, registry in (("adv_estimator", ADVANTAGE_ESTIMATORS),
-                          ("policy_loss", POLICY_LOSSES)):
-        _check_registered(f"algorithm.{key}", getattr(algorithm, key), registry.names())
+    for key, name, registry in (("adv.estimator", algorithm.adv.estimator, ADVANTAGE_ESTIMATORS),
+                                ("loss.policy", algorithm.loss.policy, POLICY_LOSSES)):
+        _check_registered(f"algorithm.{key}", name, registry.names())
     try:
         check_actor_config(algorithm, has_ref=bool(getattr(config, "use_ref_model", False)))
     except ValueError as e:

@@ -1,7 +1,7 @@
 """CriticActor: a value model trained with the clipped value loss, for PPO with GAE.
 
     batch["values"] = critic.compute_values(batch)     # V(s_t), next-token aligned
-    prepared = actor.compute_advantages(batch)         # adv_estimator="gae": adds returns
+    prepared = actor.compute_advantages(batch)         # adv.estimator="gae": adds returns
     actor.update(prepared)
     critic.update(prepared)
 
@@ -58,6 +58,6 @@ class CriticActor:
                      "CriticActor.update (pass the batch returned by compute_advantages)")
         loss_fn = make_value_loss_fn(self.config, self.tracker)
         weight_fn = functools.partial(loss_weight, mode="token-mean")
-        return train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
+        return train_minibatches(self.engine, prepared, self.config.update.n_minibatches, loss_fn,
                                  weight_fn, self.tracker, self.scope,
-                                 n_epochs=self.config.ppo_epochs)
+                                 n_epochs=self.config.update.epochs)

@@ -6,12 +6,12 @@ Keys read by the policy loss: input_ids, loss_mask, advantages, old_logp (the ra
 anchor), and when configured logprobs (behaviour) + prox_logp (decoupled loss), ref_logp
 (KL in the loss).
 
-Policy objective per token (then aggregated by `loss_agg_mode`):
+Policy objective per token (then aggregated by `loss.agg_mode`):
 
-    l_t = w_t * l_policy(t) - entropy_coef * H_t + kl_ctl * KL_t(pi || pi_ref)
+    l_t = w_t * l_policy(t) - loss.entropy_coef * H_t + kl.coef * KL_t(pi || pi_ref)
 
 with w_t the decoupled behaviour importance weight (1 when the decoupled loss is off), the KL
-term only when kl_in_reward is False. With top_entropy_ratio < 1 the prepared batch's
+term only when kl.in_reward is False. With loss.top_entropy_ratio < 1 the prepared batch's
 `policy_mask` (the whole batch's highest-entropy tokens, chosen by PPOActor when the batch was
 prepared) replaces loss_mask in the loss and in the aggregation's denominators. Every input is
 zeroed at masked-out positions before use, so NaN/inf there reach neither loss nor gradient.
@@ -50,9 +50,9 @@ def _zero_if_empty(loss: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor)
 def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
                         kl_coef: Optional[float] = None) -> LossFn:
     """The PPO-family loss closure for `config` (policy loss looked up by name); `kl_coef`
-    is the KL controller's current coefficient (None: config.kl_ctl)."""
-    policy_loss = get_policy_loss(config.policy_loss)
-    coef = config.kl_ctl if kl_coef is None else kl_coef
+    is the KL controller's current coefficient (None: config.kl.coef)."""
+    policy_loss = get_policy_loss(config.loss.policy)
+    coef = config.kl.coef if kl_coef is None else kl_coef
 
     def loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
         logp, entropy = next_token_logprobs_entropy(logits, mb, config.temperature)
@@ -64,21 +64,21 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
         inputs = PolicyLossInputs(logp, old, mb["advantages"].float(), mask, mb["cu_seqlens"])
         token_loss, st = policy_loss(inputs, config)
         kept = mask
-        if config.use_decoupled_loss:
+        if config.off_policy.decoupled:
             w, kept = behaviour_importance_weights(mb["prox_logp"].float(),
                                                    mb["logprobs"].float(), mask,
-                                                   config.behav_imp_weight_cap)
+                                                   config.off_policy.behav_imp_weight_cap)
             token_loss = token_loss * w
-        if config.entropy_coef:
-            token_loss = token_loss - config.entropy_coef * entropy
+        if config.loss.entropy_coef:
+            token_loss = token_loss - config.loss.entropy_coef * entropy
         kl = None
-        if config.kl_ctl and not config.kl_in_reward:
+        if config.kl.coef and not config.kl.in_reward:
             (ref,) = masked_inputs(mask, mb["ref_logp"].float())
-            kl = kl_estimate(logp, ref, config.kl_estimator)
+            kl = kl_estimate(logp, ref, config.kl.estimator)
             token_loss = token_loss + coef * kl
         token_loss = torch.where(mask, token_loss, torch.zeros_like(token_loss))
-        loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss_agg_mode,
-                              config.loss_agg_constant)
+        loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss.agg_mode,
+                              config.loss.agg_constant)
 
         tracker.denominator(n_valid_tokens=mask, n_trained_tokens=trained)
         log_ratio = torch.where(mask, logp.detach() - old, 0.0)
@@ -95,7 +95,7 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
             values["kl_ref"] = kl.detach()
         tracker.stat(denominator="n_valid_tokens", **values)
         tracker.stat(denominator="n_trained_tokens", entropy=entropy.detach())
-        if config.use_decoupled_loss:
+        if config.off_policy.decoupled:
             prox, behav = masked_inputs(mask, mb["prox_logp"].float(), mb["logprobs"].float())
             behav_log_w = prox - behav
             tracker.denominator(n_behav_kept_tokens=kept)
@@ -124,7 +124,7 @@ def make_value_loss_fn(config: AlgorithmConfig, tracker: Any) -> LossFn:
         values = as_values(logits)
         mask = mb["loss_mask"].bool()
         token_loss, st = value_loss(values, mb["values"].float(), mb["returns"].float(), mask,
-                                    config.value_eps_clip)
+                                    config.loss.value_eps_clip)
         loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], "token-mean")
         tracker.denominator(n_valid_tokens=mask)
         tracker.stat(denominator="n_valid_tokens", value_loss=token_loss.detach(),

@@ -3,10 +3,10 @@
     actor = PPOActor(engine, algorithm_preset("grpo"), ref=None)
     stats = actor.update(batch)          # = compute_advantages + optimizer step(s)
 
-An algorithm is `AlgorithmConfig.adv_estimator` (by name) + `policy_loss` (by name) +
-`loss_agg_mode` + options; see `areal_like.algorithms.presets` for GRPO, Dr.GRPO, DAPO, RLOO,
-REINFORCE++, GSPO, ReMax, PPO (with `CriticActor`), CISPO and CPGD. The engine never learns
-which one runs: it only receives `loss_fn` and `loss_weight_fn`.
+An algorithm is `algorithm.adv.estimator` (by name) + `algorithm.loss.policy` (by name) +
+`algorithm.loss.agg_mode` + options; see `areal_like.api.algorithm_presets` for GRPO, Dr.GRPO,
+DAPO, RLOO, REINFORCE++, GSPO, ReMax, PPO (with `CriticActor`), CISPO and CPGD. The engine never
+learns which one runs: it only receives `loss_fn` and `loss_weight_fn`.
 
 Batch keys (token alignment, see `actors/base.py`): input_ids, attention_mask, loss_mask,
 logprobs, rewards [B] or dense [B, L]; optional versions, group_id or uid [B] (else
@@ -14,7 +14,7 @@ consecutive groups of `group_size`), values [B, L] (critic, for gae), baseline_r
 (remax, raw: shaped here like the rewards), prox_logp / ref_logp / entropy [B, L] (computed
 here when needed and missing).
 
-With top_entropy_ratio = rho < 1 the prepared batch carries `policy_mask`: the top ceil(rho*n)
+With loss.top_entropy_ratio = rho < 1 the prepared batch carries `policy_mask`: the top ceil(rho*n)
 of the n trained tokens of the whole batch (all ranks) by the entropy recorded when the batch
 was prepared; the policy loss and its aggregation weights use exactly those tokens.
 """
@@ -22,6 +22,7 @@ was prepared; the policy loss and its aggregation weights use exactly those toke
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -40,7 +41,7 @@ from areal_like.algorithms.actors.base import (
 from areal_like.algorithms.actors.loss_fns import make_policy_loss_fn
 from areal_like.algorithms.advantages import discounted_returns
 from areal_like.algorithms.aggregation import loss_weight
-from areal_like.algorithms.estimators import AdvantageInputs
+from areal_like.algorithms.estimators import AdvantageInputs, AdvantageOutputs
 from areal_like.algorithms.filters import (
     filter_zero_variance_groups,
     sequence_rewards,
@@ -63,6 +64,20 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@dataclass
+class _Aligned:
+    """A batch's masks and log-probs, next-token aligned and zero off the trained tokens."""
+
+    token_mask: torch.Tensor  # loss_mask as bool, not shifted (what the rewards are shaped on)
+    mask: torch.Tensor  # the trained tokens, next-token aligned
+    zero: torch.Tensor
+    behav: Optional[torch.Tensor]  # the behaviour policy's (the server's)
+    prox: Optional[torch.Tensor]  # the proximal policy's (recomputed by the trainer)
+    old: Optional[torch.Tensor]  # the ratio's denominator: prox when recomputed, else behav
+    ref: Optional[torch.Tensor]  # the reference model's
+    values: Optional[torch.Tensor]  # the critic's
+
+
 class PPOActor:
     """Backend-agnostic policy actor: computes advantages, hands a loss to the engine."""
 
@@ -74,12 +89,12 @@ class PPOActor:
         self.scope = scope
         # a typo or a refused combination fails at construction, naming the choices
         check_actor_config(config, has_ref=ref is not None)
-        self.estimator = get_advantage_estimator(config.adv_estimator)
-        self.traits = estimator_traits(config.adv_estimator)
-        self.running = (RunningMoments(config.adv_norm_running_decay)
-                        if config.adv_norm_level == "running" else None)
-        # the KL coefficient in use (fixed kl_ctl, or adapted to kl_target after each step)
-        self.kl_controller = KLController(config.kl_ctl, config.kl_target, config.kl_horizon)
+        self.estimator = get_advantage_estimator(config.adv.estimator)
+        self.traits = estimator_traits(config.adv.estimator)
+        self.running = (RunningMoments(config.norm.running_decay)
+                        if config.norm.level == "running" else None)
+        # the KL coefficient in use (fixed kl.coef, or adapted to kl.target after each step)
+        self.kl_controller = KLController(config.kl.coef, config.kl.target, config.kl.horizon)
         self._observed_kl: Optional[torch.Tensor] = None  # [sum of per-seq mean KL, n seqs]
 
     # ---- state a checkpoint carries --------------------------------------------------------
@@ -130,12 +145,12 @@ class PPOActor:
         group_index = group_index_from_ids(ids, b, cfg.group_size).to(batch["input_ids"].device)
         tracker = self.tracker
         with tracker.scope(self.scope):
-            if cfg.dynamic_sampling:
+            if cfg.filters.dynamic_sampling:
                 batch, group_index, counts = filter_zero_variance_groups(batch, group_index)
                 tracker.scalar(**counts)
-            needs_prox = cfg.recompute_logprob or cfg.use_decoupled_loss
+            needs_prox = cfg.off_policy.recompute_logprob or cfg.off_policy.decoupled
             extra: dict[str, torch.Tensor] = {}
-            if cfg.top_entropy_ratio < 1.0 and "entropy" not in batch.keys():
+            if cfg.loss.top_entropy_ratio < 1.0 and "entropy" not in batch.keys():
                 # the filter uses the entropy of the policy that made the batch's step: one
                 # forward gives it together with the proximal log-probs
                 logp, extra["entropy"] = self.compute_logp_entropy(batch)
@@ -146,114 +161,162 @@ class PPOActor:
             if needs_prox and "prox_logp" not in extra:
                 extra["prox_logp"] = (batch["prox_logp"] if "prox_logp" in batch.keys()
                                       else self.compute_logp(batch))
-            if cfg.kl_ctl > 0:
+            if cfg.kl.coef > 0:
                 extra["ref_logp"] = (batch["ref_logp"] if "ref_logp" in batch.keys()
                                      else self.compute_ref_logp(batch))
             return self._prepare(batch, group_index, extra)
 
     def _prepare(self, batch: TensorDict, group_index: torch.Tensor,
                  extra: dict[str, torch.Tensor]) -> TensorDict:
-        cfg = self.config
+        """The preparation, step by step (each step is one method below)."""
+        aligned = self._align(batch, extra)
+        token_r, seq_r = self._shape_rewards(batch, aligned)
+        token_kl = self._reference_kl(aligned)
+        token_r = self._kl_into_token_rewards(token_r, token_kl)
+        out = self._estimate(batch, aligned, token_r, seq_r, group_index)
+        adv = self._normalize(out.advantages, aligned.mask, group_index)
+        adv = self._weight_groups(adv, seq_r, group_index)
+        adv = self._kl_into_advantages(adv, token_kl, aligned.mask)
+        prepared = self._assemble(batch, aligned, adv, out.returns, extra)
+        self._record_batch_stats(batch, aligned.mask, seq_r, prepared["advantages"], token_kl)
+        return prepared
+
+    def _align(self, batch: TensorDict, extra: dict[str, torch.Tensor]) -> _Aligned:
+        """Next-token masks and the behaviour, proximal, old and reference log-probs."""
+        cfg = self.config.off_policy
         token_mask = batch["loss_mask"].bool()
-        response_len = token_mask.sum(-1)
-        overlong = None
-        if cfg.overlong_reward_penalty:
-            overlong = overlong_penalty(response_len, cfg.max_response_tokens,
-                                        cfg.overlong_tokens, cfg.overlong_penalty_factor)
-        token_r, seq_r = shape_rewards(batch["rewards"], token_mask, scale=cfg.reward_scaling,
-                                       bias=cfg.reward_bias, clip=cfg.reward_clip,
-                                       overlong=overlong)
         mask = shift_to_next_token(token_mask)
-        token_r = shift_to_next_token(token_r)
         zero = torch.zeros((), dtype=torch.float32, device=mask.device)
         behav = None
         if "logprobs" in batch.keys():
             behav = torch.where(mask, shift_to_next_token(batch["logprobs"].float()), zero)
-        elif cfg.use_decoupled_loss or not cfg.recompute_logprob:
+        elif cfg.decoupled or not cfg.recompute_logprob:
             raise ValueError(
                 "the batch has no 'logprobs' (the behaviour policy's log-probs, from the "
-                "inference server), which " + ("algorithm.use_decoupled_loss=true"
-                                               if cfg.use_decoupled_loss else
-                                               "algorithm.recompute_logprob=false") +
+                "inference server), which " + ("algorithm.off_policy.decoupled=true"
+                                               if cfg.decoupled else
+                                               "algorithm.off_policy.recompute_logprob=false") +
                 " needs: return them from the workflow (ModelResponse.output_logprobs, 0 on "
-                "prompt tokens) or set algorithm.use_decoupled_loss=false "
-                "algorithm.recompute_logprob=true")
+                "prompt tokens) or set algorithm.off_policy.decoupled=false "
+                "algorithm.off_policy.recompute_logprob=true")
         prox = extra.get("prox_logp")
         if prox is not None:
             prox = torch.where(mask, prox.float(), zero)
-        old = prox if cfg.recompute_logprob else behav
-
-        token_kl = None
-        kl_in_reward = cfg.kl_ctl > 0 and cfg.kl_in_reward
-        if cfg.kl_ctl > 0:
-            ref = torch.where(mask, extra["ref_logp"].float(), zero)
-            token_kl = torch.where(mask, kl_estimate(old, ref, cfg.kl_estimator), zero)
-        kl_coef = self.kl_controller.value
-        if token_kl is not None:
-            self._observe_kl(token_kl, mask)
-        if kl_in_reward and self.traits.kl_placement == "token":
-            token_r = token_r - kl_coef * token_kl.double()
-
+        ref = extra.get("ref_logp")
+        if ref is not None:
+            ref = torch.where(mask, ref.float(), zero)
         values = batch.get("values", None)
         if values is not None:
             values = torch.where(mask, values.float(), zero)
+        return _Aligned(token_mask=token_mask, mask=mask, zero=zero, behav=behav, prox=prox,
+                        old=prox if cfg.recompute_logprob else behav, ref=ref, values=values)
+
+    def _shape_rewards(self, batch: TensorDict,
+                       aligned: _Aligned) -> tuple[torch.Tensor, torch.Tensor]:
+        """(next-token-aligned token rewards, sequence rewards), shaped and overlong-penalised."""
+        cfg = self.config.shaping
+        overlong = None
+        if cfg.overlong_penalty:
+            overlong = overlong_penalty(aligned.token_mask.sum(-1), cfg.max_response_tokens,
+                                        cfg.overlong_tokens, cfg.overlong_penalty_factor)
+        token_r, seq_r = shape_rewards(batch["rewards"], aligned.token_mask, scale=cfg.scaling,
+                                       bias=cfg.bias, clip=cfg.clip, overlong=overlong)
+        return shift_to_next_token(token_r), seq_r
+
+    def _reference_kl(self, aligned: _Aligned) -> Optional[torch.Tensor]:
+        """Per-token KL(old || reference), observed for the KL controller; None without KL."""
+        cfg = self.config.kl
+        if cfg.coef <= 0:
+            return None
+        assert aligned.ref is not None and aligned.old is not None
+        token_kl = torch.where(aligned.mask, kl_estimate(aligned.old, aligned.ref, cfg.estimator),
+                               aligned.zero)
+        self._observe_kl(token_kl, aligned.mask)
+        return token_kl
+
+    def _kl_into_token_rewards(self, token_r: torch.Tensor,
+                               token_kl: Optional[torch.Tensor]) -> torch.Tensor:
+        """KL in the reward, for estimators that take it per token (before they run)."""
+        if token_kl is None or not self.config.kl.in_reward \
+                or self.traits.kl_placement != "token":
+            return token_r
+        return token_r - self.kl_controller.value * token_kl.double()
+
+    def _estimate(self, batch: TensorDict, aligned: _Aligned, token_r: torch.Tensor,
+                  seq_r: torch.Tensor, group_index: torch.Tensor) -> AdvantageOutputs:
+        """The configured advantage estimator."""
         baseline = batch.get("baseline_rewards", None)
         if baseline is not None:  # shaped exactly like the rewards it is subtracted from
             if tuple(baseline.shape) != (batch.batch_size[0],):
                 raise ValueError(f"'baseline_rewards' has shape {tuple(baseline.shape)}; "
                                  f"expected ({batch.batch_size[0]},)")
-            _, baseline = shape_rewards(baseline, token_mask, scale=cfg.reward_scaling,
-                                        bias=cfg.reward_bias, clip=cfg.reward_clip)
+            shaping = self.config.shaping
+            _, baseline = shape_rewards(baseline, aligned.token_mask, scale=shaping.scaling,
+                                        bias=shaping.bias, clip=shaping.clip)
         inputs = AdvantageInputs(
-            token_rewards=token_r, seq_rewards=seq_r, loss_mask=mask, group_index=group_index,
-            values=values, baseline_rewards=baseline, all_reduce=_distributed(),
+            token_rewards=token_r, seq_rewards=seq_r, loss_mask=aligned.mask,
+            group_index=group_index, values=aligned.values, baseline_rewards=baseline,
+            all_reduce=_distributed(),
         )
-        out = self.estimator(inputs, cfg)
-        if tuple(out.advantages.shape) != tuple(mask.shape):
-            raise ValueError(f"adv_estimator={cfg.adv_estimator!r} returned advantages of shape "
-                             f"{tuple(out.advantages.shape)}; expected {tuple(mask.shape)}")
-        adv = self._normalize(out.advantages, mask, group_index)
-        if cfg.clip_filter_weight:
-            weights = clip_filter_weights(seq_r, group_index, cfg.clip_filter_max_weight,
-                                          cfg.clip_filter_flat_weight, all_reduce=_distributed())
-            adv = adv * weights[:, None]
-        if kl_in_reward and self.traits.kl_placement == "outcome":
-            # the penalty's return-to-go, after normalisation (OpenRLHF / LightRFT order)
-            adv = adv - kl_coef * discounted_returns(token_kl.double(), mask, cfg.discount)
+        out = self.estimator(inputs, self.config)
+        if tuple(out.advantages.shape) != tuple(aligned.mask.shape):
+            raise ValueError(f"algorithm.adv.estimator={self.config.adv.estimator!r} returned "
+                             f"advantages of shape {tuple(out.advantages.shape)}; expected "
+                             f"{tuple(aligned.mask.shape)}")
+        return out
 
+    def _weight_groups(self, adv: torch.Tensor, seq_r: torch.Tensor,
+                       group_index: torch.Tensor) -> torch.Tensor:
+        """CPGD's clip-filter weights: up-weight groups whose rewards vary."""
+        cfg = self.config.filters
+        if not cfg.clip_filter_weight:
+            return adv
+        weights = clip_filter_weights(seq_r, group_index, cfg.clip_filter_max_weight,
+                                      cfg.clip_filter_flat_weight, all_reduce=_distributed())
+        return adv * weights[:, None]
+
+    def _kl_into_advantages(self, adv: torch.Tensor, token_kl: Optional[torch.Tensor],
+                            mask: torch.Tensor) -> torch.Tensor:
+        """KL in the reward, for outcome estimators: the penalty's return-to-go, after
+        normalisation (OpenRLHF / LightRFT order)."""
+        if token_kl is None or not self.config.kl.in_reward \
+                or self.traits.kl_placement != "outcome":
+            return adv
+        return adv - self.kl_controller.value * discounted_returns(token_kl.double(), mask,
+                                                                   self.config.adv.discount)
+
+    def _assemble(self, batch: TensorDict, aligned: _Aligned, adv: torch.Tensor,
+                  returns: Optional[torch.Tensor],
+                  extra: dict[str, torch.Tensor]) -> TensorDict:
+        """The prepared batch: what the loss reads, masked to the trained tokens."""
+        mask, zero = aligned.mask, aligned.zero
         prepared = {
             "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "loss_mask": mask, "old_logp": old,
+            "loss_mask": mask, "old_logp": aligned.old,
             "advantages": torch.where(mask, adv.float(), zero),
         }
-        if behav is not None:
-            prepared["logprobs"] = behav
-        if prox is not None:
-            prepared["prox_logp"] = prox
-        if "ref_logp" in extra:
-            prepared["ref_logp"] = torch.where(mask, extra["ref_logp"].float(), zero)
-        if values is not None:
-            prepared["values"] = values
-        if out.returns is not None:
-            prepared["returns"] = torch.where(mask, out.returns.float(), zero)
-        if cfg.top_entropy_ratio < 1.0:
-            prepared["policy_mask"] = top_entropy_mask(extra["entropy"], mask,
-                                                       cfg.top_entropy_ratio,
+        optional = {"logprobs": aligned.behav, "prox_logp": aligned.prox,
+                    "ref_logp": aligned.ref, "values": aligned.values,
+                    "returns": None if returns is None else torch.where(mask, returns.float(),
+                                                                        zero)}
+        prepared.update({k: v for k, v in optional.items() if v is not None})
+        ratio = self.config.loss.top_entropy_ratio
+        if ratio < 1.0:
+            prepared["policy_mask"] = top_entropy_mask(extra["entropy"], mask, ratio,
                                                        all_ranks=_distributed())
-        self._record_batch_stats(batch, mask, seq_r, prepared["advantages"], token_kl)
         return TensorDict(prepared, batch_size=batch.batch_size, device=batch.device)
 
     def _normalize(self, adv: torch.Tensor, mask: torch.Tensor,
                    group_index: torch.Tensor) -> torch.Tensor:
         cfg = self.config
-        kw = dict(mean=cfg.adv_norm_mean, std=cfg.adv_norm_std, eps=cfg.adv_norm_eps)
-        if cfg.adv_norm_level == "batch":
-            return normalize(adv, mask, None, leave_one_out=cfg.adv_norm_leave_one_out,
+        kw = dict(mean=cfg.norm.mean, std=cfg.norm.std, eps=cfg.norm.eps)
+        if cfg.norm.level == "batch":
+            return normalize(adv, mask, None, leave_one_out=cfg.norm.leave_one_out,
                              all_reduce=_distributed(), **kw)
-        if cfg.adv_norm_level == "group":
-            return normalize(adv, mask, group_index, leave_one_out=cfg.adv_norm_leave_one_out,
+        if cfg.norm.level == "group":
+            return normalize(adv, mask, group_index, leave_one_out=cfg.norm.leave_one_out,
                              **kw)
-        if cfg.adv_norm_level == "running":
+        if cfg.norm.level == "running":
             assert self.running is not None
             self.running.update(adv, mask, all_reduce=_distributed())
             return self.running.normalize(adv, mask, **kw)
@@ -304,16 +367,17 @@ class PPOActor:
         return make_policy_loss_fn(self.config, self.tracker, kl_coef=self.kl_controller.value)
 
     def update(self, batch: TensorDict) -> dict[str, float]:
-        """One training step on `batch` (`ppo_n_minibatches` optimizer steps). Computes the
-        advantages first unless `batch` is already prepared. Returns the engine's stats
-        averaged over mini-batches; diagnostics go to the stats tracker under `scope`."""
+        """One training step on `batch` (`algorithm.update.n_minibatches` optimizer steps per
+        epoch, `update.epochs` epochs). Computes the advantages first unless `batch` is already
+        prepared. Returns the engine's stats averaged over mini-batches; diagnostics go to the
+        stats tracker under `scope`."""
         prepared = batch if "advantages" in batch.keys() else self.compute_advantages(batch)
         loss_fn = self.make_loss_fn()
         mask_key = "policy_mask" if "policy_mask" in prepared.keys() else "loss_mask"
-        weight_fn = functools.partial(loss_weight, mode=self.config.loss_agg_mode,
+        weight_fn = functools.partial(loss_weight, mode=self.config.loss.agg_mode,
                                       mask_key=mask_key)
-        stats = train_minibatches(self.engine, prepared, self.config.ppo_n_minibatches, loss_fn,
-                                  weight_fn, self.tracker, self.scope,
-                                  n_epochs=self.config.ppo_epochs)
+        stats = train_minibatches(self.engine, prepared, self.config.update.n_minibatches,
+                                  loss_fn, weight_fn, self.tracker, self.scope,
+                                  n_epochs=self.config.update.epochs)
         self.update_kl_controller()  # after the step, like PPO / OpenRLHF / LightRFT
         return stats

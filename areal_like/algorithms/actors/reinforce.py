@@ -20,7 +20,7 @@ The algorithm (REINFORCE with an optional per-sequence baseline, e.g. ReMax's gr
 
     A_i = shape(r_i) - shape(b_i)   (b_i = batch["baseline_rewards"][i], e.g. the greedy
                                      completion's raw reward; without it A_i = shape(r_i))
-    shape(x) = clip((x + reward_bias) * reward_scaling, -reward_clip, reward_clip)
+    shape(x) = clip((x + shaping.bias) * shaping.scaling, -shaping.clip, shaping.clip)
     loss = -(1 / #trained tokens) * sum_{i, t trained} A_i * log pi(y_{i,t+1} | y_{i,<=t})
 """
 
@@ -62,7 +62,7 @@ class ReinforceActor:
                      "ReinforceActor")
         token_mask = batch["loss_mask"].bool()
         cfg = self.config
-        shape = dict(scale=cfg.reward_scaling, bias=cfg.reward_bias, clip=cfg.reward_clip)
+        shape = dict(scale=cfg.shaping.scaling, bias=cfg.shaping.bias, clip=cfg.shaping.clip)
         _, reward = shape_rewards(batch["rewards"], token_mask, **shape)
         advantages = reward
         if "baseline_rewards" in batch.keys():  # shaped exactly like the reward

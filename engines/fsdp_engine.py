@@ -41,6 +41,7 @@ from tensordict import TensorDict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from areal_like.api.config import TrainEngineConfig
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
@@ -73,7 +74,7 @@ class FSDPEngine(TrainEngine):
         self.config = config
         self.model: Any = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
-        self.lr_scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
+        self.lr_scheduler: Optional[LambdaLR] = None
         self.device = torch.device("cpu")
         self.rank, self.world_size = 0, 1
         self._owns_group = False
@@ -106,7 +107,7 @@ class FSDPEngine(TrainEngine):
         if cfg.gradient_checkpointing:
             model.activation_checkpointing_enable({"use_reentrant": False})
         if self.device.type == "cuda":
-            model.to(self.device)
+            torch.nn.Module.to(model, self.device)  # (HF types `to` for dtypes only)
         shard_kwargs: dict[str, Any] = {"mesh": mesh}
         if cfg.param_dtype != "float32" or cfg.reduce_dtype != "float32":
             shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
@@ -136,9 +137,11 @@ class FSDPEngine(TrainEngine):
             dist.destroy_process_group()
         self._owns_group = False
 
-    def _require_initialized(self) -> None:
-        if self.model is None:
+    def _require_initialized(self) -> tuple[torch.optim.Optimizer, LambdaLR]:
+        """The optimizer and its scheduler (RuntimeError before initialize())."""
+        if self.model is None or self.optimizer is None or self.lr_scheduler is None:
             raise RuntimeError("FSDPEngine is not initialized: call initialize() first")
+        return self.optimizer, self.lr_scheduler
 
     def train(self, mode: bool = True) -> FSDPEngine:
         self._require_initialized()
@@ -227,11 +230,11 @@ class FSDPEngine(TrainEngine):
         Returns loss, grad_norm (before clipping), lr, n_tokens, n_seqs (global), n_mbs (per
         rank) and update_successful (0.0 when the gradient norm was not finite: the step is
         skipped, weights and optimizer state stay as they were)."""
-        self._require_initialized()
+        optimizer, _ = self._require_initialized()
         self.model.train()
         _, mbs = self._split(batch)
         weights, total = self._weights(mbs, loss_weight_fn)
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         weighted_loss = 0.0
         for mb, w in zip(mbs, weights, strict=True):
             if mb is None or w == 0:
@@ -247,14 +250,14 @@ class FSDPEngine(TrainEngine):
         grad_norm = self._clip_gradients()
         ok = math.isfinite(grad_norm)
         if ok:
-            self.optimizer.step()
+            optimizer.step()
         else:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         return {
             "loss": all_reduce_scalar(weighted_loss, self.device) / total,
             "grad_norm": grad_norm,
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "lr": float(optimizer.param_groups[0]["lr"]),
             "update_successful": 1.0 if ok else 0.0,
             **self._count_stats(mbs),
         }
@@ -304,8 +307,8 @@ class FSDPEngine(TrainEngine):
         return norm
 
     def step_lr_scheduler(self) -> None:
-        self._require_initialized()
-        self.lr_scheduler.step()
+        _, scheduler = self._require_initialized()
+        scheduler.step()
 
     def set_version(self, version: int) -> None:
         self._version = int(version)
@@ -317,14 +320,14 @@ class FSDPEngine(TrainEngine):
     def save(self, meta: SaveLoadMeta) -> None:
         """`hf`: safetensors + config (+ `meta.tokenizer`) written by rank 0; `dcp`: the full
         training state (model, optimizer when `with_optim`, scheduler, RNG, version)."""
-        self._require_initialized()
+        optimizer, scheduler = self._require_initialized()
         if meta.weight_format == "hf":
             if meta.with_optim:
                 raise ValueError("SaveLoadMeta(weight_format='hf') holds weights only; use "
                                  "weight_format='dcp' to save optimizer state")
             self._export_hf(meta.path, tokenizer=meta.tokenizer, copy_tokenizer=False)
         elif meta.weight_format == "dcp":
-            ckpt.save_dcp(meta.path, self.model, self.optimizer, self.lr_scheduler,
+            ckpt.save_dcp(meta.path, self.model, optimizer, scheduler,
                           {"version": self._version}, meta.with_optim)
         else:
             raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
@@ -332,11 +335,11 @@ class FSDPEngine(TrainEngine):
 
     def load(self, meta: SaveLoadMeta) -> None:
         """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""
-        self._require_initialized()
+        optimizer, scheduler = self._require_initialized()
         if meta.weight_format == "hf":
             ckpt.load_hf_weights(self.model, meta.path, self.config.model.is_critic)
         elif meta.weight_format == "dcp":
-            extra = ckpt.load_dcp(meta.path, self.model, self.optimizer, self.lr_scheduler,
+            extra = ckpt.load_dcp(meta.path, self.model, optimizer, scheduler,
                                   meta.with_optim)
             self._version = int(extra["version"])
         else:

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import aiohttp
 
@@ -45,6 +45,7 @@ from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import (
     ModelRequest,
     ModelResponse,
+    StopReason,
     WeightGroupLayout,
     WeightGroupSpec,
     WeightUpdateMeta,
@@ -216,10 +217,10 @@ class RemoteSGLangEngine(InferenceEngine):
             raise RuntimeError(_NOT_INITIALIZED)
         return self._session
 
-    def _loop_for(self, coro: Awaitable[Any]) -> EventLoopThread:
+    def _loop_for(self, coro: Coroutine[Any, Any, Any]) -> EventLoopThread:
         """The rollout loop's thread (RuntimeError, `coro` closed, before initialize())."""
         if self._loop_thread is None:
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             raise RuntimeError(_NOT_INITIALIZED)
         return self._loop_thread
 
@@ -306,7 +307,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 break
         return ModelResponse(
             input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs,
-            output_versions=versions, stop_reason=stop_reason,  # type: ignore[arg-type]
+            output_versions=versions, stop_reason=cast(StopReason, stop_reason),  # checked there
             latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
             metadata={"server": addr, "segments": segment + 1,
                       "num_retractions": reply.meta_info.get("num_retractions", 0)},

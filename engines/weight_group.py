@@ -97,6 +97,7 @@ class WeightUpdateGroup:
         """Wait (at most `timeout_s`) for the server's ranks to join."""
         from torch.distributed.distributed_c10d import (
             Backend,
+            GroupName,
             PrefixStore,
             _new_process_group_helper,
             _world,
@@ -105,7 +106,7 @@ class WeightUpdateGroup:
         try:
             prefixed = PrefixStore(self.group_name, self._store)  # the prefix SGLang's end uses
             pg, _ = _new_process_group_helper(self.world_size, 0, [], Backend(self.backend),
-                                              prefixed, group_name=self.group_name,
+                                              prefixed, group_name=GroupName(self.group_name),
                                               backend_options=None,
                                               timeout=timedelta(seconds=self.timeout_s))
         except Exception as e:

@@ -289,7 +289,7 @@ def test_aggregation_of_empty_mask_is_zero_and_unknown_mode_rejected():
         out = aggregate_loss(x, torch.zeros(2, dtype=torch.bool), torch.tensor([0, 2]), mode,
                              constant=8.0)
         assert float(out.detach()) == 0.0
-    with pytest.raises(ValueError, match="loss_agg_constant"):  # Dr.GRPO without its budget
+    with pytest.raises(ValueError, match="loss.agg_constant"):  # Dr.GRPO without its budget
         aggregate_loss(x, torch.ones(2, dtype=torch.bool), torch.tensor([0, 2]), "constant")
     with pytest.raises(ValueError, match="seq-sum"):
         aggregate_loss(x, torch.ones(2, dtype=torch.bool), torch.tensor([0, 2]), "seq-sum")

@@ -15,7 +15,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
-from areal_like.utils.chat import render_chat
+from areal_like.utils.chat import decode_text, render_chat
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -64,7 +64,7 @@ class MultiTurnWorkflow(RolloutWorkflow, UsesRewards):
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         prompt_ids = chat_prompt_ids(self.tokenizer, data["messages"])
-        prompt = self.tokenizer.decode(prompt_ids)
+        prompt = decode_text(self.tokenizer, prompt_ids)
         builder = TrajectoryBuilder(prompt_ids)
         rid = f"multiturn-{stable_id(data.get('id', prompt))}-{id(builder)}"
         reward, turn = 0.0, 0
@@ -75,7 +75,7 @@ class MultiTurnWorkflow(RolloutWorkflow, UsesRewards):
                              metadata={"session": rid})
             )
             builder.add_generation(resp)
-            completion = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
+            completion = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
             reward = await self.reward_executor(self.reward_fn, prompt, completion, **data,
                                                 token_ids=(resp.input_tokens, resp.output_tokens))
             if reward > 0 or turn == self.max_turns - 1:

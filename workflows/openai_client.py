@@ -22,9 +22,13 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageToolCallUnion,
+)
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_tool_call import (
     ChatCompletionMessageToolCall,
@@ -42,7 +46,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.utils.batching import concat_padded
-from areal_like.utils.chat import render_chat
+from areal_like.utils.chat import decode_text, render_chat
 from workflows.common import TrajectoryBuilder, with_eos_stop
 from workflows.tools import TOOL_CALL_RE, parse_tool_calls
 
@@ -189,7 +193,7 @@ class ArealOpenAI:
                     builder.add_context([eos])  # close a turn cut by max_tokens or a stop
                 # what the template puts after the reply's end of turn (e.g. ChatML's "\n")
                 reply = head[len(asked):]
-                eos_text = self.tokenizer.decode([eos]) if eos is not None else ""
+                eos_text = decode_text(self.tokenizer, [eos]) if eos is not None else ""
                 tail = reply[reply.rfind(eos_text) + len(eos_text):] if eos_text in reply else ""
                 builder.add_context(self.tokenizer.encode(tail + full[len(head):],
                                                           add_special_tokens=False))
@@ -206,15 +210,15 @@ class ArealOpenAI:
         resp = await self.engine.agenerate(ModelRequest(input_ids=list(builder.input_ids),
                                                         gconfig=gconfig))
         builder.add_generation(resp)
-        text = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
+        text = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
         calls = [c for c in parse_tool_calls(text) if c.error is None] if tools else []
         content = TOOL_CALL_RE.sub("", text).strip() if calls else text
-        tool_calls = [ChatCompletionMessageToolCall(
+        tool_calls: list[ChatCompletionMessageToolCallUnion] = [ChatCompletionMessageToolCall(
             id=f"call_{uuid.uuid4().hex[:12]}", type="function",
             function=Function(name=c.name, arguments=json.dumps(c.arguments))) for c in calls]
         message = ChatCompletionMessage(role="assistant", content=content,
                                         tool_calls=tool_calls or None)
-        finish = ("tool_calls" if calls else
+        finish: Literal["tool_calls", "length", "stop"] = ("tool_calls" if calls else
                   "length" if resp.stop_reason == "length" else "stop")
         completion = ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", created=int(time.time()),
@@ -274,5 +278,6 @@ class ArealOpenAI:
             if style == "individual" and rec.parent is not None:  # train only this call
                 builder = TrajectoryBuilder(rec.prompt_ids)
                 builder.add_generation(rec.response)
-            out.append(builder.to_tensordict(rec.reward, **per_sequence))  # type: ignore[arg-type]
+            assert rec.reward is not None  # checked above
+            out.append(builder.to_tensordict(rec.reward, **per_sequence))
         return validate_trajectory(concat_padded(out))

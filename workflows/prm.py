@@ -30,11 +30,12 @@ from areal_like.api import (
     ModelResponse,
     validate_trajectory,
 )
-from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure, reward_results
 from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.prm_steps import place_step_rewards, step_end_tokens
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils.batching import concat_padded
+from areal_like.utils.chat import decode_text
 from workflows.common import TrajectoryBuilder, stable_id
 from workflows.rlvr import RLVRWorkflow
 
@@ -61,14 +62,11 @@ class PRMWorkflow(RLVRWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
-        prompt = self.tokenizer.decode(input_ids)
+        prompt = decode_text(self.tokenizer, input_ids)
         responses = await self.sample_group(engine, input_ids)
-        dense = await asyncio.gather(*[self.step_rewards(prompt, r) for r in responses],
-                                     return_exceptions=True)
-        for d in dense:  # a spent budget or a bug stops the run; a RewardFailure excludes
-            if isinstance(d, BaseException) and not isinstance(d, RewardFailure):
-                raise d
-        dense = list(dense)
+        # a spent budget or a bug stops the run; a RewardFailure excludes its sample
+        dense = reward_results(await asyncio.gather(
+            *[self.step_rewards(prompt, r) for r in responses], return_exceptions=True))
         if self.outcome_coef:
             outcomes = await self.score(prompt, responses, data)  # the task verifier
             dense = [self.add_outcome(d, o) for d, o in zip(dense, outcomes, strict=True)]
@@ -109,7 +107,9 @@ class PRMWorkflow(RLVRWorkflow):
         for i in keep:
             builder = TrajectoryBuilder(input_ids)
             builder.add_generation(responses[i])
-            token_rewards, n_steps = dense[i]
+            kept = dense[i]
+            assert not isinstance(kept, RewardFailure)
+            token_rewards, n_steps = kept
             td = builder.to_tensordict(0.0, group_id=group_id, n_steps=n_steps,
                                        truncated=int(responses[i].stop_reason == "length"))
             td["rewards"] = torch.tensor([[0.0] * len(input_ids) + token_rewards],

@@ -9,6 +9,7 @@ from tensordict import TensorDict
 
 from areal_like.api import InferenceEngine, ModelRequest
 from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
+from areal_like.utils.chat import decode_text
 from workflows.common import stable_id
 from workflows.rlvr import RLVRWorkflow
 
@@ -24,7 +25,7 @@ class ReMaxWorkflow(RLVRWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
-        prompt = self.tokenizer.decode(input_ids)
+        prompt = decode_text(self.tokenizer, input_ids)
         sampled_cfg = self.gconfig.new(n_samples=1)
         greedy_cfg = self.gconfig.new(n_samples=1, greedy=True)
         greedy, *samples = await asyncio.gather(

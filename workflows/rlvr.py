@@ -16,9 +16,10 @@ from areal_like.api import (
     RolloutWorkflow,
     validate_trajectory,
 )
-from areal_like.rewards.failures import GroupRewardFailure, RewardFailure
+from areal_like.rewards.failures import GroupRewardFailure, RewardFailure, reward_results
 from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
 from areal_like.utils.batching import concat_padded
+from areal_like.utils.chat import decode_text
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -69,7 +70,7 @@ class RLVRWorkflow(RolloutWorkflow, UsesRewards):
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)
-        prompt = self.tokenizer.decode(input_ids)
+        prompt = decode_text(self.tokenizer, input_ids)
         responses = await self.sample_group(engine, input_ids)
         rewards = await self.score(prompt, responses, data)
         return self.group_trajectory(input_ids, responses, rewards,
@@ -79,17 +80,14 @@ class RLVRWorkflow(RolloutWorkflow, UsesRewards):
                     data: dict[str, Any]) -> list[float | RewardFailure]:
         """Rewards of the decoded completions, evaluated concurrently; a failed call is
         returned as its `RewardFailure` (anything else, e.g. a spent error budget, raises)."""
-        texts = [self.tokenizer.decode(r.output_tokens, skip_special_tokens=True)
+        texts = [decode_text(self.tokenizer, r.output_tokens, skip_special_tokens=True)
                  for r in responses]
         results = await asyncio.gather(*[
             self.reward_executor(self.reward_fn, prompt, t, **data,
                                  token_ids=(r.input_tokens, r.output_tokens))
             for t, r in zip(texts, responses, strict=True)
         ], return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, RewardFailure):
-                raise r
-        return list(results)
+        return reward_results(results)
 
     @classmethod
     def group_trajectory(cls, input_ids: list[int], responses: list[ModelResponse],
@@ -106,8 +104,9 @@ class RLVRWorkflow(RolloutWorkflow, UsesRewards):
                     input_ids, [responses[i] for i in keep], [rewards[i] for i in keep],
                     group_id, **{k: [v[i] for i in keep] for k, v in per_sequence.items()})
             raise GroupRewardFailure(failures, survivors)
+        scores = [r for r in rewards if not isinstance(r, RewardFailure)]
         rows = []
-        for i, (resp, reward) in enumerate(zip(responses, rewards, strict=True)):
+        for i, (resp, reward) in enumerate(zip(responses, scores, strict=True)):
             builder = TrajectoryBuilder(input_ids)
             builder.add_generation(resp)
             extras = {k: v[i] for k, v in per_sequence.items()}

@@ -18,7 +18,7 @@ from areal_like.api import (
     validate_trajectory,
 )
 from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
-from areal_like.utils.chat import render_chat
+from areal_like.utils.chat import decode_text, render_chat
 from workflows.common import (
     TrajectoryBuilder,
     chat_prompt_ids,
@@ -118,7 +118,7 @@ class ToolAgentWorkflow(RolloutWorkflow, UsesRewards):
                     rid=f"{rid or 'agent'}-{uuid.uuid4().hex[:12]}-{step}",
                 ))
                 builder.add_generation(resp)
-                text = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
+                text = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
             calls = parse_tool_calls(text)
             results = [await tools.call(c) for c in calls]
             if step >= len(scripted_actions):

@@ -17,7 +17,7 @@ recipe configs fill in when it is left unset.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 
@@ -38,7 +38,7 @@ def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, cu_seqlens: tor
     A micro-batch with no trained token gives 0 (still connected to the graph)."""
     _check_mode(mode)
     if mode == "constant" and (constant is None or not constant > 0):
-        raise ValueError(f"loss_agg_mode='constant' needs loss_agg_constant > 0 (the generation "
+        raise ValueError(f"loss.agg_mode='constant' needs loss.agg_constant > 0 (the generation "
                          f"budget, max_new_tokens), got {constant!r}")
     m = mask.bool()
     masked = torch.where(m, token_loss, torch.zeros_like(token_loss))
@@ -52,18 +52,25 @@ def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, cu_seqlens: tor
         return seq_sum.sum() / n_seqs
     if mode == "seq-mean-token-mean":
         return (seq_sum / seq_cnt.clamp(min=1)).sum() / n_seqs
+    assert constant is not None  # checked above
     return seq_sum.sum() / (n_seqs * constant)
 
 
-def loss_weight(micro_batch: object, mode: str, mask_key: str = "loss_mask") -> torch.Tensor:
+class _Tensors(Protocol):
+    """A TensorDict or a dict of tensors."""
+
+    def __getitem__(self, key: str) -> torch.Tensor: ...
+
+
+def loss_weight(micro_batch: _Tensors, mode: str, mask_key: str = "loss_mask") -> torch.Tensor:
     """The micro-batch's weight for `mode`: trained tokens (token-mean) or sequences with at
     least one trained token (the other modes). Accepts packed [T] data with `cu_seqlens`, or
     padded [B, L] data."""
     _check_mode(mode)
-    m = micro_batch[mask_key].bool()  # type: ignore[index]
+    m = micro_batch[mask_key].bool()
     if mode == "token-mean":
         return m.sum()
     if m.dim() == 2:
         return m.any(dim=1).sum()
-    counts = segment_sum(m.to(torch.float32), micro_batch["cu_seqlens"])  # type: ignore[index]
+    counts = segment_sum(m.to(torch.float32), micro_batch["cu_seqlens"])
     return (counts > 0).sum()

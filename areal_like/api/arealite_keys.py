@@ -89,7 +89,7 @@ def _section(out: dict[str, Any], name: str) -> dict[str, Any]:
     node = out.get(name)
     if node is None:
         node = out[name] = {}
-    return node  # type: ignore[no-any-return]
+    return node
 
 
 def _run_name(out: dict[str, Any], notices: list[str]) -> None:

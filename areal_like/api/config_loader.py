@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional, TypeVar, get_type_hints
+from typing import Any, Optional, TypeVar, cast, get_type_hints
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -92,7 +92,7 @@ def _class_at(config_cls: type, dotted_parent: str) -> Optional[type]:
         if part not in hints:
             return None
         cls = hints[part]
-    return cls if dataclasses.is_dataclass(cls) else None
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
 
 
 def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
@@ -109,7 +109,7 @@ def _section_types(path: Path, overrides: list[str]) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
             composed = compose(config_name=path.stem, overrides=[
                 f"hydra.searchpath=[{','.join(f'file://{d}' for d in _SEARCH_DIRS)}]"])
-        types = {k: v.get("type") for k, v in composed.items() if OmegaConf.is_dict(v)}
+        types = {str(k): v.get("type") for k, v in composed.items() if OmegaConf.is_dict(v)}
     except Exception:  # noqa: BLE001 - only a hint; the caller raises the real error
         pass
     finally:
@@ -254,13 +254,13 @@ def _dataclass_fields(config_cls: type) -> list[tuple[str, Any]]:
     return list(get_type_hints(config_cls).items())
 
 
-def _to_object(composed: Any, config_cls: type, source: str) -> Any:
+def _to_object(composed: Any, config_cls: type[T], source: str) -> T:
     missing = sorted(OmegaConf.missing_keys(composed))
     if missing:
         raise ConfigError(f"{source}: required config value(s) not set (still '???'): "
                           f"{missing}; set them with key=value overrides")
     try:
-        return OmegaConf.to_object(composed)
+        return cast(T, OmegaConf.to_object(composed))
     except OmegaConfBaseException as e:
         raise explain_config_error(e, config_cls, source) from e
     except ValueError as e:  # a dataclass __post_init__ check: already names the key
@@ -289,7 +289,7 @@ def load_config(
             f"(add `defaults: [<schema name>, _self_]` at the top)"
         )
     _apply_algorithm_preset(composed, path, overrides or [], source)
-    return _to_object(composed, config_cls, source)  # type: ignore[no-any-return]
+    return _to_object(composed, config_cls, source)
 
 
 def load_launch_config(base_cls: type[T], config_file: str | Path,
@@ -302,9 +302,9 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
         return _load_arealite(base_cls, Path(config_file), overrides, for_launcher=True)
     composed, source = _compose(base_cls, config_file, [], drop_inherited=False)
     schema = OmegaConf.get_type(composed)
-    if dataclasses.is_dataclass(schema):
-        return load_config(schema, config_file, overrides)  # type: ignore[arg-type]
-    known = {f.name for f in dataclasses.fields(base_cls)}  # type: ignore[arg-type]
+    if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+        return cast(T, load_config(schema, config_file, overrides))
+    known = set(_fields_at(base_cls, "") or [])
     # a schemaless YAML: the overrides of our sections are applied here, the script's own
     # keys are the script's business
     mine = [o for o in overrides if o.lstrip("+~").split(".", 1)[0].split("=", 1)[0] in known]
@@ -317,7 +317,7 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     except OmegaConfBaseException as e:
         raise explain_config_error(e, base_cls, source) from e
     _apply_algorithm_preset(merged, Path(config_file).resolve(), mine, source)
-    return _to_object(merged, base_cls, source)  # type: ignore[no-any-return]
+    return _to_object(merged, base_cls, source)
 
 
 def _apply_algorithm_preset(composed: Any, path: Path, overrides: list[str],
@@ -382,7 +382,8 @@ def _is_arealite_yaml(path: Path) -> bool:
         raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except OmegaConfBaseException:
         return False  # `_compose` explains it
-    return isinstance(raw, dict) and "defaults" not in raw and looks_like_arealite(raw)
+    return (isinstance(raw, dict) and "defaults" not in raw
+            and looks_like_arealite({str(k): v for k, v in raw.items()}))
 
 
 def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
@@ -405,7 +406,9 @@ def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
         raise ConfigError(f"{source}: {_root_message(e)}") from e
     try:
         top = _fields_at(config_cls, "") or []
-        ours, said = translate_arealite(resolved, top.__contains__)  # type: ignore[arg-type]
+        assert isinstance(resolved, dict)  # a YAML mapping: _is_arealite_yaml checked it
+        ours, said = translate_arealite({str(k): v for k, v in resolved.items()},
+                                        top.__contains__)
     except ArealiteKeyError as e:
         raise ConfigError(f"{source}: {e}") from None
     _drop_arealite_only(ours, config_cls, "", lenient=for_launcher)
@@ -416,7 +419,7 @@ def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
         merged = OmegaConf.merge(OmegaConf.structured(config_cls), ours)
     except OmegaConfBaseException as e:
         raise explain_config_error(e, config_cls, source) from e
-    return _to_object(merged, config_cls, source)  # type: ignore[no-any-return]
+    return _to_object(merged, config_cls, source)
 
 
 def _drop_arealite_only(node: dict[str, Any], config_cls: type, parent: str,

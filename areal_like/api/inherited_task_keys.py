@@ -48,7 +48,8 @@ def inherited_task_keys(path: Path, overrides: list[str], search_dirs: list[Path
 
 
 def _inherited_in(section: str, default_type: str, layers: list[Layer]) -> list[InheritedKey]:
-    current, live = default_type, {}  # live: {key: source} set for the current type
+    current = default_type
+    live: dict[str, str] = {}  # {key: source} set for the current type
     stale: dict[str, tuple[str, str]] = {}  # {key: (source, its type)} dropped by a type change
     for source, layer in layers:
         content = layer.get(section)
@@ -116,7 +117,9 @@ def _override_layer(overrides: list[str]) -> dict[str, Any]:
             continue
         section, key, value = found.groups()
         content = layer.setdefault(section, {})
-        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]
+        container = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))
+        assert isinstance(container, dict)
+        parsed = container["v"]
         if key.startswith("task_kwargs."):
             kwargs = content.setdefault("task_kwargs", {})
             if isinstance(kwargs, dict):

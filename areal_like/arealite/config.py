@@ -119,6 +119,9 @@ class PPOActorConfig(TrainEngineConfig):
         return algorithm
 
 
+# AReaL-lite's sections redefine some of ours with its own classes (actor: PPOActorConfig, a
+# TrainEngineConfig with the PPO keys; ref: optional), so each class below carries
+# `type: ignore[misc]` for the redefinitions
 @dataclass
 class _ArealiteSections:
     experiment_name: str = "default"
@@ -142,15 +145,15 @@ class _ArealiteSections:
 
 
 @dataclass
-class GRPOConfig(_ArealiteSections, _GRPOConfig):
+class GRPOConfig(_ArealiteSections, _GRPOConfig):  # type: ignore[misc]
     """AReaL-lite's GRPOConfig: our GRPO schema with AReaL-lite's sections."""
 
 
 @dataclass
-class PPOConfig(_ArealiteSections, _PPOConfig):
+class PPOConfig(_ArealiteSections, _PPOConfig):  # type: ignore[misc]
     """AReaL-lite's PPOConfig (ours has a critic section too)."""
 
 
 @dataclass
-class SFTConfig(_ArealiteSections, _SFTConfig):
+class SFTConfig(_ArealiteSections, _SFTConfig):  # type: ignore[misc]
     """AReaL-lite's SFTConfig."""

@@ -57,7 +57,7 @@ class Transformers4Tokenizer:
         self.tokenizer = tokenizer
 
     def apply_chat_template(self, *args: Any, return_dict: bool = False, **kwargs: Any) -> Any:
-        return self.tokenizer.apply_chat_template(*args, return_dict=return_dict, **kwargs)
+        return self.tokenizer.apply_chat_template(*args, **{**kwargs, "return_dict": return_dict})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.tokenizer(*args, **kwargs)
@@ -108,6 +108,7 @@ class RemoteSGLangEngine(RolloutController):
     def resume(self) -> None:
         self.executor.resume()
 
+    # AReaL-lite's signature (addr, ft_spec), not our engine's
     def initialize(self, addr: Optional[str] = None,  # type: ignore[override]
                    ft_spec: Optional[FinetuneSpec] = None) -> None:
         if addr is not None:
@@ -121,6 +122,7 @@ class RemoteSGLangEngine(RolloutController):
         RolloutController.update_weights(
             self, dataclasses.replace(meta, version=self.get_version() + 1))
 
+    # AReaL-lite's call returns a future the caller waits on; ours blocks
     def update_weights(self, meta: WeightUpdateMeta  # type: ignore[override]
                        ) -> concurrent.futures.Future[None]:
         """Start loading `meta` on the fleet once the trainer's `upload_weights(meta)` has
@@ -131,14 +133,17 @@ class RemoteSGLangEngine(RolloutController):
             raise ValueError(f"RemoteSGLangEngine.update_weights: WeightUpdateMeta.type="
                              f"{meta.type!r}; this AReaL-lite call supports 'disk' (the "
                              f"distributed transport: FSDPEngine.connect_engine)")
-        uploaded = _upload_event(meta.path)
+        path = meta.path
+        if path is None:
+            raise ValueError("RemoteSGLangEngine.update_weights: WeightUpdateMeta.path is None; "
+                             "the disk transport needs the folder upload_weights writes")
+        uploaded = _upload_event(path)
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-update")
 
         def load_when_uploaded() -> None:
             if not uploaded.wait(UPLOAD_TIMEOUT_S):
-                raise TimeoutError(f"no upload_weights of {meta.path} within "
-                                   f"{UPLOAD_TIMEOUT_S} s")
-            _forget_upload(meta.path)
+                raise TimeoutError(f"no upload_weights of {path} within {UPLOAD_TIMEOUT_S} s")
+            _forget_upload(path)
             self.load_weights(meta)
 
         future = pool.submit(load_when_uploaded)
@@ -155,7 +160,7 @@ class FSDPEngine(_FSDPEngine):
 
     def upload_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
         stats = _FSDPEngine.update_weights(self, meta)
-        if self.rank == 0:
+        if self.rank == 0 and meta.path is not None:  # what update_weights waits for
             _upload_event(meta.path).set()
         return stats
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from typing import Any
 
 from datasets import Dataset
 
@@ -36,7 +37,8 @@ def addition_question(a: int, b: int) -> str:
 
 def worked_addition(a: int, b: int) -> str:
     """`a + b:`, the work column by column (least significant digit first), `#### <sum>`."""
-    steps, carry, x, y = [], 0, a, b
+    steps: list[str] = []
+    carry, x, y = 0, a, b
     while x or y or not steps:
         terms = f"{x % 10} + {y % 10}" + (f" + {carry}" if carry else "")
         total = x % 10 + y % 10 + carry
@@ -67,7 +69,7 @@ def make_addition_items(num_digits: int, size: int, split: str, seed: int,
         )
     rng = random.Random(f"addition-{num_digits}-{split}-{seed}")
     seen: set[tuple[int, int]] = set()
-    items = []
+    items: list[dict[str, Any]] = []
     while len(items) < size:
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         if (a, b) in seen or _split_of(a, b) != split:

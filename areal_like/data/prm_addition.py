@@ -34,12 +34,14 @@ _SUM = re.compile(r"#### (\d+)$")
 
 def _corrupt(step: str, rng: random.Random) -> str:
     """`step` with a wrong column total (and matching written digit) or a wrong final sum."""
-    if _SUM.search(step) and (rng.random() < 0.5 or not _TOTAL.search(step)):
-        s = int(_SUM.search(step).group(1))
+    final, column = _SUM.search(step), _TOTAL.search(step)
+    if final and (rng.random() < 0.5 or not column):
+        s = int(final.group(1))
         return _SUM.sub(f"#### {max(0, s + rng.choice([-10, -2, -1, 1, 2, 10]))}", step)
-    total = int(_TOTAL.search(step).group(1))
+    assert column is not None, f"step {step!r} has neither a column total nor a final sum"
+    total = int(column.group(1))
     wrong = max(0, total + rng.choice([-2, -1, 1, 2])) if total > 0 else total + 1
-    written = _TOTAL.search(step).group(2)
+    written = column.group(2)
     new_written = str(wrong % 10) if len(written) == 1 and total >= 10 else str(wrong)
     return _TOTAL.sub(f"= {wrong}, write {new_written}", step, count=1)
 

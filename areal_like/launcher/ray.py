@@ -53,7 +53,8 @@ class _Member:
         self.name, self.role, self.handle, self.log = name, role, handle, log
         self.node: dict[str, Any] = {}
         self.pid: Optional[int] = None
-        self.offset, self.pending, self.last_answer = 0, None, time.monotonic()
+        self.offset, self.last_answer = 0, time.monotonic()
+        self.pending: Any = None  # the ObjectRef of the poll in flight
         self.tail: deque[str] = deque(maxlen=200)
         self.partial = ""
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

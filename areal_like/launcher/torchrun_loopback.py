@@ -17,7 +17,8 @@ from torch.distributed.run import main
 
 from areal_like.utils.tcp_store import bound_store
 
-static_tcp_rendezvous.TCPStore = bound_store  # type: ignore[attr-defined]
+# torchrun's module global (a class) replaced by a function returning a bound TCPStore
+static_tcp_rendezvous.TCPStore = bound_store  # type: ignore[misc,assignment]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,6 +15,7 @@ import random
 import string
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -101,6 +102,8 @@ def build_config(size: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; choose one of {sorted(SIZES)}")
     _, hidden, layers, heads, kv_heads, inter = SIZES[size]
+    # written to config.json under these (pre-5.0 transformers) names, as SGLang reads them
+    legacy: dict[str, Any] = {"rope_theta": 10000.0, "torch_dtype": "float32"}
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -109,14 +112,19 @@ def build_config(size: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=1024,
-        rope_theta=10000.0,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
-        torch_dtype="float32",
+        bos_token_id=_token_id(tokenizer, PAD_TOKEN),
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
+        **legacy,
     )
+
+
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(token_id, int), f"{token!r} is not one token of the tiny tokenizer"
+    return token_id
 
 
 def build_tiny_model(out: str | Path, size: str = "1m", seed: int = 1) -> Path:

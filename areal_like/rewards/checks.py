@@ -24,7 +24,7 @@ def reward_name(fn: Callable[..., Any]) -> str:
     if isinstance(explicit, str):
         return explicit
     name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", repr(fn))
-    return name.replace(".<locals>.", ".")
+    return str(name).replace(".<locals>.", ".")
 
 
 def where_defined(fn: Callable[..., Any]) -> str:

@@ -10,10 +10,12 @@ reported before the first step (`RewardFunctionError`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypeVar
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
+
+T = TypeVar("T")
 
 FAILURE_KINDS = ("raised", "timeout", "invalid", "crashed")
 
@@ -62,3 +64,15 @@ def failures_of(exc: BaseException) -> Optional[list[RewardFailure]]:
     if isinstance(exc, RewardFailure):
         return [exc]
     return None
+
+
+def reward_results(results: list[T | BaseException]) -> list[T | RewardFailure]:
+    """`asyncio.gather(..., return_exceptions=True)` of reward calls: each value or its
+    `RewardFailure`; any other exception (a spent budget, a bug) is raised."""
+    out: list[T | RewardFailure] = []
+    for result in results:
+        if isinstance(result, RewardFailure) or not isinstance(result, BaseException):
+            out.append(result)
+        else:
+            raise result
+    return out

@@ -13,6 +13,8 @@ from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from areal_like.utils.chat import decode_text
+
 
 def split_steps(text: str, delimiter: str) -> list[str]:
     """`text` cut after every `delimiter` (kept at the end of its step); empty tail dropped.
@@ -35,14 +37,14 @@ def split_steps(text: str, delimiter: str) -> list[str]:
 def token_char_ends(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> list[int]:
     """end[i] = number of characters of decode(token_ids[:i+1]) (prefix decodes, so merged
     bytes and special-token handling match the full decode)."""
-    return [len(tokenizer.decode(list(token_ids[:i + 1]), skip_special_tokens=True))
+    return [len(decode_text(tokenizer, list(token_ids[:i + 1]), skip_special_tokens=True))
             for i in range(len(token_ids))]
 
 
 def step_end_tokens(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int],
                     delimiter: str) -> tuple[list[str], list[int]]:
     """(steps of the decoded completion, index into `token_ids` of each step's last token)."""
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    text = decode_text(tokenizer, list(token_ids), skip_special_tokens=True)
     steps = split_steps(text, delimiter)
     ends = token_char_ends(tokenizer, token_ids)
     positions, char_end, tok = [], 0, 0

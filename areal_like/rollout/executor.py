@@ -175,9 +175,10 @@ class WorkflowExecutor:
 
     def _on_task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
             # episodes catch their own errors, so this is a bug in the executor: surface it
-            self._state.set_fatal(task.exception())
+            self._state.set_fatal(error)
 
     def _admit(self) -> None:
         self._admit_scheduled = False
@@ -190,6 +191,7 @@ class WorkflowExecutor:
             self._track(loop.create_task(self._run_episode(sub)))
 
     async def _run_episode(self, sub: Submission) -> None:
+        payload: Any  # the episode's result, or what stopped it
         try:
             kind, payload = await self._episode_outcome(sub)
         except asyncio.CancelledError:
@@ -374,10 +376,12 @@ class WorkflowExecutor:
         self._kick()
         while True:
             version = self.engine.get_version()
+
+            def timeout_error(v: int = version) -> Exception:  # counts the ready groups then
+                return self._timeout_error(what, count, len(self._state.ready), timeout, v)
+
             taken, need = self._state.take_or_wait(
-                count, version, deadline, refill is not None,
-                lambda v=version: self._timeout_error(
-                    what, count, len(self._state.ready), timeout, v),
+                count, version, deadline, refill is not None, timeout_error,
                 on_drop=self._kick,
             )
             if taken is not None:  # in submission order: the layout never depends on timing

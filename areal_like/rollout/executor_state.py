@@ -47,7 +47,7 @@ class Ticket:
 
     def __init__(self) -> None:
         self.seqs: list[int] = []
-        self.outcomes: dict[int, tuple[str, Any]] = {}
+        self.outcomes: dict[int, tuple[Outcome, Any]] = {}
         self.failure: Optional[RolloutWorkflowError] = None
 
 
@@ -373,7 +373,7 @@ class ExecutorState:
             return None, 0
 
     def wait_ticket(self, ticket: Ticket, count: int, deadline: float,
-                    make_timeout: Callable[[], Exception]) -> list[tuple[str, Any]]:
+                    make_timeout: Callable[[], Exception]) -> list[tuple[Outcome, Any]]:
         """Wait until all of a rollout_batch's items finished; raise its first failure."""
         with self.cond:
             while True:

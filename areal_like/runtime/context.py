@@ -68,6 +68,7 @@ class RunContext:
             if latest is None:
                 self.episodes_log.unlink(missing_ok=True)
             else:
+                assert keep is not None
                 truncate_jsonl(self.episodes_log, keep)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
         self._step_start = time.perf_counter()
@@ -93,7 +94,9 @@ class RunContext:
             return batch
         holder = [batch]
         dist.broadcast_object_list(holder, src=0)
-        return shard_batch(holder[0], self.rank, self.world_size, group_size)
+        received = holder[0]
+        assert received is not None, "rank 0 broadcast no batch"
+        return shard_batch(received, self.rank, self.world_size, group_size)
 
     def global_mean(self, values: torch.Tensor) -> float:
         """Mean of `values` over every rank's entries."""

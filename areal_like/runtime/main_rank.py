@@ -79,7 +79,13 @@ def _follow(what: str) -> None:
 
 
 def _broadcast_status(status: Optional[dict]) -> dict:
-    holder = [status]
+    received = _broadcast_from_main(status)
+    assert received is not None, "rank 0 broadcast no status"
+    return received
+
+
+def _broadcast_from_main(value: T) -> T:
+    holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
@@ -92,4 +98,4 @@ def share_from_main(value: T) -> T:
     """Rank 0's `value` on every rank (itself in a single-process run)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
-    return _broadcast_status(value)  # type: ignore[arg-type,return-value]
+    return _broadcast_from_main(value)

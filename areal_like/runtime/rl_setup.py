@@ -72,7 +72,8 @@ class RLSetup:
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
         self.rollout: Optional[RolloutProcess] = None
         if self.run.is_main:  # its imports (seconds) overlap the data and engine set-up below
-            self.rollout = RolloutProcess()
+            # its calls are generated from RolloutAPI's declaration (rollout_process.py)
+            self.rollout = RolloutProcess()  # type: ignore[abstract]
             self.rollout.spawn(config.rollout.controller_nice, config.rollout.controller_cpus)
         self.tokenizer = load_tokenizer(config.model)
         remote = remote_reward(config)  # a remote reward model replaces both verifiers

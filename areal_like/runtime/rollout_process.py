@@ -108,6 +108,7 @@ class RolloutProcess(RolloutAPI):
 
     def wait_ready(self) -> None:
         """Wait until the started controller reached every server (or raise its error)."""
+        assert self.setup is not None, "start() first"
         try:
             self._receive("start-up", self.setup.rollout.setup_timeout + CALL_MARGIN_S)
         except BaseException:
@@ -256,4 +257,4 @@ def _remote_call(name: str, declared: Callable[..., Any]) -> Callable[..., Any]:
 
 for _name, _declared in remote_calls().items():
     setattr(RolloutProcess, _name, _remote_call(_name, _declared))
-abc.update_abstractmethods(RolloutProcess)
+abc.update_abstractmethods(RolloutProcess)  # type: ignore[type-abstract]  # concrete now

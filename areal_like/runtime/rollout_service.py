@@ -154,6 +154,7 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
             if message is None:
                 return
             name, args, kwargs = message
+            reply: tuple[str, Any]
             try:
                 reply = ("ok", (service.call(name, args, kwargs), service.last_episode_ids()))
             except BaseException as e:  # noqa: BLE001  (sent to the trainer, re-raised there)

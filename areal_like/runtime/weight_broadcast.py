@@ -18,6 +18,7 @@ broadcast includes it. `on_weight_broadcast_failure=stop` then raises an error n
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import time
@@ -91,7 +92,7 @@ class WeightBroadcaster:
                 assert rollout is not None
                 self._send_bucket(rollout, state, index, tensors)
 
-            run_on_main(lambda send=send: guarded(send),  # type: ignore[misc]
+            run_on_main(functools.partial(guarded, send),
                         f"broadcasting weights version {version}", self.collective_timeout_s)
             del tensors
         run_on_main(lambda: guarded(lambda: self._finish(rollout, state)),

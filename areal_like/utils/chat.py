@@ -1,4 +1,5 @@
-"""Chat templates with keyword arguments from config (e.g. `enable_thinking: false`).
+"""Text from a tokenizer: chat templates with keyword arguments from config (e.g.
+`enable_thinking: false`), and decoding one sequence.
 
 The arguments travel with the tokenizer (`set_chat_template_kwargs`), so every place that
 renders a chat — workflows, prompt-length limits, SFT batches — renders it the same way, in
@@ -28,3 +29,10 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]],
     kwargs = {**chat_template_kwargs(tokenizer), **overrides}
     return tokenizer.apply_chat_template(messages, tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def decode_text(tokenizer: Any, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+    """The text of one sequence of `token_ids` (HF's `decode` is typed for batches too)."""
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str), f"decode returned {type(text).__name__}, not str"
+    return text

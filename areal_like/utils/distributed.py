@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,8 @@ def ensure_process_group(backend: str, device: torch.device,
             raise RuntimeError(f"the existing process group uses {dist.get_backend()!r}, but the "
                                f"engine needs {backend!r} (TrainEngineConfig.backend)")
         return False
-    kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
     if device.type == "cuda":
         kwargs["device_id"] = device
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -49,7 +51,7 @@ def ensure_process_group(backend: str, device: torch.device,
         else:  # started by another launcher (Ray): rank 0 hosts it, on MASTER_ADDR only
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             store = bound_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                world, is_master=rank == 0, timeout=kwargs["timeout"])
+                                world, is_master=rank == 0, timeout=timeout)
             dist.init_process_group(store=store, rank=rank, world_size=world, **kwargs)
     else:
         # an in-process store and loopback gloo: a one-process group listens on nothing else

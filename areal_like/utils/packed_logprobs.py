@@ -34,7 +34,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """log_softmax(logits / temperature).gather(labels) (+ entropy), chunked over tokens."""
 
     @staticmethod
-    def forward(ctx, logits, labels, chunk_size, temperature, with_entropy):  # type: ignore[override]
+    def forward(ctx, logits, labels, chunk_size, temperature, with_entropy):
         n = logits.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
@@ -55,7 +55,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, grad_ent):  # type: ignore[override]
+    def backward(ctx, grad_logp, grad_ent):
         logits, labels, lse = ctx.saved_tensors
         chunk, temp = ctx.chunk_size, ctx.temperature
         grad_logits = torch.empty_like(logits)

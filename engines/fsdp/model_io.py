@@ -6,7 +6,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -19,7 +19,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    PreTrainedModel,
+)
 
 # Files copied next to exported weights so that the folder is a complete HF model folder.
 TOKENIZER_FILES = (
@@ -30,7 +35,7 @@ TOKENIZER_FILES = (
 
 
 def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
-                  attn_implementation: str) -> torch.nn.Module:
+                  attn_implementation: str) -> PreTrainedModel:
     """An HF causal LM, or (critic) the same backbone with a 1-output token-classification head.
 
     The critic head of a causal-LM folder is freshly initialised under a fixed seed, so every
@@ -51,8 +56,10 @@ def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Collective: the unsharded weights on CPU at rank 0 (an empty dict elsewhere)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                 cpu_offload=True))
+    assert all(isinstance(value, torch.Tensor) for value in state.values())
+    return cast(dict[str, torch.Tensor], state)
 
 
 def write_hf_folder(model: Any, state_dict: dict[str, torch.Tensor], path: str,

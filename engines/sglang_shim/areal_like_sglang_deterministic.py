@@ -34,6 +34,11 @@ _LIBRARIES: list[Any] = []  # keep the torch.library.Library objects alive
 logger = logging.getLogger(__name__)
 
 
+# an SGLang module whose functions a hook replaces (typed loosely: type checkers run where
+# SGLang is not installed, and a ModuleType takes no new attributes)
+PatchedModule = Any
+
+
 def allow_torch_native(choices: ModuleType) -> None:
     """Admit `torch_native` through SGLang's own extension hooks for backend choices."""
     if "torch_native" not in choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES:
@@ -79,7 +84,7 @@ def murmur_hash32_cpu(seed: Any, positions: Any, col_indices: Any) -> Any:
     return torch.from_numpy(h.astype(np.int64)).to(torch.uint32)
 
 
-def install_cpu_murmur_hash(murmur_hash: ModuleType) -> None:
+def install_cpu_murmur_hash(murmur_hash: PatchedModule) -> None:
     """Route SGLang's `murmur_hash32` to `murmur_hash32_cpu` for CPU tensors."""
     original = murmur_hash.murmur_hash32
 
@@ -91,7 +96,7 @@ def install_cpu_murmur_hash(murmur_hash: ModuleType) -> None:
     murmur_hash.murmur_hash32 = murmur_hash32
 
 
-def install_eager_seeded_sampling(sampler: ModuleType) -> None:
+def install_eager_seeded_sampling(sampler: PatchedModule) -> None:
     """Run SGLang's `multinomial_with_seed` eagerly on CPU tensors. SGLang wraps it in
     `torch.compile`, whose first call in each server process compiles it: 4-7 s with a warm
     inductor cache and 17 s on a fresh machine, paid by the first sampled request after every
@@ -135,7 +140,7 @@ def _row_invariant_mm_out(a: Any, b: Any, *, out: Any) -> Any:
     return out.copy_(result)
 
 
-def install_cpu_batch_invariant_mode(batch_invariant_ops: ModuleType) -> None:
+def install_cpu_batch_invariant_mode(batch_invariant_ops: PatchedModule) -> None:
     """Make SGLang's `enable_batch_invariant_mode` register the CPU kernels above."""
 
     def enable_batch_invariant_mode(enable_bmm: bool = True) -> None:

@@ -80,7 +80,7 @@ def _cpu_murmur_hash(murmur_hash: ModuleType) -> None:
     areal_like_sglang_deterministic.install_cpu_murmur_hash(murmur_hash)
 
 
-def _fork_children(engine: ModuleType) -> None:
+def _fork_children(engine: Any) -> None:  # Any: a ModuleType takes no new attributes
     """Start the scheduler and detokenizer by fork instead of spawn (CPU engine only): the
     children inherit every module the server already imported instead of importing SGLang
     again, which is about half of a server's start-up on a small CPU machine. Spawn exists

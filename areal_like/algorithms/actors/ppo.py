@@ -309,7 +309,7 @@ class PPOActor:
     def _normalize(self, adv: torch.Tensor, mask: torch.Tensor,
                    group_index: torch.Tensor) -> torch.Tensor:
         cfg = self.config
-        kw = dict(mean=cfg.norm.mean, std=cfg.norm.std, eps=cfg.norm.eps)
+        kw: dict[str, Any] = dict(mean=cfg.norm.mean, std=cfg.norm.std, eps=cfg.norm.eps)
         if cfg.norm.level == "batch":
             return normalize(adv, mask, None, leave_one_out=cfg.norm.leave_one_out,
                              all_reduce=_distributed(), **kw)

@@ -26,6 +26,7 @@ The algorithm (REINFORCE with an optional per-sequence baseline, e.g. ReMax's gr
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -62,11 +63,12 @@ class ReinforceActor:
                      "ReinforceActor")
         token_mask = batch["loss_mask"].bool()
         cfg = self.config
-        shape = dict(scale=cfg.shaping.scaling, bias=cfg.shaping.bias, clip=cfg.shaping.clip)
-        _, reward = shape_rewards(batch["rewards"], token_mask, **shape)
+        shape = functools.partial(shape_rewards, scale=cfg.shaping.scaling, bias=cfg.shaping.bias,
+                                  clip=cfg.shaping.clip)
+        _, reward = shape(batch["rewards"], token_mask)
         advantages = reward
         if "baseline_rewards" in batch.keys():  # shaped exactly like the reward
-            _, baseline = shape_rewards(batch["baseline_rewards"], token_mask, **shape)
+            _, baseline = shape(batch["baseline_rewards"], token_mask)
             advantages = reward - baseline
         advantages = advantages.float()
         mask = shift_to_next_token(token_mask)  # position t now trains token t+1

@@ -19,9 +19,11 @@ from test_algo_actors import _grpo_ref
 from test_algo_ref_engine import RefEngine, _batch, _model, _true_logprobs
 
 from areal_like.algorithms import (
+    AdvantageInputs,
     PPOActor,
     ReinforceActor,
     algorithm_preset,
+    get_advantage_estimator,
     register_advantage_estimator,
     uses_group_statistics,
 )
@@ -119,6 +121,59 @@ def test_remax_advantage_is_shaped_reward_minus_shaped_baseline(tiny_model_dir):
             assert float(got["advantages"][i, t - 1]) == pytest.approx(want, abs=1e-6)
 
 
+# ---- seed 002's group estimators with a discount: the shaped score's cumulative returns ----
+
+def _seed002_returns(rewards, groups, mask_rows, name, gamma, eps):
+    """Seed 002 in float64, by its formulas: the group-shaped score (group_norm: unbiased std
+    + eps; rloo: leave-one-out mean) is the reward of the last action token, then
+    get_cumulative_returns(reward, action_mask, gamma)."""
+    shaped = []
+    for i, r in enumerate(rewards):
+        peers = [rewards[j] for j in range(len(rewards)) if groups[j] == groups[i]]
+        n = len(peers)
+        mean = sum(peers) / n
+        if name == "group_norm":
+            std = math.sqrt(sum((x - mean) ** 2 for x in peers) / (n - 1))
+            shaped.append((r - mean) / (std + eps))
+        else:  # rloo
+            shaped.append(r - (sum(peers) - r) / (n - 1))
+    out = []
+    for score, row in zip(shaped, mask_rows, strict=True):
+        last = max(t for t, m in enumerate(row) if m)
+        ret, cumulative = [0.0] * len(row), 0.0
+        for t in reversed(range(len(row))):
+            cumulative = (score if t == last else 0.0) * row[t] + gamma * cumulative
+            ret[t] = cumulative if row[t] else 0.0
+        out.append(ret)
+    return out
+
+
+@pytest.mark.parametrize("name", ["group_norm", "rloo"])
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_group_estimators_discount_the_score_as_seed_002(name, gamma):
+    rewards = [1.0, 0.0, 0.5, 0.25, 2.0, -1.0, 0.0, 1.5]
+    groups = [0, 0, 0, 0, 1, 1, 1, 1]
+    lengths = [5, 3, 6, 1, 4, 6, 2, 5]
+    mask = torch.tensor([[t < n for t in range(6)] for n in lengths])
+    cfg = algorithm_config(adv=dict(estimator=name, discount=gamma, group_std="unbiased"),
+                           norm=dict(eps=1e-8))  # seed 002's epsilon
+    inputs = AdvantageInputs(token_rewards=torch.zeros(8, 6, dtype=torch.float64),
+                             seq_rewards=torch.tensor(rewards, dtype=torch.float64),
+                             loss_mask=mask, group_index=torch.tensor(groups))
+    got = get_advantage_estimator(name)(inputs, cfg).advantages
+    want = torch.tensor(_seed002_returns(rewards, groups, mask.tolist(), name, gamma, 1e-8),
+                        dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    if gamma < 1:  # the first token of a 6-token answer: gamma^5 of the last one's score
+        assert float(got[2, 0]) == pytest.approx(float(got[2, 5]) * gamma ** 5, rel=1e-12)
+
+
+def test_a_discount_an_estimator_cannot_honour_is_refused():
+    with pytest.raises(ValueError, match=r"algorithm.adv.discount=0.9 means nothing to "
+                                         r"algorithm.adv.estimator='action_norm'"):
+        PPOActor(None, algorithm_config(adv=dict(estimator="action_norm", discount=0.9)))
+
+
 # ---- KL in the reward: after normalisation and clip-filter weights -----------------------
 
 @pytest.mark.parametrize("discount", [1.0, 0.9])
@@ -146,11 +201,13 @@ def test_kl_penalty_is_added_after_group_normalisation(tiny_model_dir, discount)
         ts = _trained(batch, i)
         kl = [float(batch["logprobs"][i, t]) - float(ref_lp[t]) for t in ts]  # k1
         weight = 1.0 if flat[g[i]] else w
-        rtg = 0.0
+        # seed 002: r_t = -kl_ctl * KL_t, plus the shaped score on the last token; G_t
+        rtg, score = 0.0, None
         want = {}
         for t, k in reversed(list(zip(ts, kl, strict=True))):
             rtg = k + discount * rtg
-            want[t] = weight * outcome[i] - kl_ctl * rtg
+            score = weight * outcome[i] if score is None else discount * score
+            want[t] = score - kl_ctl * rtg
         for t in ts:
             assert float(prepared["advantages"][i, t - 1]) == pytest.approx(want[t], abs=2e-5)
     assert prepared["advantages"][4:8].abs().sum() > 0  # lambda = 1 keeps the KL signal

@@ -6,6 +6,7 @@ bad addresses and ports fail clearly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -92,7 +93,8 @@ def ray_address():
         for node in nodes:
             os.killpg(node.pid, signal.SIGKILL)
             for pid in _session_pids(node.pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                    os.kill(pid, signal.SIGKILL)
             node.wait(timeout=60)
 
 

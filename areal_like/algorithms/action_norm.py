@@ -33,7 +33,8 @@ def action_spans(loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, starts.long().cumsum(-1), 0)
 
 
-@register_advantage_estimator("action_norm", group_based=False, kl_placement="token")
+@register_advantage_estimator("action_norm", group_based=False, kl_placement="token",
+                              discounted=False)
 def action_norm(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     span = action_spans(inputs.loss_mask)
     n_spans = int(span.max()) if span.numel() else 0

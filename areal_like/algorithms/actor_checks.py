@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from areal_like.algorithms.registry import get_advantage_estimator, get_policy_loss
+from areal_like.algorithms.corrections import TOKEN_LEVEL
+from areal_like.algorithms.registry import (
+    estimator_traits,
+    get_advantage_estimator,
+    get_policy_loss,
+)
 from areal_like.api.config import AlgorithmConfig
 
 
@@ -11,7 +16,15 @@ def check_actor_config(config: AlgorithmConfig, has_ref: bool) -> None:
     """KeyError for an unregistered name (listing the registered ones), ValueError for a
     combination the actor cannot train with; `has_ref`: a reference model is configured."""
     get_advantage_estimator(config.adv.estimator)
+    if config.adv.discount < 1.0 and not estimator_traits(config.adv.estimator).discounted:
+        raise ValueError(f"algorithm.adv.discount={config.adv.discount} means nothing to "
+                         f"algorithm.adv.estimator={config.adv.estimator!r} (it does not "
+                         f"discount); set algorithm.adv.discount=1.0")
     get_policy_loss(config.loss.policy)
+    if config.loss.policy == "gspo" and config.off_policy.correction in TOKEN_LEVEL:
+        raise ValueError(f"algorithm.off_policy.correction={config.off_policy.correction!r} "
+                         f"weights tokens one by one, but algorithm.loss.policy='gspo' takes "
+                         f"one ratio per sequence: use correction='mis_seq' (or 'none')")
     if config.kl.coef > 0 and not has_ref:
         raise ValueError(f"algorithm.kl.coef={config.kl.coef} needs a reference model: "
                          "set use_ref_model=true (recipes; PPOActor: pass ref=<TrainEngine>) "

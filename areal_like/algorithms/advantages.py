@@ -60,7 +60,16 @@ def gae_advantages(
     return adv, returns
 
 
-def broadcast_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B] per-sequence scores -> [B, L] float64 on trained positions (0 elsewhere)."""
-    s = scores.to(torch.float64)[:, None].expand(mask.shape)
-    return torch.where(mask.bool(), s, 0.0)
+def broadcast_to_tokens(scores: torch.Tensor, mask: torch.Tensor,
+                        discount: float = 1.0) -> torch.Tensor:
+    """[B] per-sequence scores -> [B, L] float64 on trained positions (0 elsewhere).
+
+    With `discount` < 1 the score is the reward of the last trained action, discounted back
+    along the response: position t gets discount**k * score, k the trained actions after t
+    (the returns of the score at the last token, as seed 002's cumulative returns)."""
+    m = mask.bool()
+    s = scores.to(torch.float64)[:, None].expand(m.shape)
+    if discount != 1.0:
+        after = m.flip(-1).long().cumsum(-1).flip(-1) - m.long()  # trained actions after t
+        s = s * torch.pow(torch.tensor(discount, dtype=torch.float64, device=s.device), after)
+    return torch.where(m, s, 0.0)

@@ -4,7 +4,9 @@ Every estimator maps `AdvantageInputs` to `AdvantageOutputs` in next-token align
 r_i = total (shaped) reward of sequence i, g(i) its group (the samples of one prompt),
 r_t = per-token reward, G_t = discounted return (`advantages.py`), sigma = population std,
 eps = `norm.eps`. Outcome estimators give every trained token of a sequence the same
-advantage.
+advantage; with adv.discount = gamma < 1 the score is discounted back from the last trained
+token (gamma^k for k trained tokens after t, seed 002's returns of the shaped score).
+`action_norm` does not discount and refuses gamma < 1.
 
     gae           A_t = GAE(gamma, lambda) with critic values           (dense rewards OK)
     reinforce     A_t = G_t                                              (dense rewards OK)
@@ -108,7 +110,7 @@ def _group_outcome(inputs: AdvantageInputs, config: AlgorithmConfig, *, std: boo
                    leave_one_out: bool, unbiased: bool = False) -> AdvantageOutputs:
     scores = normalize(inputs.seq_rewards, None, inputs.group_index, mean=True, std=std,
                        leave_one_out=leave_one_out, eps=config.norm.eps, unbiased=unbiased)
-    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask, config.adv.discount))
 
 
 @register_advantage_estimator("reinforce_baseline", group_based=True, kl_placement="token")
@@ -146,13 +148,15 @@ def rloo(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
 @register_advantage_estimator("remax", group_based=False, kl_placement="outcome")
 def remax(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     baseline = inputs.baseline_rewards
+    discount = config.adv.discount
     if baseline is None:  # no greedy baseline: plain REINFORCE on the outcome
-        return AdvantageOutputs(broadcast_to_tokens(inputs.seq_rewards, inputs.loss_mask))
+        return AdvantageOutputs(broadcast_to_tokens(inputs.seq_rewards, inputs.loss_mask,
+                                                    discount))
     if baseline.shape != inputs.seq_rewards.shape:
         raise ValueError(f"'baseline_rewards' has shape {tuple(baseline.shape)}; expected "
                          f"{tuple(inputs.seq_rewards.shape)}")
     scores = inputs.seq_rewards - baseline.to(torch.float64)
-    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask))
+    return AdvantageOutputs(broadcast_to_tokens(scores, inputs.loss_mask, discount))
 
 
 @register_advantage_estimator("cpgd", group_based=True, kl_placement="outcome")
@@ -163,4 +167,5 @@ def cpgd(inputs: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
                                   config.filters.clip_filter_max_weight,
                                   config.filters.clip_filter_flat_weight,
                                   all_reduce=inputs.all_reduce)
-    return AdvantageOutputs(broadcast_to_tokens(centred * weights, inputs.loss_mask))
+    return AdvantageOutputs(broadcast_to_tokens(centred * weights, inputs.loss_mask,
+                                                config.adv.discount))

@@ -19,7 +19,9 @@ An estimator declares two properties when registered (the defaults suit an unkno
 `group_based` (True: it uses statistics of a prompt's samples, so a group with a failed sample
 is dropped whole) and `kl_placement` ("token": a KL-in-reward penalty goes into the token
 rewards before the estimator runs; "outcome": the estimator sees outcome rewards only and the
-penalty's return-to-go is added to its advantages afterwards).
+penalty's return-to-go is added to its advantages afterwards), and `discounted` (True: it
+honours `algorithm.adv.discount`; False: a discount below 1 is refused, as it would mean
+nothing to the estimator).
 """
 
 from __future__ import annotations
@@ -81,22 +83,24 @@ KLPlacement = Literal["token", "outcome"]
 class EstimatorTraits:
     group_based: bool = True  # safe default: a partial group is never trained on
     kl_placement: KLPlacement = "token"
+    discounted: bool = True  # honours algorithm.adv.discount (False: refused below 1)
 
 
 _ESTIMATOR_TRAITS: dict[str, EstimatorTraits] = {}
 
 
 def register_advantage_estimator(name: str, *, override: bool = False, group_based: bool = True,
-                                 kl_placement: KLPlacement = "token") -> Callable[[F], F]:
+                                 kl_placement: KLPlacement = "token",
+                                 discounted: bool = True) -> Callable[[F], F]:
     """Decorator registering `fn(AdvantageInputs, AlgorithmConfig) -> AdvantageOutputs`
-    (see the module docstring for `group_based` and `kl_placement`)."""
+    (see the module docstring for `group_based`, `kl_placement` and `discounted`)."""
     if kl_placement not in ("token", "outcome"):
         raise ValueError(f"kl_placement={kl_placement!r}; choose 'token' or 'outcome'")
     register = ADVANTAGE_ESTIMATORS.register(name, override=override)
 
     def deco(fn: F) -> F:
         register(fn)
-        _ESTIMATOR_TRAITS[name] = EstimatorTraits(group_based, kl_placement)
+        _ESTIMATOR_TRAITS[name] = EstimatorTraits(group_based, kl_placement, discounted)
         return fn
 
     return deco

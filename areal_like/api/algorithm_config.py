@@ -101,13 +101,30 @@ class PolicyLossConfig:
         _check(name, "cpgd_drift_coef", self.cpgd_drift_coef >= 0, self.cpgd_drift_coef, ">= 0")
 
 
+# train/inference corrections of the decoupled weight (areal_like/algorithms/corrections.py):
+# name -> default (low, high) bounds of the weight; None: that side is not bounded
+CORRECTION_BOUNDS: dict[str, tuple[Optional[float], Optional[float]]] = {
+    "none": (None, None),
+    "tis": (None, 2.0),  # truncated IS: min(w, C)
+    "mis_token": (0.5, 2.0),  # masked IS per token
+    "mis_seq": (0.9, 1.1),  # masked IS per sequence, on the geometric mean weight
+    "icepop": (0.5, 5.0),  # IcePop's published alpha, beta
+}
+
+
 @dataclass
 class OffPolicyConfig:
-    """`algorithm.off_policy`: how tokens sampled by an older policy are corrected."""
+    """`algorithm.off_policy`: how tokens sampled by an older policy, or by the inference
+    server's numerics, are corrected."""
 
     decoupled: bool = True  # decoupled PPO: ratio against the recomputed proximal policy
     recompute_logprob: bool = True  # recompute log-probs with the trainer before updating
     behav_imp_weight_cap: Optional[float] = None  # decoupled loss: mask tokens above this weight
+    # the decoupled weight w = pi_prox / pi_behav corrected: none | tis | mis_token | mis_seq |
+    # icepop (docs/algorithms.md)
+    correction: str = "none"
+    correction_low: Optional[float] = None  # None: the correction's default (CORRECTION_BOUNDS)
+    correction_high: Optional[float] = None
 
     def __post_init__(self) -> None:
         name = "algorithm.off_policy"
@@ -117,6 +134,21 @@ class OffPolicyConfig:
         _check(name, "decoupled", not (self.decoupled and not self.recompute_logprob),
                self.decoupled, "False when recompute_logprob=False (the decoupled loss needs "
                "the recomputed proximal log-probs)")
+        _one_of(name, "correction", self.correction, tuple(CORRECTION_BOUNDS))
+        if self.correction != "none":
+            _check(name, "decoupled", self.decoupled, self.decoupled,
+                   f"True with correction={self.correction!r} (it corrects the decoupled "
+                   f"weight pi_prox / pi_behav)")
+        for key in ("correction_low", "correction_high"):
+            value = getattr(self, key)
+            if value is not None:
+                _check(name, key, value > 0, value, "> 0 (or None: the default)")
+        if self.correction == "tis":
+            _check(name, "correction_low", self.correction_low is None, self.correction_low,
+                   "None with correction='tis' (it truncates from above only)")
+        low, high = self.correction_low, self.correction_high
+        if low is not None and high is not None:
+            _check(name, "correction_high", high > low, high, f"> correction_low={low}")
 
 
 @dataclass

@@ -10,7 +10,8 @@ Policy objective per token (then aggregated by `loss.agg_mode`):
 
     l_t = w_t * l_policy(t) - loss.entropy_coef * H_t + kl.coef * KL_t(pi || pi_ref)
 
-with w_t the decoupled behaviour importance weight (1 when the decoupled loss is off), the KL
+with w_t the decoupled behaviour importance weight (1 when the decoupled loss is off; capped
+and corrected by `off_policy.correction`, see `corrections.py`), the KL
 term only when kl.in_reward is False. With loss.top_entropy_ratio < 1 the prepared batch's
 `policy_mask` (the whole batch's highest-entropy tokens, chosen by PPOActor when the batch was
 prepared) replaces loss_mask in the loss and in the aggregation's denominators. Every input is
@@ -25,10 +26,10 @@ import torch
 from tensordict import TensorDict
 
 from areal_like.algorithms.aggregation import aggregate_loss
+from areal_like.algorithms.corrections import corrected_weights
 from areal_like.algorithms.kl import kl_estimate
 from areal_like.algorithms.losses import (
     PolicyLossInputs,
-    behaviour_importance_weights,
     masked_inputs,
     value_loss,
 )
@@ -64,10 +65,9 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
         inputs = PolicyLossInputs(logp, old, mb["advantages"].float(), mask, mb["cu_seqlens"])
         token_loss, st = policy_loss(inputs, config)
         kept = mask
-        if config.off_policy.decoupled:
-            w, kept = behaviour_importance_weights(mb["prox_logp"].float(),
-                                                   mb["logprobs"].float(), mask,
-                                                   config.off_policy.behav_imp_weight_cap)
+        if config.off_policy.decoupled:  # the behaviour weight, capped and corrected
+            w, kept = corrected_weights(mb["prox_logp"].float(), mb["logprobs"].float(), mask,
+                                        mb["cu_seqlens"], config.off_policy)
             token_loss = token_loss * w
         if config.loss.entropy_coef:
             token_loss = token_loss - config.loss.entropy_coef * entropy

@@ -50,6 +50,7 @@ from areal_like.algorithms.filters import (
 from areal_like.algorithms.functional import group_index_from_ids, shift_to_next_token
 from areal_like.algorithms.kl import kl_estimate
 from areal_like.algorithms.kl_controller import KLController
+from areal_like.algorithms.mismatch import record_gap
 from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights, normalize
 from areal_like.algorithms.registry import (
     estimator_traits,
@@ -178,7 +179,7 @@ class PPOActor:
         adv = self._weight_groups(adv, seq_r, group_index)
         adv = self._kl_into_advantages(adv, token_kl, aligned.mask)
         prepared = self._assemble(batch, aligned, adv, out.returns, extra)
-        self._record_batch_stats(batch, aligned.mask, seq_r, prepared["advantages"], token_kl)
+        self._record_batch_stats(batch, aligned, seq_r, prepared["advantages"], token_kl)
         return prepared
 
     def _align(self, batch: TensorDict, extra: dict[str, torch.Tensor]) -> _Aligned:
@@ -322,9 +323,9 @@ class PPOActor:
             return self.running.normalize(adv, mask, **kw)
         return adv
 
-    def _record_batch_stats(self, batch: TensorDict, mask: torch.Tensor, seq_r: torch.Tensor,
+    def _record_batch_stats(self, batch: TensorDict, aligned: _Aligned, seq_r: torch.Tensor,
                             adv: torch.Tensor, token_kl: Optional[torch.Tensor]) -> None:
-        t = self.tracker
+        t, mask = self.tracker, aligned.mask
         attn = batch["attention_mask"].bool()
         n_seqs = torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
         response_len = batch["loss_mask"].bool().sum(-1).float()
@@ -335,10 +336,13 @@ class PPOActor:
         token_stats = {"advantages": adv}
         if token_kl is not None:
             token_stats["kl_ref"] = token_kl
+        lag = None
         if "versions" in batch.keys():
             lag = self.engine.get_version() - shift_to_next_token(batch["versions"])
             token_stats["version_lag"] = torch.where(mask, lag, 0).float()
         t.stat(denominator="n_valid_tokens", **token_stats)
+        if aligned.behav is not None and aligned.prox is not None:  # the train/inference gap
+            record_gap(t, aligned.behav, aligned.prox, mask, lag, self.config.off_policy)
 
     def _observe_kl(self, token_kl: torch.Tensor, mask: torch.Tensor) -> None:
         # LightRFT's info["kl"]: each sequence's mean token KL; sequences without tokens skipped

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import make_engine, require_sglang_venv
+from sglang_helpers import make_engine, require_sglang_venv, revive_spare
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
@@ -104,7 +104,7 @@ def test_free_ports_are_below_the_ephemeral_range_and_never_repeat():
 
 
 @pytest.fixture(scope="module")
-def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def _module_spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One extra server the failover test may kill (the session fleet stays intact). Its log
     dir is given relative to the working directory, as the default `logging.log_dir=runs`
     gives it: the servers' process-group store must still be found (it once waited forever).
@@ -124,6 +124,14 @@ def spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         yield fleet
     finally:
         fleet.stop()
+
+
+@pytest.fixture
+def spare_server(_module_spare_server, tiny_model_dir: Path):
+    """The module's extra server, alive and as new for each test (the failover test kills it,
+    in whatever order the tests run)."""
+    revive_spare(_module_spare_server, tiny_model_dir)
+    return _module_spare_server
 
 
 @pytest.mark.sglang

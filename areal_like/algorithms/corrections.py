@@ -94,6 +94,8 @@ def corrected_weights(prox: torch.Tensor, behav: torch.Tensor, mask: torch.Tenso
     the weight is 0 wherever a token is not kept."""
     m = mask.bool()
     w, kept = behaviour_importance_weights(prox, behav, m, config.behav_imp_weight_cap)
+    if config.correction == "none":  # the default: decoupled PPO's weight as it was
+        return w, kept
     log_w = log_weights(prox, behav, m)
     low, high = correction_bounds(config)
     if config.correction == "tis":

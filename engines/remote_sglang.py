@@ -65,9 +65,12 @@ from engines.sglang_http import RetryableHTTPError as _RetryableHTTPError
 from engines.sglang_membership import FleetMembership
 from engines.sglang_protocol import (
     GenerateReply,
+    ScoreReply,
     SGLangProtocolError,
     generate_payload,
     parse_generate_reply,
+    parse_score_reply,
+    score_payload,
 )
 from engines.sglang_routing import OwnAborts, ServerPool
 from engines.sglang_weight_group import FleetWeightGroup
@@ -83,6 +86,7 @@ KEEPALIVE_S = 4.0
 _GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
 _NOT_INITIALIZED = "RemoteSGLangEngine is not initialized: call initialize() first"
 T = TypeVar("T")
+R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
 
 
 class RemoteSGLangEngine(InferenceEngine):
@@ -291,7 +295,8 @@ class RemoteSGLangEngine(InferenceEngine):
                 min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
                 seed=seed,  # a continuation draws what the uninterrupted request would have
             )
-            addr, reply = await self._post_generate(payload, route_key, seg_rid)
+            addr, reply = await self._post_generate(payload, route_key, seg_rid,
+                                                    parse_generate_reply)
             if ttft is None:
                 ttft = time.monotonic() - start
             tokens += reply.output_ids
@@ -314,9 +319,29 @@ class RemoteSGLangEngine(InferenceEngine):
         )
 
     # ---- retries ------------------------------------------------------------
+    async def ascore(self, input_ids: list[int], start: int, rid: str = "score") -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served
+        weights, computed by a prefill (nothing is sampled): e.g. a teacher scoring the
+        tokens a student sampled. Routed, retried and version-checked like generation."""
+        payload = score_payload(input_ids, start, rid)
+
+        def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
+            return parse_score_reply(data, addr, sent_rid, list(input_ids), start)
+
+        async def score() -> list[float]:
+            claimed = self.servers.claim_rid(rid)
+            try:
+                _, reply = await self._post_generate(payload, rid, claimed, parse)
+            finally:
+                self.servers.release_rid(claimed)
+            return reply.logprobs
+
+        return await self._on_rollout_loop(score())
+
     async def _post_generate(
-        self, payload: dict[str, Any], route_key: str, rid: str
-    ) -> tuple[str, GenerateReply]:
+        self, payload: dict[str, Any], route_key: str, rid: str,
+        parse: Callable[[Any, str, str], R],
+    ) -> tuple[str, R]:
         session = self._require_session()
         timeout = aiohttp.ClientTimeout(total=self.config.request_timeout)
         tried: list[str] = []
@@ -339,7 +364,7 @@ class RemoteSGLangEngine(InferenceEngine):
                             f"HTTP {resp.status}: {(await resp.text())[:500]}"
                         )
                     data = parse_json_reply(await resp.text(), addr, "/generate")
-                    reply = parse_generate_reply(data, addr, payload["rid"])
+                    reply = parse(data, addr, payload["rid"])
                 last_error = self.membership.lost_weights(addr, reply.versions, floor)
                 if last_error is None:
                     return addr, reply

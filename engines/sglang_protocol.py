@@ -125,18 +125,19 @@ def _token_id(value: Any) -> int:
     return value
 
 
-def _logprob_entry(entry: Any, i: int, where: str) -> float:
+def _logprob_entry(entry: Any, i: int, where: str,
+                   field: str = "output_token_logprobs") -> float:
     """The log-probability of entry [logprob, token_id, ...]: a finite number <= 0."""
     if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] = {entry!r}; expected "
+        raise SGLangProtocolError(f"{where}: {field}[{i}] = {entry!r}; expected "
                                   "[logprob, token_id, ...]")
     value = entry[0]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] has log-probability "
-                                  f"{value!r}; expected a number")
+        raise SGLangProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; "
+                                  f"expected a number")
     if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
-        raise SGLangProtocolError(f"{where}: output_token_logprobs[{i}] has log-probability "
-                                  f"{value!r}; a log-probability is finite and <= 0")
+        raise SGLangProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; a "
+                                  f"log-probability is finite and <= 0")
     return float(value)
 
 
@@ -192,3 +193,50 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
         )
     versions = versions_from_spans(meta, len(output_ids), server)
     return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta)
+
+
+def score_payload(input_ids: list[int], start: int, rid: str) -> dict[str, Any]:
+    """A prefill-only `/generate` whose reply holds log p(input_ids[t] | input_ids[:t]) for
+    t >= start - 1 (SGLang reports the first position of the range without a value)."""
+    if not 1 <= start < len(input_ids):
+        raise ValueError(f"score: start={start} must be in [1, {len(input_ids)}) (the tokens "
+                         f"scored need a prefix and must exist)")
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
+        "return_logprob": True,
+        "logprob_start_len": start - 1,
+        "rid": rid,
+        "stream": False,
+    }
+
+
+@dataclass
+class ScoreReply:
+    """One scoring reply, checked: the log-probs of input_ids[start:]."""
+
+    logprobs: list[float]
+    versions: list[int]  # the served version, once per scored token
+
+
+def parse_score_reply(data: Any, server: str, rid: str, input_ids: list[int],
+                      start: int) -> ScoreReply:
+    where = f"server {server}, rid={rid}"
+    meta = data.get("meta_info") if isinstance(data, dict) else None
+    if not isinstance(meta, dict):
+        raise SGLangProtocolError(f"{where}: scoring reply lacks meta_info")
+    entries = meta.get("input_token_logprobs")
+    want = len(input_ids) - start + 1
+    if not isinstance(entries, list) or len(entries) != want:
+        got = len(entries) if isinstance(entries, list) else None
+        raise SGLangProtocolError(
+            f"{where}: meta_info.input_token_logprobs has {got} entries; expected {want} "
+            f"(positions {start - 1}..{len(input_ids) - 1}: was logprob_start_len sent?)")
+    logprobs: list[float] = []
+    for i, entry in enumerate(entries[1:], start=start):
+        logprobs.append(_logprob_entry(entry, i, where, "input_token_logprobs"))
+        if int(entry[1]) != input_ids[i]:
+            raise SGLangProtocolError(f"{where}: input_token_logprobs for position {i} is for "
+                                      f"token {entry[1]}, but input_ids[{i}] = {input_ids[i]}")
+    label = meta.get("weight_version", DEFAULT_WEIGHT_VERSION_LABEL)
+    return ScoreReply(logprobs, [parse_version_label(label, server)] * len(logprobs))

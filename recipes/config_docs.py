@@ -55,6 +55,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("evaluation", "EvaluationConfig"), ("logging", "LoggingConfig"),
     ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
     ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
+    ("teacher", "TeacherConfig (distill recipe)"),
 ]
 
 
@@ -75,7 +76,7 @@ def documented_classes() -> list[type]:
         core.RewardConfig,
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
         recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,
-        recipes.MultiTurnConfig, recipes.AgentConfig,
+        recipes.DistillConfig, recipes.TeacherConfig, recipes.MultiTurnConfig, recipes.AgentConfig,
         recipes.SFTConfig,
     ]
 

@@ -92,6 +92,43 @@ class AgentConfig(GRPOConfig):
 
 
 @dataclass
+class TeacherConfig:
+    """The teacher of on-policy distillation: an SGLang fleet serving a stronger model that
+    shares the student's tokenizer (its log-probs are of the student's own token ids)."""
+
+    model_path: str = ".cache/models/addition-teacher"  # HF folder the launcher serves
+    # a running teacher fleet (host:port); empty: the launcher starts `n_servers` of them
+    server_addrs: list[str] = field(default_factory=list)
+    n_servers: int = 1
+    use_task_reward: bool = True  # the verifier's reward too; false: the teacher's KL alone
+    request_timeout: float = 60.0  # seconds per scoring request; late = a failed sample
+
+    def __post_init__(self) -> None:
+        check("TeacherConfig", "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
+        check("TeacherConfig", "request_timeout", self.request_timeout > 0,
+              self.request_timeout, "> 0")
+        check("TeacherConfig", "model_path", bool(self.model_path or self.server_addrs),
+              self.model_path, "a model folder, or set teacher.server_addrs")
+
+
+@dataclass
+class DistillConfig(GRPOConfig):
+    """On-policy distillation: the student samples, the teacher fleet scores every sampled
+    token, and the teacher is the actor's KL reference: each token is rewarded
+    -algorithm.kl.coef x (log p_student - log p_teacher) (kl.in_reward, k1), with the task's
+    reward when teacher.use_task_reward."""
+
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def __post_init__(self) -> None:
+        BaseExperimentConfig.__post_init__(self)
+        check("DistillConfig", "use_ref_model", not self.use_ref_model, self.use_ref_model,
+              "false: the teacher is the KL reference of distillation")
+        check("DistillConfig", "algorithm.kl.coef", self.algorithm.kl.coef > 0,
+              self.algorithm.kl.coef, "> 0: it weighs the teacher's per-token reward")
+
+
+@dataclass
 class SFTConfig(BaseExperimentConfig):
     """Supervised fine-tuning on (prompt, answer) pairs of a task (`train_dataset.batch_size`
     pairs per step)."""
@@ -100,7 +137,7 @@ class SFTConfig(BaseExperimentConfig):
 SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
            "ppo_prm_schema": PPOPRMConfig,
            "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
-           "sft_schema": SFTConfig}
+           "distill_schema": DistillConfig, "sft_schema": SFTConfig}
 for _name, _cls in SCHEMAS.items():
     register_schema(_name, _cls)
 # a user's YAML anywhere may build on the shipped ones: `defaults: [grpo_addition, _self_]`
@@ -112,6 +149,7 @@ RECIPES: dict[str, tuple[type, str, bool]] = {
     "remax": (GRPOConfig, "remax_addition.yaml", True),
     "ppo": (PPOConfig, "ppo_addition.yaml", True),
     "ppo_prm": (PPOPRMConfig, "ppo_prm_addition.yaml", True),
+    "distill": (DistillConfig, "distill_addition.yaml", True),
     "multi_turn": (MultiTurnConfig, "multi_turn_addition.yaml", True),
     "agent": (AgentConfig, "agent_memory.yaml", True),
     "sft": (SFTConfig, "sft_addition.yaml", False),

@@ -44,6 +44,31 @@ async def test_sampled_logprobs_match_hf_forward(engine, tiny_model_dir):
         _versions_match_server(resp)
 
 
+async def test_given_tokens_are_scored_as_the_hf_forward_and_the_sampler_do(engine,
+                                                                         tiny_model_dir):
+    """`ascore`: log-probs of tokens the server did not sample (a prefill), equal to an HF
+    float64 forward and to what generation reported for the same tokens."""
+    g = GenerationHyperparameters(max_new_tokens=16, temperature=1.0)
+    resps = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=p, gconfig=g))
+                                   for p in PROMPTS))
+    for prompt, resp in zip(PROMPTS, resps, strict=True):
+        ids = prompt + resp.output_tokens
+        got = torch.tensor(await engine.ascore(ids, len(prompt)), dtype=torch.float64)
+        assert got.shape == (len(resp.output_tokens),)
+        ref = hf_logprobs(tiny_model_dir, prompt, resp.output_tokens)
+        torch.testing.assert_close(got, ref, atol=LOGPROB_ATOL, rtol=0)
+        torch.testing.assert_close(got, torch.tensor(resp.output_logprobs, dtype=torch.float64),
+                                   atol=LOGPROB_ATOL, rtol=0)
+    # tokens nobody sampled: a prompt scored from its second token
+    prompt = PROMPTS[1]
+    got = torch.tensor(await engine.ascore(prompt, 1), dtype=torch.float64)
+    torch.testing.assert_close(got, hf_logprobs(tiny_model_dir, prompt[:1], prompt[1:]),
+                               atol=LOGPROB_ATOL, rtol=0)
+    for start in (0, len(prompt)):
+        with pytest.raises(ValueError, match=f"start={start} must be in"):
+            await engine.ascore(prompt, start)
+
+
 async def test_greedy_is_deterministic_and_argmax(engine, tiny_model_dir):
     g = GenerationHyperparameters(max_new_tokens=20, greedy=True)
     # Different rids spread the copies over both servers.

@@ -12,6 +12,8 @@ from engines.sglang_protocol import (
     SGLangProtocolError,
     generate_payload,
     parse_generate_reply,
+    parse_score_reply,
+    score_payload,
     versions_from_spans,
 )
 from engines.sglang_routing import NoServerInServiceError, ServerPool
@@ -65,6 +67,28 @@ def test_bad_replies_name_the_field():
         parse_generate_reply(bad, SERVER)
     with pytest.raises(SGLangProtocolError, match="lacks 'output_ids'"):
         parse_generate_reply({"error": "x"}, SERVER)
+
+
+def test_scoring_asks_for_a_prefill_and_checks_the_positions():
+    ids = [5, 6, 7, 8]
+    p = score_payload(ids, 2, "s-1")
+    assert p["logprob_start_len"] == 1 and p["sampling_params"]["max_new_tokens"] == 0
+    reply = {"meta_info": {"input_token_logprobs": [[None, 6, None], [-0.5, 7, None],
+                                                    [-1.25, 8, None]],
+                           "weight_version": "3"}}
+    got = parse_score_reply(reply, SERVER, "s-1", ids, 2)
+    assert got.logprobs == [-0.5, -1.25] and got.versions == [3, 3]
+    with pytest.raises(SGLangProtocolError, match="has 2 entries; expected 3"):
+        parse_score_reply({"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 7]]}},
+                          SERVER, "s-1", ids, 2)
+    wrong = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 9], [-1.0, 8]]}}
+    with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 9, but "
+                                                  r"input_ids\[2\] = 7"):
+        parse_score_reply(wrong, SERVER, "s-1", ids, 2)
+    positive = {"meta_info": {"input_token_logprobs": [[None, 6], [0.5, 7], [-1.0, 8]]}}
+    with pytest.raises(SGLangProtocolError, match=r"input_token_logprobs\[2\] has "
+                                                  r"log-probability 0.5"):
+        parse_score_reply(positive, SERVER, "s-1", ids, 2)
 
 
 def test_payload_is_token_in_with_logprobs():

@@ -20,6 +20,8 @@ In Python:
     ppo           gae           ppo          token-mean           with CriticActor values
     cispo         grpo          cispo        token-mean           upper clip only (eps_h 0.28)
     cpgd          cpgd          cpgd         token-mean           policy-drift coef 0.1
+    distill       grpo          ppo          seq-mean-token-mean  the teacher as KL reference:
+                                                                  kl.coef 0.5, in_reward, k1
 
 `reinforce_pp` sets kl.coef=0.01 with kl.in_reward: give PPOActor a reference engine, or
 override kl.coef=0. `dr_grpo` needs loss.agg_constant and `dapo` shaping.max_response_tokens
@@ -62,6 +64,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                        "eps_clip_high": 0.28}},
     "cpgd": {"adv": {"estimator": "cpgd"},
              "loss": {"policy": "cpgd", "agg_mode": "token-mean", "cpgd_drift_coef": 0.1}},
+    "distill": {"adv": {"estimator": "grpo"},
+                "loss": {"policy": "ppo", "agg_mode": "seq-mean-token-mean"},
+                "kl": {"coef": 0.5, "in_reward": True, "estimator": "k1"}},
 }
 
 

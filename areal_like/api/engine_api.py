@@ -108,6 +108,11 @@ class InferenceEngine(FleetClient):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
 
+    async def ascore(self, input_ids: list[int], start: int, rid: str = "score") -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served
+        weights, nothing sampled (e.g. a teacher scoring the tokens a student sampled)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
+
     def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:
         """Call `on_failure(error)` once the engine has lost its whole fleet (no server left
         in service): the rollout controller then fails its waits with that error. An engine

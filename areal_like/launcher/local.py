@@ -139,6 +139,30 @@ def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
     return dataclasses.replace(server, cpus=server_cpus), set(trainer_cpus)
 
 
+def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
+                         overrides: list[str]) -> Any:
+    """Serve `teacher.model_path` on `teacher.n_servers` servers of the student's server
+    settings; the recipe gets their addresses as `teacher.server_addrs`."""
+    from engines.sglang_server import SGLangFleet, SGLangServerError
+
+    teacher = config.teacher
+    if not Path(teacher.model_path, "config.json").is_file():
+        raise LaunchError(f"teacher.model_path={teacher.model_path!r} is not a model folder "
+                          f"(no config.json); docs/algorithms.md says how to make the teacher")
+    CONSOLE.line(f"[launcher] starting {teacher.n_servers} teacher server(s) on "
+                 f"{teacher.model_path}")
+    fleet = SGLangFleet(teacher.model_path,
+                        dataclasses.replace(server_config, n_servers=teacher.n_servers),
+                        api_key=config.rollout.api_key, log_dir=log_dir / "teacher_servers")
+    try:
+        fleet.start()
+    except SGLangServerError as e:
+        raise LaunchError(f"teacher fleet: {e}") from e
+    CONSOLE.line(f"[launcher] teacher servers ready: {fleet.addresses}")
+    overrides.append(f"teacher.server_addrs=[{','.join(fleet.addresses)}]")
+    return fleet
+
+
 def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int:
     """Run a recipe or a training script with its fleet; returns the trainer's exit code."""
     target = resolve_target(target_name, argv)  # fails fast on a typo
@@ -149,7 +173,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
     log_dir = run_dir(config.logging)
     n_gpus = _gpu_count() if config.server.device == "cuda" else 0
 
-    fleet = None
+    fleet = teacher_fleet = None
     stop_follow, mute = threading.Event(), threading.Event()
     last_lines: list[str] = []
     trainer: Optional[subprocess.Popen[bytes]] = None
@@ -170,6 +194,10 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
             if not quiet_servers:
                 for i, path in enumerate(fleet.log_paths):
                     _follow(f"server {i}", path, stop_follow)
+
+        teacher = getattr(config, "teacher", None)  # on-policy distillation's second fleet
+        if needs_fleet and teacher is not None and not teacher.server_addrs:
+            teacher_fleet = _start_teacher_fleet(config, server_config, log_dir, overrides)
 
         env = dict(os.environ, OMP_NUM_THREADS=str(config.launcher.threads_per_trainer),
                    TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
@@ -230,8 +258,9 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
                 trainer.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(trainer.pid, signal.SIGKILL)
-        if fleet is not None:
-            fleet.stop()
+        for started in (fleet, teacher_fleet):
+            if started is not None:
+                started.stop()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

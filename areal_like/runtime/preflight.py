@@ -51,7 +51,9 @@ def check_recipe_config(config: Any) -> None:
                                 ("loss.policy", algorithm.loss.policy, POLICY_LOSSES)):
         _check_registered(f"algorithm.{key}", name, registry.names())
     try:
-        check_actor_config(algorithm, has_ref=bool(getattr(config, "use_ref_model", False)))
+        # a reference model, or a distillation teacher in its place
+        has_ref = bool(getattr(config, "use_ref_model", False)) or hasattr(config, "teacher")
+        check_actor_config(algorithm, has_ref=has_ref)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

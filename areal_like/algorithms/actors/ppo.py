@@ -84,12 +84,14 @@ class PPOActor:
 
     def __init__(self, engine: TrainEngine, config: AlgorithmConfig,
                  ref: Optional[TrainEngine] = None, tracker: Any = None,
-                 scope: str = "actor") -> None:
+                 scope: str = "actor", ref_in_batch: bool = False) -> None:
+        """`ref_in_batch`: every batch brings its reference log-probs as `ref_logp` (e.g. a
+        distillation teacher's, fetched during rollout) instead of a reference engine."""
         self.engine, self.config, self.ref = engine, config, ref
         self.tracker = default_tracker(tracker)
         self.scope = scope
         # a typo or a refused combination fails at construction, naming the choices
-        check_actor_config(config, has_ref=ref is not None)
+        check_actor_config(config, has_ref=ref is not None or ref_in_batch)
         self.estimator = get_advantage_estimator(config.adv.estimator)
         self.traits = estimator_traits(config.adv.estimator)
         self.running = (RunningMoments(config.norm.running_decay)

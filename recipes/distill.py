@@ -1,0 +1,65 @@
+"""On-policy distillation: the student (the policy) samples on its fleet, a teacher fleet
+scores every sampled token, and the per-token reverse KL is the reward (plus the task's).
+
+    python -m areal_like.launcher.local distill [key=value ...]   # starts both fleets
+    torchrun -m recipes.distill rollout.server_addrs=[...] teacher.server_addrs=[...] ...
+
+Teacher and student share the tokenizer. The teacher takes the place of the KL reference:
+with the `distill` preset (GRPO on the task reward, kl.in_reward with the k1 estimator) every
+token t gets A_t = A_task - kl.coef * sum_{t' >= t} (log p_student - log p_teacher)_t', the
+per-token reward -(log p_student - log p_teacher) as a return, beside the task's advantage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from tensordict import TensorDict
+
+from areal_like.algorithms import PPOActor
+from areal_like.algorithms.functional import shift_to_next_token
+from areal_like.api.config import RolloutConfig
+from areal_like.runtime.recipe_args import parse_recipe_args
+from areal_like.runtime.rl_setup import RLSetup
+from engines.remote_sglang import RemoteSGLangEngine
+from recipes.configs import DistillConfig
+from workflows.distill import DistillWorkflow, TeacherScorer
+
+
+def connect_teacher(config: RolloutConfig) -> RemoteSGLangEngine:
+    """A started client of the teacher fleet (its weights never change: version 0)."""
+    engine = RemoteSGLangEngine(config)
+    engine.initialize()
+    return engine
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_recipe_args(DistillConfig, "distill_addition.yaml", argv)
+    if not config.teacher.server_addrs:
+        raise SystemExit("distill: teacher.server_addrs is empty: run through the local "
+                         "launcher (it serves teacher.model_path), or serve the teacher "
+                         "(python -m engines.sglang_serve --model-path DIR) and pass its "
+                         "addresses")
+    teacher_client = dataclasses.replace(
+        config.rollout, server_addrs=config.teacher.server_addrs,
+        request_timeout=config.teacher.request_timeout, weight_transport="disk")
+    rl = RLSetup(config)
+    actor = PPOActor(rl.actor_engine, config.algorithm, ref_in_batch=True)  # the teacher
+    teacher = (TeacherScorer(functools.partial(connect_teacher, teacher_client),
+                             config.teacher.request_timeout) if rl.run.is_main else None)
+    workflow = DistillWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, teacher,
+                               config.teacher.use_task_reward)
+
+    def train_step(batch: TensorDict) -> dict[str, float]:
+        # the teacher is the KL reference: log-probs of each next token, as compute_logp's
+        batch["ref_logp"] = shift_to_next_token(batch["teacher_logprobs"])
+        batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
+        batch = actor.compute_advantages(batch)  # task advantage - KL-to-teacher return
+        return actor.update(batch)
+
+    rl.train(workflow, train_step)
+
+
+if __name__ == "__main__":
+    main()

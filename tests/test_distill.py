@@ -1,0 +1,169 @@
+"""On-policy distillation against real SGLang servers: the student samples on one server, the
+teacher (another server serving other weights) scores every sampled token; the dense rewards
+are checked against a float64 HF forward of the teacher's weights. A dead teacher fails its
+samples under the reward rules (excluded, counted, budgeted), never as a 0.0 reward."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SGLANG_TEST_API_KEY
+from reward_fns import starts_with_any
+from sglang_helpers import (
+    LOGPROB_ATOL,
+    fleet_version,
+    hf_logprobs,
+    make_engine,
+    perturbed_copy,
+    restore_session_fleet,
+)
+from test_train_inference_gap import _load_on
+
+from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.reward_config import RewardConfig
+from areal_like.rewards.failures import GroupRewardFailure, RewardBudgetExceeded
+from areal_like.rewards.reward_executor import RewardExecutor
+from recipes.configs import DistillConfig, TeacherConfig
+from workflows.distill import DistillWorkflow, TeacherScorer
+
+DATA = {"messages": [{"role": "user", "content": "what is 3 + 4"}], "allowed": "0123456789",
+        "id": "q1"}
+
+
+def _workflow(model_dir: Path, teacher: TeacherScorer, executor: RewardExecutor,
+              n: int = 3) -> DistillWorkflow:
+    g = GenerationHyperparameters(max_new_tokens=10, temperature=1.0, n_samples=n)
+    return DistillWorkflow(starts_with_any, g, str(model_dir), teacher,
+                           reward_executor=executor)
+
+
+@pytest.mark.sglang
+async def test_teacher_log_probs_become_dense_rewards(sglang_fleet, tiny_model_dir, tmp_path):
+    student_addr, teacher_addr = sglang_fleet.addresses
+    version = fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
+    teacher_dir = perturbed_copy(tiny_model_dir, tmp_path / "teacher", seed=5, scale=0.1)
+    student = make_engine([student_addr], SGLANG_TEST_API_KEY)
+    student.set_version(version)
+    executor = RewardExecutor(RewardConfig(use_processes=False))
+    scorer = TeacherScorer(functools.partial(make_engine, [teacher_addr], SGLANG_TEST_API_KEY),
+                           timeout=60)
+    try:
+        _load_on(teacher_addr, teacher_dir, version)
+        group = await _workflow(tiny_model_dir, scorer, executor).arun_episode(student, DATA)
+    finally:
+        scorer.close()
+        student.destroy()
+        executor.shutdown()
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+    assert group.shape[0] == 3 and group["teacher_logprobs"].shape == group["input_ids"].shape
+    kls = []
+    for row in range(3):
+        mask = group["loss_mask"][row].bool()
+        ids = group["input_ids"][row][group["attention_mask"][row].bool()].tolist()
+        start = int(mask.nonzero()[0])
+        prompt, output = ids[:start], ids[start:]
+        teacher = hf_logprobs(teacher_dir, prompt, output)  # independent float64 forward
+        torch.testing.assert_close(group["teacher_logprobs"][row][mask].double(), teacher,
+                                   atol=LOGPROB_ATOL, rtol=0)
+        assert (group["teacher_logprobs"][row][~mask] == 0).all()  # nothing on the prompt
+        completion = _completion_text(tiny_model_dir, output)
+        assert float(group["rewards"][row]) == starts_with_any("", completion,
+                                                               allowed=DATA["allowed"])
+        kls.append(float((group["logprobs"][row][mask].double() - teacher).mean()))
+    # other weights: the teacher's log-probs are not the student's own
+    assert max(abs(k) for k in kls) > 0.05
+    assert executor.n_calls == 3 + 3  # the verifier's and the teacher's calls, all counted
+
+
+def test_the_teacher_is_the_kl_reference_of_the_update():
+    """What the recipe gives the actor: per-token reward -coef x (log p_old - log p_teacher)
+    as a return, beside GRPO's task advantage (float64 reference written here)."""
+    from tensordict import TensorDict
+
+    from areal_like.algorithms import PPOActor
+    from areal_like.algorithms.functional import shift_to_next_token
+    from areal_like.api.algorithm_presets import algorithm_preset
+    from areal_like.utils.stats_tracker import StatsTracker
+
+    gen = torch.Generator().manual_seed(0)
+    b, length, prompt = 4, 9, 3
+    loss_mask = torch.zeros(b, length, dtype=torch.bool)
+    loss_mask[:, prompt:] = True
+    loss_mask[1, 7:] = False  # a shorter completion (padding after it)
+    attn = loss_mask.clone()
+    attn[:, :prompt] = True
+    behav = torch.where(loss_mask, -torch.rand(b, length, generator=gen), 0.0)
+    teacher = torch.where(loss_mask, -torch.rand(b, length, generator=gen), 0.0)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    batch = TensorDict({"input_ids": torch.randint(3, 50, (b, length), generator=gen),
+                        "attention_mask": attn, "loss_mask": loss_mask, "logprobs": behav,
+                        "versions": torch.zeros(b, length, dtype=torch.long),
+                        "rewards": rewards, "group_id": torch.zeros(b, dtype=torch.long),
+                        "teacher_logprobs": teacher}, batch_size=[b])
+    batch["ref_logp"] = shift_to_next_token(batch["teacher_logprobs"])
+    coef = 0.5
+    config = algorithm_preset("distill", group_size=4, kl={"coef": coef},
+                              off_policy={"decoupled": False, "recompute_logprob": False})
+    out = PPOActor(_NoEngine(), config, ref_in_batch=True,
+                   tracker=StatsTracker()).compute_advantages(batch)
+
+    r = rewards.double()
+    task = (r - r.mean()) / (r.std(unbiased=False) + config.norm.eps)
+    mask = shift_to_next_token(loss_mask).bool()
+    kl = torch.where(mask, shift_to_next_token(behav).double()
+                     - shift_to_next_token(teacher).double(), 0.0)
+    to_go = kl.flip(-1).cumsum(-1).flip(-1)  # sum over t' >= t
+    expected = torch.where(mask, task[:, None] - coef * to_go, 0.0)
+    torch.testing.assert_close(out["advantages"].double(), expected, atol=1e-6, rtol=0)
+
+
+class _NoEngine:
+    """The advantages need no forward (old log-probs = the behaviour's)."""
+
+    def get_version(self) -> int:
+        return 0
+
+
+def _completion_text(model_dir: Path, output: list[int]) -> str:
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir).decode(output, skip_special_tokens=True)
+
+
+@pytest.mark.sglang
+async def test_a_dead_teacher_fails_samples_under_the_reward_rules(sglang_fleet, tiny_model_dir):
+    student = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY)
+    student.set_version(fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY))
+    executor = RewardExecutor(RewardConfig(use_processes=False, max_failure_rate=0.5,
+                                           failure_window=8))
+    # nothing listens there: starting its client fails within setup_timeout
+    dead = functools.partial(make_engine, ["127.0.0.1:9"], SGLANG_TEST_API_KEY, setup_timeout=1.0)
+    workflow = _workflow(tiny_model_dir, TeacherScorer(dead, timeout=30), executor, n=2)
+    try:
+        with pytest.raises(GroupRewardFailure) as info:
+            await workflow.arun_episode(student, DATA)
+        assert info.value.survivors is None  # no sample got a reward
+        assert [f.fn_name for f in info.value.failures] == ["teacher", "teacher"]
+        assert "127.0.0.1:9" in str(info.value.failures[0])
+        assert executor.failures["raised"] == 2
+        with pytest.raises(RewardBudgetExceeded, match="reward function teacher failed"):
+            for _ in range(4):  # 0.5 x 8 = 4 failures allowed; the fifth stops the run
+                with pytest.raises(GroupRewardFailure):
+                    await workflow.arun_episode(student, DATA)
+    finally:
+        student.destroy()
+        executor.shutdown()
+
+
+def test_teacher_config_names_bad_values():
+    for kwargs, key in (({"n_servers": 0}, "n_servers"), ({"model_path": ""}, "model_path"),
+                        ({"request_timeout": 0.0}, "request_timeout")):
+        with pytest.raises(ValueError, match=f"TeacherConfig.{key}="):
+            TeacherConfig(**kwargs)
+    with pytest.raises(ValueError, match="DistillConfig.algorithm.kl.coef=0.0 is invalid"):
+        DistillConfig()  # no KL weight: the teacher would be ignored
+    with pytest.raises(ValueError, match="DistillConfig.use_ref_model=True"):
+        DistillConfig(use_ref_model=True)

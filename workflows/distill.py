@@ -1,0 +1,125 @@
+"""On-policy distillation's rollout: the student samples, a teacher scores every sampled token.
+
+Each row carries the teacher's log-probs of the completion's own token ids,
+`teacher_logprobs` [1, L] (token alignment like `logprobs`: 0 on prompt tokens), fetched from
+the teacher fleet with one prefill per completion (`InferenceEngine.ascore`), never from
+text; `rewards` is the task verifier's outcome reward (0.0 for every row when
+`use_task_reward` is off). The trainer turns the log-probs into the per-token reward
+-(log p_student - log p_teacher): the teacher is the actor's KL reference (recipes/distill.py).
+Metric: `distill/reverse_kl`, the sampled per-token reverse KL (sampler's log-prob minus the
+teacher's), mean over completions.
+
+The teacher follows the reward rules: a scoring call that fails or times out makes that
+sample a `RewardFailure` named "teacher" (excluded, counted under `reward/teacher/...`, and
+past `reward.max_failure_rate` the run stops); it is never scored 0.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+from tensordict import TensorDict
+from transformers import PreTrainedTokenizerBase
+
+from areal_like.api import GenerationHyperparameters, InferenceEngine, ModelResponse
+from areal_like.rewards.failures import RewardFailure, reward_results
+from areal_like.rewards.reward_executor import RewardExecutor
+from areal_like.utils import stats_tracker
+from areal_like.utils.chat import decode_text
+from workflows.common import stable_id
+from workflows.rlvr import RLVRWorkflow
+
+TEACHER = "teacher"  # the reward name its calls are counted and budgeted under
+
+
+class TeacherScorer:
+    """The teacher fleet's client, started on first use where episodes run (the rollout
+    process): `connect()` returns a started `InferenceEngine`. Pickles as its recipe."""
+
+    def __init__(self, connect: Callable[[], InferenceEngine], timeout: float) -> None:
+        self.connect, self.timeout = connect, timeout
+        self._engine: Optional[InferenceEngine] = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"connect": self.connect, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.connect, self.timeout = state["connect"], state["timeout"]
+        self._engine, self._lock = None, threading.Lock()
+
+    def _started(self) -> InferenceEngine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = self.connect()
+            return self._engine
+
+    async def logprobs(self, input_ids: list[int], start: int) -> list[float]:
+        """The teacher's log p(input_ids[t] | input_ids[:t]) for t >= start."""
+        engine = await asyncio.to_thread(self._started)  # its health check must not block
+        return await asyncio.wait_for(engine.ascore(input_ids, start), self.timeout)
+
+    def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.destroy()
+
+
+class DistillWorkflow(RLVRWorkflow):
+    """One prompt in, `gconfig.n_samples` rows with the teacher's log-probs out (see the
+    module doc). `teacher` may be None only where no episode runs (other trainer ranks)."""
+
+    def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
+                 tokenizer: PreTrainedTokenizerBase | str, teacher: Optional[TeacherScorer],
+                 use_task_reward: bool = True,
+                 reward_executor: Optional[RewardExecutor] = None) -> None:
+        super().__init__(reward_fn, gconfig, tokenizer, reward_executor)
+        self.teacher, self.use_task_reward = teacher, use_task_reward
+
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
+        input_ids = self.prompt_ids(data)
+        prompt = decode_text(self.tokenizer, input_ids)
+        responses = await self.sample_group(engine, input_ids)
+        teacher = reward_results(await asyncio.gather(
+            *[self.teacher_logprobs(r) for r in responses], return_exceptions=True))
+        rewards: list[float | RewardFailure] = [0.0] * len(responses)
+        if self.use_task_reward:
+            rewards = await self.score(prompt, responses, data)
+        for resp, lps in zip(responses, teacher, strict=True):
+            if not isinstance(lps, RewardFailure) and lps:
+                kl = sum(s - t for t, s in zip(lps, resp.output_logprobs, strict=True))
+                stats_tracker.scalar(**{"distill/reverse_kl": kl / len(lps)})
+        # a sample is scored when both its task reward and its teacher log-probs are
+        merged = [t if isinstance(t, RewardFailure) else r for r, t in zip(rewards, teacher,
+                                                                          strict=True)]
+        pad = [0.0] * len(input_ids)
+        extra = [torch.tensor(pad + t, dtype=torch.float32) if isinstance(t, list) else None
+                 for t in teacher]
+        return self.group_trajectory(input_ids, responses, merged,
+                                     stable_id(data.get("id", prompt)), teacher_logprobs=extra)
+
+    async def teacher_logprobs(self, resp: ModelResponse) -> list[float]:
+        """The teacher's log-probs of the completion's tokens; a failure is the sample's
+        `RewardFailure`, counted (a spent budget raises)."""
+        if self.teacher is None:
+            raise RuntimeError("DistillWorkflow was built without a teacher (teacher=None); "
+                               "pass a TeacherScorer where episodes run")
+        executor = self.reward_executor
+        try:
+            lps = await self.teacher.logprobs(resp.input_tokens + resp.output_tokens,
+                                              len(resp.input_tokens))
+            if len(lps) != resp.output_len:
+                raise ValueError(f"{len(lps)} log-probs for {resp.output_len} tokens")
+        except (asyncio.TimeoutError, TimeoutError):
+            failure = RewardFailure(TEACHER, "timeout", f"no log-probs within "
+                                    f"{self.teacher.timeout} s (teacher.request_timeout)")
+        except Exception as e:  # noqa: BLE001 - any teacher error fails this sample only
+            failure = RewardFailure(TEACHER, "raised", f"{type(e).__name__}: {e}")
+        else:
+            executor.record(TEACHER, None)
+            return lps
+        executor.record(TEACHER, failure)  # raises RewardBudgetExceeded past the budget
+        raise failure

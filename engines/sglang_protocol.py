@@ -233,9 +233,15 @@ def parse_score_reply(data: Any, server: str, rid: str, input_ids: list[int],
             f"{where}: meta_info.input_token_logprobs has {got} entries; expected {want} "
             f"(positions {start - 1}..{len(input_ids) - 1}: was logprob_start_len sent?)")
     logprobs: list[float] = []
+    # SGLang (0.5.23, `_process_input_token_logprobs`) reports the vocabulary's last id,
+    # vocab_size - 1, as 0 (its clipping of image-hash ids compares with vocab_size - 1); the
+    # log-prob is right. So 0 stands for a sent id only if that id can be the last one: the
+    # largest this request holds.
+    top = max(input_ids)
     for i, entry in enumerate(entries[1:], start=start):
         logprobs.append(_logprob_entry(entry, i, where, "input_token_logprobs"))
-        if int(entry[1]) != input_ids[i]:
+        reported = int(entry[1])
+        if reported != input_ids[i] and not (reported == 0 and input_ids[i] == top):
             raise SGLangProtocolError(f"{where}: input_token_logprobs for position {i} is for "
                                       f"token {entry[1]}, but input_ids[{i}] = {input_ids[i]}")
     label = meta.get("weight_version", DEFAULT_WEIGHT_VERSION_LABEL)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import LOGPROB_ATOL, eos_token_id, hf_logprobs, make_engine
+from transformers import AutoConfig
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from engines.remote_sglang import RemoteSGLangError
@@ -63,6 +64,12 @@ async def test_given_tokens_are_scored_as_the_hf_forward_and_the_sampler_do(engi
     prompt = PROMPTS[1]
     got = torch.tensor(await engine.ascore(prompt, 1), dtype=torch.float64)
     torch.testing.assert_close(got, hf_logprobs(tiny_model_dir, prompt[:1], prompt[1:]),
+                               atol=LOGPROB_ATOL, rtol=0)
+    # the vocabulary's last id, which SGLang reports as token 0 (engines/sglang_protocol.py)
+    last = AutoConfig.from_pretrained(tiny_model_dir).vocab_size - 1
+    ids = [11, last, 7, last, last]
+    got = torch.tensor(await engine.ascore(ids, 1), dtype=torch.float64)
+    torch.testing.assert_close(got, hf_logprobs(tiny_model_dir, ids[:1], ids[1:]),
                                atol=LOGPROB_ATOL, rtol=0)
     for start in (0, len(prompt)):
         with pytest.raises(ValueError, match=f"start={start} must be in"):

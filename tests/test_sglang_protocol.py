@@ -89,6 +89,12 @@ def test_scoring_asks_for_a_prefill_and_checks_the_positions():
     with pytest.raises(SGLangProtocolError, match=r"input_token_logprobs\[2\] has "
                                                   r"log-probability 0.5"):
         parse_score_reply(positive, SERVER, "s-1", ids, 2)
+    # SGLang reports the vocabulary's last id as 0: accepted only for the request's top id
+    clipped = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 0], [-1.0, 8]]}}
+    top = [5, 6, 511, 8]
+    assert parse_score_reply(clipped, SERVER, "s-1", top, 2).logprobs == [-0.5, -1.0]
+    with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 0"):
+        parse_score_reply(clipped, SERVER, "s-1", ids, 2)  # 7 is not the top id: a real error
 
 
 def test_payload_is_token_in_with_logprobs():

@@ -19,8 +19,13 @@ import sys
 from pathlib import Path
 
 
-def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path) -> Path:
+def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path,
+        reuse: bool = False) -> Path:
     name = f"{recipe}_seed{seed}"
+    metrics = log_dir / name / "trial0" / "metrics.jsonl"
+    if reuse and metrics.exists() and steps in curve(metrics):
+        print(f"reusing {metrics}", flush=True)
+        return metrics
     cmd = [sys.executable, "-m", "areal_like.launcher.local", recipe, f"seed={seed}",
            f"total_train_steps={steps}", f"evaluation.freq_steps={eval_every}",
            f"logging.log_dir={log_dir}", f"logging.experiment_name={name}",
@@ -28,7 +33,7 @@ def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path) -> P
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    return log_dir / name / "trial0" / "metrics.jsonl"
+    return metrics
 
 
 def curve(metrics: Path) -> dict[int, tuple[float, float]]:
@@ -50,14 +55,24 @@ def at_time(points: dict[int, tuple[float, float]], t: float) -> float:
     return best[-1] if best else float("nan")
 
 
+def time_to(points: dict[int, tuple[float, float]], level: float) -> str:
+    """Wall time (s) and version at which held-out accuracy first reached `level`."""
+    for k, (when, acc) in points.items():
+        if acc >= level:
+            return f"{when:.0f} s (v{k})"
+    return "not reached"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--log-dir", type=Path, default=Path("runs/distill_vs_grpo"))
+    parser.add_argument("--reuse", action="store_true", help="keep finished runs in --log-dir")
     args = parser.parse_args()
-    curves = {(recipe, seed): curve(run(recipe, seed, args.steps, args.eval_every, args.log_dir))
+    curves = {(recipe, seed): curve(run(recipe, seed, args.steps, args.eval_every, args.log_dir,
+                                        args.reuse))
               for seed in args.seeds for recipe in ("grpo", "distill")}
     print("\n| seed | version | GRPO: accuracy (s) | distill: accuracy (s) |")
     print("|---|---|---|---|")
@@ -75,6 +90,11 @@ def main() -> None:
             t = end * frac
             g, d = at_time(grpo, t), at_time(distill, t)
             print(f"| {seed} | {t:.0f} | {g:.3f} | {d:.3f} | {d - g:+.3f} |")
+    print("\n| seed | reached | GRPO | distill |\n|---|---|---|---|")
+    for seed in args.seeds:
+        for level in (0.9, 0.95, 0.98):
+            print(f"| {seed} | {level} | {time_to(curves[('grpo', seed)], level)} | "
+                  f"{time_to(curves[('distill', seed)], level)} |")
 
 
 if __name__ == "__main__":

@@ -323,12 +323,18 @@ class RemoteSGLangEngine(InferenceEngine):
         """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served
         weights, computed by a prefill (nothing is sampled): e.g. a teacher scoring the
         tokens a student sampled. Routed, retried and version-checked like generation."""
-        payload = score_payload(input_ids, start, rid)
+        return (await self.ascore_batch([input_ids], [start], rid))[0]
+
+    async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
+                           rid: str = "score") -> list[list[float]]:
+        """`ascore` of several sequences in one request (one prefill batch on one server)."""
+        payload = score_payload(sequences, starts, rid)
+        copies = [list(ids) for ids in sequences]
 
         def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
-            return parse_score_reply(data, addr, sent_rid, list(input_ids), start)
+            return parse_score_reply(data, addr, sent_rid, copies, list(starts))
 
-        async def score() -> list[float]:
+        async def score() -> list[list[float]]:
             claimed = self.servers.claim_rid(rid)
             try:
                 _, reply = await self._post_generate(payload, rid, claimed, parse)

@@ -195,17 +195,22 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta)
 
 
-def score_payload(input_ids: list[int], start: int, rid: str) -> dict[str, Any]:
-    """A prefill-only `/generate` whose reply holds log p(input_ids[t] | input_ids[:t]) for
-    t >= start - 1 (SGLang reports the first position of the range without a value)."""
-    if not 1 <= start < len(input_ids):
-        raise ValueError(f"score: start={start} must be in [1, {len(input_ids)}) (the tokens "
-                         f"scored need a prefix and must exist)")
+def score_payload(sequences: list[list[int]], starts: list[int], rid: str) -> dict[str, Any]:
+    """One prefill-only `/generate` for a batch of sequences: the reply holds, per sequence,
+    log p(ids[t] | ids[:t]) for t >= start - 1 (SGLang reports the first position of the
+    range without a value). SGLang names the batch's requests `<rid>_<i>`."""
+    if len(sequences) != len(starts) or not sequences:
+        raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
+                         f"expected as many, at least one")
+    for ids, start in zip(sequences, starts, strict=True):
+        if not 1 <= start < len(ids):
+            raise ValueError(f"score: start={start} must be in [1, {len(ids)}) (the tokens "
+                             f"scored need a prefix and must exist)")
     return {
-        "input_ids": list(input_ids),
+        "input_ids": [list(ids) for ids in sequences],
         "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
         "return_logprob": True,
-        "logprob_start_len": start - 1,
+        "logprob_start_len": [start - 1 for start in starts],
         "rid": rid,
         "stream": False,
     }
@@ -213,14 +218,30 @@ def score_payload(input_ids: list[int], start: int, rid: str) -> dict[str, Any]:
 
 @dataclass
 class ScoreReply:
-    """One scoring reply, checked: the log-probs of input_ids[start:]."""
+    """One scoring reply, checked: per sequence, the log-probs of ids[start:]."""
 
-    logprobs: list[float]
+    logprobs: list[list[float]]
     versions: list[int]  # the served version, once per scored token
 
 
-def parse_score_reply(data: Any, server: str, rid: str, input_ids: list[int],
-                      start: int) -> ScoreReply:
+def parse_score_reply(data: Any, server: str, rid: str, sequences: list[list[int]],
+                      starts: list[int]) -> ScoreReply:
+    """The batch reply of `score_payload` (a list, one entry per sequence), checked."""
+    if not isinstance(data, list) or len(data) != len(sequences):
+        got = len(data) if isinstance(data, list) else type(data).__name__
+        raise SGLangProtocolError(f"server {server}, rid={rid}: scoring reply has {got} "
+                                  f"entries; expected a list of {len(sequences)}")
+    logprobs: list[list[float]] = []
+    versions: list[int] = []
+    for i, (item, ids, start) in enumerate(zip(data, sequences, starts, strict=True)):
+        lps, label = _parse_one_score(item, server, f"{rid}_{i}", ids, start)
+        logprobs.append(lps)
+        versions += [label] * len(lps)
+    return ScoreReply(logprobs, versions)
+
+
+def _parse_one_score(data: Any, server: str, rid: str, input_ids: list[int],
+                     start: int) -> tuple[list[float], int]:
     where = f"server {server}, rid={rid}"
     meta = data.get("meta_info") if isinstance(data, dict) else None
     if not isinstance(meta, dict):
@@ -245,4 +266,4 @@ def parse_score_reply(data: Any, server: str, rid: str, input_ids: list[int],
             raise SGLangProtocolError(f"{where}: input_token_logprobs for position {i} is for "
                                       f"token {entry[1]}, but input_ids[{i}] = {input_ids[i]}")
     label = meta.get("weight_version", DEFAULT_WEIGHT_VERSION_LABEL)
-    return ScoreReply(logprobs, [parse_version_label(label, server)] * len(logprobs))
+    return logprobs, parse_version_label(label, server)

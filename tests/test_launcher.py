@@ -230,3 +230,13 @@ def test_ray_disk_weights_need_the_servers_beside_rank_0_or_a_shared_dir(transpo
             job._check_weight_path(members[:2], members[2])
     else:
         job._check_weight_path(members[:2], members[2])
+
+
+def test_a_missing_teacher_stops_the_launch_before_any_server_starts(tmp_path, tiny_model_dir):
+    proc = _launch(["distill", f"model.path={tiny_model_dir}",
+                    f"teacher.model_path={tmp_path / 'no_teacher'}",
+                    f"logging.log_dir={tmp_path / 'runs'}"])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out[-2000:]
+    assert f"teacher.model_path='{tmp_path / 'no_teacher'}' is not a model folder" in out
+    assert "starting" not in out  # no server was started

@@ -54,8 +54,11 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2", "train_dat
     ("multi_turn", ["max_turns=2"]),
     ("agent", ["gconfig.max_new_tokens=8", "gconfig.n_samples=2", "train_dataset.size=20",
                "valid_dataset.size=2", "evaluation.n_prompts=2"]),
+    ("distill", ["gconfig.n_samples=2"]),  # the session fleet is the teacher too
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
+    if recipe == "distill":
+        extra = [*extra, f"teacher.server_addrs=[{','.join(sglang_fleet.addresses)}]"]
     records = _run_recipe(recipe, sglang_fleet, tiny_model_dir, tmp_path, *SMALL, *extra)
     steps = [r["step"] for r in records]
     assert steps == [0, 1, 2]
@@ -66,6 +69,9 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert last["weight_sync/export_s"] > 0
     if recipe == "ppo":
         assert "critic/loss" in last
+    if recipe == "distill":  # the teacher's log-probs reached the update as its KL reference
+        assert last["actor/kl_coef"] == 0.5 and "actor/kl_ref/avg" in last
+        assert any("distill/reverse_kl" in r for r in records)  # logged by the rollout side
     if recipe == "agent":  # Mem-alpha's statistics, per step and at evaluation
         for key in ("accuracy", "tool_success", "compression", "content_quality",
                     "mean_reward"):

@@ -71,30 +71,39 @@ def test_bad_replies_name_the_field():
 
 def test_scoring_asks_for_a_prefill_and_checks_the_positions():
     ids = [5, 6, 7, 8]
-    p = score_payload(ids, 2, "s-1")
-    assert p["logprob_start_len"] == 1 and p["sampling_params"]["max_new_tokens"] == 0
-    reply = {"meta_info": {"input_token_logprobs": [[None, 6, None], [-0.5, 7, None],
-                                                    [-1.25, 8, None]],
-                           "weight_version": "3"}}
-    got = parse_score_reply(reply, SERVER, "s-1", ids, 2)
-    assert got.logprobs == [-0.5, -1.25] and got.versions == [3, 3]
-    with pytest.raises(SGLangProtocolError, match="has 2 entries; expected 3"):
-        parse_score_reply({"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 7]]}},
-                          SERVER, "s-1", ids, 2)
+    p = score_payload([ids, [9, 10]], [2, 1], "s-1")
+    assert p["input_ids"] == [ids, [9, 10]] and p["logprob_start_len"] == [1, 0]
+    assert p["sampling_params"]["max_new_tokens"] == 0 and p["rid"] == "s-1"
+    first = {"meta_info": {"input_token_logprobs": [[None, 6, None], [-0.5, 7, None],
+                                                    [-1.25, 8, None]], "weight_version": "3"}}
+    second = {"meta_info": {"input_token_logprobs": [[None, 9], [-2.0, 10]],
+                            "weight_version": "3"}}
+
+    def parse(*items, seqs=(ids, [9, 10]), starts=(2, 1)):
+        return parse_score_reply(list(items), SERVER, "s-1", list(seqs), list(starts))
+
+    got = parse(first, second)
+    assert got.logprobs == [[-0.5, -1.25], [-2.0]] and got.versions == [3, 3, 3]
+    with pytest.raises(SGLangProtocolError, match="scoring reply has 1 entries; expected a "
+                                                  "list of 2"):
+        parse(first)
+    with pytest.raises(SGLangProtocolError, match=r"rid=s-1_0: .*has 2 entries; expected 3"):
+        parse({"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 7]]}}, second)
     wrong = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 9], [-1.0, 8]]}}
     with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 9, but "
                                                   r"input_ids\[2\] = 7"):
-        parse_score_reply(wrong, SERVER, "s-1", ids, 2)
+        parse(wrong, second)
     positive = {"meta_info": {"input_token_logprobs": [[None, 6], [0.5, 7], [-1.0, 8]]}}
     with pytest.raises(SGLangProtocolError, match=r"input_token_logprobs\[2\] has "
                                                   r"log-probability 0.5"):
-        parse_score_reply(positive, SERVER, "s-1", ids, 2)
+        parse(positive, second)
     # SGLang reports the vocabulary's last id as 0: accepted only for the request's top id
     clipped = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 0], [-1.0, 8]]}}
-    top = [5, 6, 511, 8]
-    assert parse_score_reply(clipped, SERVER, "s-1", top, 2).logprobs == [-0.5, -1.0]
+    assert parse(clipped, seqs=([5, 6, 511, 8],), starts=(2,)).logprobs == [[-0.5, -1.0]]
     with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 0"):
-        parse_score_reply(clipped, SERVER, "s-1", ids, 2)  # 7 is not the top id: a real error
+        parse(clipped, seqs=(ids,), starts=(2,))  # 7 is not the top id: a real error
+    with pytest.raises(ValueError, match="start=4 must be in"):
+        score_payload([ids], [4], "s-2")
 
 
 def test_payload_is_token_in_with_logprobs():

@@ -25,7 +25,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, ModelResponse
-from areal_like.rewards.failures import RewardFailure, reward_results
+from areal_like.rewards.failures import RewardFailure
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils import stats_tracker
 from areal_like.utils.chat import decode_text
@@ -57,10 +57,11 @@ class TeacherScorer:
                 self._engine = self.connect()
             return self._engine
 
-    async def logprobs(self, input_ids: list[int], start: int) -> list[float]:
-        """The teacher's log p(input_ids[t] | input_ids[:t]) for t >= start."""
+    async def logprobs(self, sequences: list[list[int]], starts: list[int]
+                       ) -> list[list[float]]:
+        """Per sequence, the teacher's log p(ids[t] | ids[:t]) for t >= start (one request)."""
         engine = await asyncio.to_thread(self._started)  # its health check must not block
-        return await asyncio.wait_for(engine.ascore(input_ids, start), self.timeout)
+        return await asyncio.wait_for(engine.ascore_batch(sequences, starts), self.timeout)
 
     def close(self) -> None:
         engine, self._engine = self._engine, None
@@ -83,8 +84,7 @@ class DistillWorkflow(RLVRWorkflow):
         input_ids = self.prompt_ids(data)
         prompt = decode_text(self.tokenizer, input_ids)
         responses = await self.sample_group(engine, input_ids)
-        teacher = reward_results(await asyncio.gather(
-            *[self.teacher_logprobs(r) for r in responses], return_exceptions=True))
+        teacher = await self.teacher_logprobs(responses)
         rewards: list[float | RewardFailure] = [0.0] * len(responses)
         if self.use_task_reward:
             rewards = await self.score(prompt, responses, data)
@@ -101,25 +101,33 @@ class DistillWorkflow(RLVRWorkflow):
         return self.group_trajectory(input_ids, responses, merged,
                                      stable_id(data.get("id", prompt)), teacher_logprobs=extra)
 
-    async def teacher_logprobs(self, resp: ModelResponse) -> list[float]:
-        """The teacher's log-probs of the completion's tokens; a failure is the sample's
-        `RewardFailure`, counted (a spent budget raises)."""
+    async def teacher_logprobs(self, responses: list[ModelResponse]
+                               ) -> list[list[float] | RewardFailure]:
+        """The teacher's log-probs of each completion's tokens (the group in one request); if
+        that fails, every sample's `RewardFailure`, each counted (a spent budget raises)."""
         if self.teacher is None:
             raise RuntimeError("DistillWorkflow was built without a teacher (teacher=None); "
                                "pass a TeacherScorer where episodes run")
         executor = self.reward_executor
+        scored = [r for r in responses if r.output_len]  # an empty completion has nothing
         try:
-            lps = await self.teacher.logprobs(resp.input_tokens + resp.output_tokens,
-                                              len(resp.input_tokens))
-            if len(lps) != resp.output_len:
-                raise ValueError(f"{len(lps)} log-probs for {resp.output_len} tokens")
+            got = await self.teacher.logprobs([r.input_tokens + r.output_tokens for r in scored],
+                                              [len(r.input_tokens) for r in scored]
+                                              ) if scored else []
+            for lp, resp in zip(got, scored, strict=True):
+                if len(lp) != resp.output_len:
+                    raise ValueError(f"{len(lp)} log-probs for {resp.output_len} tokens")
+            by_id = {id(r): lp for r, lp in zip(scored, got, strict=True)}
+            lps = [by_id.get(id(r), []) for r in responses]
         except (asyncio.TimeoutError, TimeoutError):
             failure = RewardFailure(TEACHER, "timeout", f"no log-probs within "
                                     f"{self.teacher.timeout} s (teacher.request_timeout)")
-        except Exception as e:  # noqa: BLE001 - any teacher error fails this sample only
+        except Exception as e:  # noqa: BLE001 - any teacher error fails these samples only
             failure = RewardFailure(TEACHER, "raised", f"{type(e).__name__}: {e}")
         else:
-            executor.record(TEACHER, None)
-            return lps
-        executor.record(TEACHER, failure)  # raises RewardBudgetExceeded past the budget
-        raise failure
+            for _ in responses:
+                executor.record(TEACHER, None)
+            return list(lps)
+        for _ in responses:
+            executor.record(TEACHER, failure)  # raises RewardBudgetExceeded past the budget
+        return [failure] * len(responses)

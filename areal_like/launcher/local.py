@@ -139,20 +139,33 @@ def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
     return dataclasses.replace(server, cpus=server_cpus), set(trainer_cpus)
 
 
-def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
-                         overrides: list[str]) -> Any:
-    """Serve `teacher.model_path` on `teacher.n_servers` servers of the student's server
-    settings; the recipe gets their addresses as `teacher.server_addrs`."""
-    from engines.sglang_server import SGLangFleet, SGLangServerError
-
-    teacher = config.teacher
+def _check_teacher(config: Any) -> None:
+    """Before anything starts: the teacher the launcher would serve exists, its cores too."""
+    teacher = getattr(config, "teacher", None)
+    if teacher is None or teacher.server_addrs:
+        return
+    try:
+        check_cpus("teacher.cpus", teacher.cpus)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     if not Path(teacher.model_path, "config.json").is_file():
         raise LaunchError(f"teacher.model_path={teacher.model_path!r} is not a model folder "
                           f"(no config.json); docs/algorithms.md says how to make the teacher")
+
+
+def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
+                         overrides: list[str]) -> Any:
+    """Serve `teacher.model_path` on `teacher.n_servers` servers of the student's server
+    settings, on `teacher.cpus` (empty: not pinned); the recipe gets their addresses as
+    `teacher.server_addrs`."""
+    from engines.sglang_server import SGLangFleet, SGLangServerError
+
+    teacher = config.teacher
     CONSOLE.line(f"[launcher] starting {teacher.n_servers} teacher server(s) on "
                  f"{teacher.model_path}")
     fleet = SGLangFleet(teacher.model_path,
-                        dataclasses.replace(server_config, n_servers=teacher.n_servers),
+                        dataclasses.replace(server_config, n_servers=teacher.n_servers,
+                                        cpus=list(teacher.cpus)),
                         api_key=config.rollout.api_key, log_dir=log_dir / "teacher_servers")
     try:
         fleet.start()
@@ -168,6 +181,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
     target = resolve_target(target_name, argv)  # fails fast on a typo
     config, overrides, needs_fleet = target.config, target.overrides, target.needs_fleet
     check_model_path(config)
+    _check_teacher(config)
     server_config, trainer_cpus = _allocate_cpus(config, overrides)
     master_port = _master_port(config)
     log_dir = run_dir(config.logging)

@@ -1,7 +1,8 @@
 """On-policy distillation against real SGLang servers: the student samples on one server, the
-teacher (another server serving other weights) scores every sampled token; the dense rewards
-are checked against a float64 HF forward of the teacher's weights. A dead teacher fails its
-samples under the reward rules (excluded, counted, budgeted), never as a 0.0 reward."""
+teacher (another server serving other weights) scores every sampled token; its log-probs are
+checked against a float64 HF forward of the teacher's weights, and the advantages the actor
+makes of them against a float64 reference. A dead teacher fails its samples under the reward
+rules (excluded, counted, budgeted), never as a 0.0 reward."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _workflow(model_dir: Path, teacher: TeacherScorer, executor: RewardExecutor,
 
 
 @pytest.mark.sglang
-async def test_teacher_log_probs_become_dense_rewards(sglang_fleet, tiny_model_dir, tmp_path):
+async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_dir, tmp_path):
     student_addr, teacher_addr = sglang_fleet.addresses
     version = fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
     teacher_dir = perturbed_copy(tiny_model_dir, tmp_path / "teacher", seed=5, scale=0.1)

@@ -1,7 +1,6 @@
 """RemoteSGLangEngine: the HTTP client of a fleet of SGLang servers (a thin InferenceEngine).
 
-It generates, pauses, resumes and loads weights; it does not run workflows — the
-`WorkflowExecutor` (inside a `RolloutController`) drives workflows and calls `agenerate`.
+It generates, scores given tokens, pauses, resumes and loads weights; workflows run elsewhere.
 
 Threading model. All HTTP traffic goes through one `aiohttp.ClientSession`, which belongs to
 the event loop it was created on: the loop thread given to `initialize` (the rollout
@@ -319,15 +318,10 @@ class RemoteSGLangEngine(InferenceEngine):
         )
 
     # ---- retries ------------------------------------------------------------
-    async def ascore(self, input_ids: list[int], start: int, rid: str = "score") -> list[float]:
-        """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served
-        weights, computed by a prefill (nothing is sampled): e.g. a teacher scoring the
-        tokens a student sampled. Routed, retried and version-checked like generation."""
-        return (await self.ascore_batch([input_ids], [start], rid))[0]
-
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
-        """`ascore` of several sequences in one request (one prefill batch on one server)."""
+        """One request, one prefill batch on one server (nothing sampled); routed, retried
+        and version-checked like generation."""
         payload = score_payload(sequences, starts, rid)
         copies = [list(ids) for ids in sequences]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import asyncio
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -112,13 +111,12 @@ class InferenceEngine(FleetClient):
     async def ascore(self, input_ids: list[int], start: int, rid: str = "score") -> list[float]:
         """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served
         weights, nothing sampled (e.g. a teacher scoring the tokens a student sampled)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
+        return (await self.ascore_batch([input_ids], [start], rid))[0]
 
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
-        """`ascore` of each sequence (an engine may send them as one request)."""
-        return list(await asyncio.gather(*[self.ascore(ids, start, f"{rid}-{i}") for i, (
-            ids, start) in enumerate(zip(sequences, starts, strict=True))]))
+        """`ascore` of each sequence, in one request where the engine can."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
 
     def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:
         """Call `on_failure(error)` once the engine has lost its whole fleet (no server left

@@ -195,29 +195,20 @@ def throughput(model_dir: Path, n_steps: int = 5) -> dict[str, float]:
 
 def _receiver(addr: str, port: int, name: str, sizes: list[int], backend: str,
               result: Any) -> None:
-    """Joins the group the way SGLang's end does: a store client, the group-name prefix."""
+    """Joins as rank 1, the way SGLang's end does (a store client, the group-name prefix)."""
     from datetime import timedelta
 
-    from torch.distributed.distributed_c10d import (
-        Backend,
-        GroupName,
-        PrefixStore,
-        _new_process_group_helper,
-        _world,
-    )
     try:
         device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
             torch.cuda.set_device(0)
         store = torch.distributed.TCPStore(addr, port, 2, False, timeout=timedelta(seconds=60))
-        pg, _ = _new_process_group_helper(2, 1, [], Backend(backend), PrefixStore(name, store),
-                                          group_name=GroupName(name), backend_options=None,
-                                          timeout=timedelta(seconds=60))
-        _world.pg_group_ranks[pg] = {0: 0, 1: 1}
+        group = WeightUpdateGroup(name, store, 2, backend, timeout_s=60, rank=1)
+        group.connect()
         sums = []
         for n in sizes:
             flat = torch.empty(n, dtype=torch.uint8, device=device)
-            torch.distributed.broadcast(flat, src=0, group=pg)
+            group.start_broadcast(flat).wait()
             sums.append(int(flat.to(torch.int64).sum()))
         result.put({"ok": True, "sums": sums})
     except Exception as e:  # noqa: BLE001 - reported to the parent

@@ -80,12 +80,14 @@ def host_store(addr: str, timeout_s: float) -> tuple[Any, int]:
 
 
 class WeightUpdateGroup:
-    """Rank 0 of one server's weight-update group (see module doc)."""
+    """One rank of a server's weight-update group (see module doc): the trainer is rank 0;
+    another rank (a check standing in for a server) receives what rank 0 broadcasts."""
 
     def __init__(self, group_name: str, store: Any, world_size: int, backend: str,
-                 timeout_s: float) -> None:
+                 timeout_s: float, rank: int = 0) -> None:
         self.group_name = group_name
         self.world_size = world_size
+        self.rank = rank
         self.backend = backend
         self.timeout_s = timeout_s
         self.device = torch.device("cuda", torch.cuda.current_device()) \
@@ -105,7 +107,8 @@ class WeightUpdateGroup:
 
         try:
             prefixed = PrefixStore(self.group_name, self._store)  # the prefix SGLang's end uses
-            pg, _ = _new_process_group_helper(self.world_size, 0, [], Backend(self.backend),
+            pg, _ = _new_process_group_helper(self.world_size, self.rank, [],
+                                              Backend(self.backend),
                                               prefixed, group_name=GroupName(self.group_name),
                                               backend_options=None,
                                               timeout=timedelta(seconds=self.timeout_s))
@@ -118,8 +121,9 @@ class WeightUpdateGroup:
         self._pg = pg
 
     def start_broadcast(self, flat: torch.Tensor) -> Any:
-        """Start sending one flattened bucket to the server's ranks; returns the work to
-        wait on (bounded by the group's timeout)."""
+        """Start sending one flattened bucket to the server's ranks (on another rank:
+        receiving it into `flat`); returns the work to wait on (bounded by the group's
+        timeout)."""
         if self._pg is None:
             raise RuntimeError(f"weight-update group {self.group_name!r} is not connected")
         return dist.broadcast(flat, src=0, group=self._pg, async_op=True)

@@ -1,6 +1,7 @@
 """On-policy distillation against GRPO alone, from the same SFT start, two seeds each.
 
     python -m benchmarks.distill_vs_grpo [--steps 60] [--eval-every 10] [--seeds 1 2]
+                                         [--start MODEL_DIR] [--levels 0.5 0.9]
 
 Needs the main job's files: the SFT warm start `.cache/models/addition-sft` (student and GRPO's
 start) and a teacher in `.cache/models/addition-teacher` (docs/algorithms.md). Each run goes
@@ -20,7 +21,7 @@ from pathlib import Path
 
 
 def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path,
-        reuse: bool = False) -> Path:
+        reuse: bool = False, start: Path | None = None) -> Path:
     name = f"{recipe}_seed{seed}"
     metrics = log_dir / name / "trial0" / "metrics.jsonl"
     if reuse and metrics.exists() and steps in curve(metrics):
@@ -30,6 +31,8 @@ def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path,
            f"total_train_steps={steps}", f"evaluation.freq_steps={eval_every}",
            f"logging.log_dir={log_dir}", f"logging.experiment_name={name}",
            "logging.trial_name=trial0", "logging.plot=false"]
+    if start is not None:
+        cmd.append(f"model.path={start}")
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -70,9 +73,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--log-dir", type=Path, default=Path("runs/distill_vs_grpo"))
     parser.add_argument("--reuse", action="store_true", help="keep finished runs in --log-dir")
+    parser.add_argument("--start", type=Path, default=None,
+                        help="both runs' start (default: the recipes' model.path, the SFT start)")
+    parser.add_argument("--levels", type=float, nargs="+", default=[0.9, 0.95, 0.98])
     args = parser.parse_args()
     curves = {(recipe, seed): curve(run(recipe, seed, args.steps, args.eval_every, args.log_dir,
-                                        args.reuse))
+                                        args.reuse, args.start))
               for seed in args.seeds for recipe in ("grpo", "distill")}
     print("\n| seed | version | GRPO: accuracy (s) | distill: accuracy (s) |")
     print("|---|---|---|---|")
@@ -92,7 +98,7 @@ def main() -> None:
             print(f"| {seed} | {t:.0f} | {g:.3f} | {d:.3f} | {d - g:+.3f} |")
     print("\n| seed | reached | GRPO | distill |\n|---|---|---|---|")
     for seed in args.seeds:
-        for level in (0.9, 0.95, 0.98):
+        for level in args.levels:
             print(f"| {seed} | {level} | {time_to(curves[('grpo', seed)], level)} | "
                   f"{time_to(curves[('distill', seed)], level)} |")
 

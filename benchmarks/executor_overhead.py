@@ -238,7 +238,7 @@ def part2(args: argparse.Namespace) -> None:
     from areal_like.api.config import SGLangServerConfig
     from areal_like.models.tiny import build_tiny_model
     from areal_like.rollout.controller import RolloutController
-    from engines.remote_sglang import RemoteSGLangEngine
+    from engines.remote_engine import RemoteSGLangEngine
     from engines.sglang_server import SGLangFleet
     from workflows.rlvr import RLVRWorkflow
 

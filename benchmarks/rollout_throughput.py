@@ -1,15 +1,18 @@
-"""Rollout throughput: RemoteSGLangEngine vs a bare aiohttp client on the same SGLang server.
+"""Rollout throughput: our fleet client vs a bare aiohttp client on the same server (SGLang or
+vLLM, `--backend`).
 
 The same requests (default 64 prompts x 64 new tokens, 32 concurrent; `min_new_tokens` =
 `max_new_tokens` so every run generates exactly the same number of tokens) are sent
-(a) by a bare aiohttp client posting `/generate` — the baseline — (b) through
-`RemoteSGLangEngine.agenerate` awaited on the engine's rollout loop (how workflows call it),
-and (c) through `agenerate` awaited on a foreign loop (forwarded to the rollout loop). The
-server's prefix cache is flushed before every run; clients alternate over `--rounds` rounds
-and the median tokens/s of each is reported with its ratio to the baseline (goal >= 97 %).
+(a) by a bare aiohttp client posting the backend's own generate request — the baseline —
+(b) through `RemoteInferenceEngine.agenerate` awaited on the engine's rollout loop (how
+workflows call it), and (c) through `agenerate` awaited on a foreign loop (forwarded to the
+rollout loop). The server's prefix cache is flushed before every run; clients alternate over
+`--rounds` rounds and the median tokens/s of each is reported with its ratio to the baseline
+(goal >= 97 %).
 
     python benchmarks/rollout_throughput.py [--size 1m] [--requests 64] [--new-tokens 64]
                                             [--concurrency 32] [--rounds 3] [--addr HOST:PORT]
+                                            [--backend sglang|vllm]
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ import aiohttp  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
-from engines.remote_sglang import RemoteSGLangEngine  # noqa: E402
-from engines.sglang_protocol import generate_payload  # noqa: E402
+from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402
 
 PROMPT_LEN = 16
@@ -54,19 +56,28 @@ async def bounded_gather(n: int, concurrency: int, one: Callable[[int], Awaitabl
 
 
 async def bare_client(addr: str, prompts: list[list[int]], g: GenerationHyperparameters,
-                      concurrency: int) -> int:
+                      concurrency: int, backend: str) -> int:
+    """The backend's own request and reply, nothing checked."""
+    vllm = backend == "vllm"
+    path = "/inference/v1/generate" if vllm else "/generate"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one(i: int) -> int:
-            payload = generate_payload(prompts[i], g, f"bare-{time.monotonic_ns()}-{i}",
-                                       g.max_new_tokens, g.min_new_tokens)
-            async with session.post(f"http://{addr}/generate", json=payload) as resp:
+            rid = f"bare-{time.monotonic_ns()}-{i}"
+            n = g.max_new_tokens
+            payload = ({"token_ids": prompts[i], "request_id": rid, "sampling_params": {
+                "max_tokens": n, "min_tokens": n, "temperature": g.temperature, "logprobs": 0}}
+                if vllm else {"input_ids": prompts[i], "rid": rid, "return_logprob": True,
+                              "sampling_params": {"max_new_tokens": n, "min_new_tokens": n,
+                                                  "temperature": g.temperature}})
+            async with session.post(f"http://{addr}{path}", json=payload) as resp:
                 resp.raise_for_status()
-                return len((await resp.json())["output_ids"])
+                data = await resp.json()
+                return len(data["choices"][0]["token_ids"] if vllm else data["output_ids"])
 
         return await bounded_gather(len(prompts), concurrency, one)
 
 
-async def engine_client(engine: RemoteSGLangEngine, prompts: list[list[int]],
+async def engine_client(engine: RemoteInferenceEngine, prompts: list[list[int]],
                         g: GenerationHyperparameters, concurrency: int) -> int:
     async def one(i: int) -> int:
         resp = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=g))
@@ -75,9 +86,11 @@ async def engine_client(engine: RemoteSGLangEngine, prompts: list[list[int]],
     return await bounded_gather(len(prompts), concurrency, one)
 
 
-def flush_cache(addr: str) -> None:
+def flush_cache(addr: str, backend: str) -> None:
+    path = "/reset_prefix_cache" if backend == "vllm" else "/flush_cache"
+
     async def flush() -> None:
-        async with aiohttp.ClientSession() as s, s.post(f"http://{addr}/flush_cache") as r:
+        async with aiohttp.ClientSession() as s, s.post(f"http://{addr}{path}") as r:
             r.raise_for_status()
 
     asyncio.run(flush())
@@ -97,6 +110,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", choices=("sglang", "vllm"), default="sglang")
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -107,13 +121,15 @@ def main() -> None:
 
             model_dir = build_tiny_model(stack.enter_context(tempfile.TemporaryDirectory()),
                                          size=args.size, seed=1)
-            fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(n_servers=1)))
+            fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(
+                backend=args.backend, n_servers=1)))
             addr = fleet.addresses[0]
             from transformers import AutoConfig
 
             vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-        engine = RemoteSGLangEngine(RolloutConfig(server_addrs=[addr],
-                                                  max_concurrent_rollouts=args.concurrency))
+        engine = RemoteInferenceEngine(RolloutConfig(
+            server_addrs=[addr], backend=args.backend,
+            max_concurrent_rollouts=args.concurrency))
         engine.initialize()
         stack.callback(engine.destroy)
         g = GenerationHyperparameters(max_new_tokens=args.new_tokens,
@@ -122,10 +138,10 @@ def main() -> None:
         timeout = 600.0
         clients: dict[str, Callable[[], int]] = {
             "bare aiohttp (baseline)": lambda: asyncio.run(
-                bare_client(addr, prompts, g, args.concurrency)),
-            "RemoteSGLangEngine (rollout loop)": lambda: engine.run_coroutine(
+                bare_client(addr, prompts, g, args.concurrency, args.backend)),
+            "our engine (rollout loop)": lambda: engine.run_coroutine(
                 engine_client(engine, prompts, g, args.concurrency), timeout),
-            "RemoteSGLangEngine (foreign loop)": lambda: asyncio.run(
+            "our engine (foreign loop)": lambda: asyncio.run(
                 engine_client(engine, prompts, g, args.concurrency)),
         }
         for run in clients.values():  # warm-up: connections, server code paths
@@ -135,14 +151,15 @@ def main() -> None:
         for rnd in range(args.rounds):
             names = list(clients) if rnd % 2 == 0 else list(reversed(clients))
             for name in names:
-                flush_cache(addr)
+                flush_cache(addr, args.backend)
                 tokens, seconds = timed(clients[name])
                 totals[name] = tokens
                 rates[name].append(tokens / seconds)
 
     expected = args.requests * args.new_tokens
     print(f"\nRollout throughput: {args.requests} requests x {args.new_tokens} new tokens, "
-          f"{args.concurrency} concurrent, model tiny-{args.size}, median of {args.rounds} "
+          f"{args.concurrency} concurrent, model tiny-{args.size}, {args.backend}, median of "
+          f"{args.rounds} "
           f"rounds\nmachine: {platform.machine()}, {os.cpu_count()} cores, "
           f"{platform.python_implementation()} {platform.python_version()}\n")
     base = statistics.median(rates["bare aiohttp (baseline)"])

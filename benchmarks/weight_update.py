@@ -49,7 +49,7 @@ from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
 from areal_like.runtime.weight_sync import push_weights  # noqa: E402
 from engines import FSDPEngine  # noqa: E402
-from engines.remote_sglang import RemoteSGLangEngine  # noqa: E402
+from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402
 from engines.weight_group import (  # noqa: E402
     WeightUpdateGroup,
@@ -102,22 +102,24 @@ def floor_seconds(engine: FSDPEngine, bucket_bytes: int, rounds: int) -> float:
 
 
 def measure(size: str, rounds: int, bucket_mb: float, tmp: Path,
-            paused_loop: str = "wait") -> dict[str, float]:
+            paused_loop: str = "wait", backend: str = "sglang") -> dict[str, float]:
     base = build_tiny_model(tmp / f"{size}-base", size, seed=1)
     engine = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(base)),
                                           optimizer=OptimizerConfig(lr=1e-4)))
     engine.initialize()
     n_params = sum(p.numel() for p in engine.model.parameters())
     nbytes = sum(p.nbytes for p in engine.weight_specs())
-    config = RolloutConfig(weight_transport="distributed", weight_bucket_mb=bucket_mb)
+    config = RolloutConfig(weight_transport="distributed", weight_bucket_mb=bucket_mb,
+                           backend=backend)
     result: dict[str, Any] = {"size": size, "params_m": n_params / 1e6, "mb": nbytes / 2**20,
-                              "paused_loop": paused_loop}
+                              "paused_loop": paused_loop, "backend": backend}
     os.environ["AREAL_LIKE_SGLANG_PAUSED_SPIN"] = "1" if paused_loop == "spin" else "0"
     try:
-        with SGLangFleet(base, SGLangServerConfig(n_servers=1, max_total_tokens=4096),
+        with SGLangFleet(base, SGLangServerConfig(backend=backend, n_servers=1,
+                                                  max_total_tokens=4096),
                          log_dir=tmp / f"{size}-{paused_loop}-logs") as fleet:
             config.server_addrs = fleet.addresses
-            client = RemoteSGLangEngine(config)
+            client = RemoteInferenceEngine(config)
             client.initialize()
             broadcaster = WeightBroadcaster(config)
             try:
@@ -154,24 +156,28 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--paused-loop", nargs="+", choices=["wait", "spin"], default=["wait"])
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside it")
+    parser.add_argument("--backends", nargs="+", choices=["sglang", "vllm"], default=["sglang"])
     args = parser.parse_args()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.busy)]
     try:
         with tempfile.TemporaryDirectory(prefix="weight_update_") as tmp:
-            rows = [measure(size, args.rounds, args.bucket_mb, Path(tmp), loop)
-                    for size in args.sizes for loop in args.paused_loop]
+            rows = [measure(size, args.rounds, args.bucket_mb, Path(tmp), loop, backend)
+                    for size in args.sizes for backend in args.backends
+                    for loop in args.paused_loop]
     finally:
         for proc in busy:
             proc.kill()
     print(f"bucket {args.bucket_mb:g} MB, median of {args.rounds} rounds, seconds from the "
           f"trainer's call to the fleet resuming, {args.busy} busy processes beside it")
-    print("| model | params | fp32 weights | paused scheduler | buckets | floor: bare gloo "
+    print("| model | backend | params | fp32 weights | paused scheduler | buckets | "
+          "floor: bare gloo "
           "broadcast s | distributed s | vs floor | disk s (of which fleet paused) | "
           "disk / distributed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | {r['paused_loop']} | "
+        print(f"| {r['size']} | {r['backend']} | {r['params_m']:.1f}M | {r['mb']:.1f} MB | "
+              f"{r['paused_loop']} | "
               f"{r['buckets']:.0f} | "
               f"{r['floor']:.3f} | {r['distributed']:.3f} | "
               f"{r['distributed'] / r['floor']:.2f}x | {r['disk']:.3f} "

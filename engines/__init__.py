@@ -1,4 +1,4 @@
-"""Backends: the SGLang inference client/launcher and the FSDP2 train engine.
+"""Backends: the inference fleet client/launcher (SGLang or vLLM) and the FSDP2 train engine.
 
 Imports are lazy so that `import engines` stays cheap and a missing optional backend only
 fails when it is used.
@@ -10,7 +10,9 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "RemoteSGLangEngine": "engines.remote_sglang",
+    "RemoteInferenceEngine": "engines.remote_engine",
+    "RemoteSGLangEngine": "engines.remote_engine",
+    "RemoteVLLMEngine": "engines.remote_engine",
     "SGLangFleet": "engines.sglang_server",
     "FSDPEngine": "engines.fsdp_engine",
 }

@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by the SGLang client: errors, JSON replies, idempotent control calls."""
+"""HTTP plumbing shared by the fleet client (every backend): errors, JSON replies, idempotent
+control calls."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-logger = logging.getLogger("engines.remote_sglang")
+logger = logging.getLogger("engines.remote_engine")
 
 CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
 # the server gives up by itself first (server.health_generate_timeout)
@@ -79,27 +80,3 @@ async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: 
             raise RemoteSGLangError(
                 f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
     raise AssertionError("unreachable")
-
-
-async def answers(session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
-    """'' when the server's HTTP front end answers at all (GET /model_info: no generation, so
-    a busy or paused server answers too), else why not."""
-    try:
-        async with session.get(f"http://{addr}/model_info",
-                               timeout=aiohttp.ClientTimeout(total=timeout)):
-            return ""
-    except RETRYABLE as e:
-        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
-async def generates(session: aiohttp.ClientSession, addr: str) -> str:
-    """'' when the server's scheduler makes progress, else why not. GET /health_generate
-    succeeds as soon as the server emits any output (its one-token probe or another request's),
-    so a busy server passes at once; a server whose HTTP front end answers but whose scheduler
-    hangs passes `answers` and fails this. A paused server fails it too: do not probe one."""
-    try:
-        async with session.get(f"http://{addr}/health_generate", timeout=aiohttp.ClientTimeout(
-                total=GENERATION_PROBE_TIMEOUT_S)) as resp:
-            return "" if resp.status == 200 else f"/health_generate: HTTP {resp.status}"
-    except RETRYABLE as e:
-        return f"/health_generate: {type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -20,23 +20,18 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.errors import FleetUnavailableError
 from areal_like.api.io_struct import WeightUpdateMeta
-from engines.sglang_http import (
-    CONTROL_TIMEOUT_S,
-    RemoteSGLangError,
-    answers,
-    generates,
-    post_json,
-)
-from engines.sglang_routing import NoServerInServiceError, ServerPool
+from engines.server_api import ServerAPI
+from engines.sglang_http import RETRYABLE, RemoteSGLangError
+from engines.sglang_routing import NoServerInServiceError, OwnAborts, ServerPool
 
-logger = logging.getLogger("engines.remote_sglang")
+logger = logging.getLogger("engines.remote_engine")
 
 PROBE_TIMEOUT_S = 10.0  # a liveness probe (no generation involved)
 
@@ -49,8 +44,11 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 class FleetMembership:
     def __init__(self, config: RolloutConfig, pool: ServerPool,
                  session: Callable[[], aiohttp.ClientSession],
-                 on_fatal: Callable[[BaseException], None]) -> None:
+                 on_fatal: Callable[[BaseException], None], api: ServerAPI,
+                 own_aborts: OwnAborts) -> None:
         self.config = config
+        self.api = api
+        self.own_aborts = own_aborts  # a pause that aborts requests: the client continues them
         self.pool = pool
         self._session = session
         self._on_fatal = on_fatal
@@ -90,6 +88,49 @@ class FleetMembership:
     def lock(self) -> asyncio.Lock:
         """Held by a weight update or a readmission (one at a time)."""
         return self._require_lock()
+
+    async def await_healthy(self, addresses: list[str], timeout: float) -> None:
+        """Poll the health of every server, all at once, until all are healthy; error after
+        `timeout` s. A server left paused (by a client that died mid-update) is continued.
+        (SGLang's /health generates a token and answers a second later at the earliest:
+        one server after another would cost a second per server.)"""
+        deadline = time.monotonic() + timeout
+        polls = [asyncio.ensure_future(self._await_one_healthy(addr, deadline, timeout))
+                 for addr in addresses]
+        try:
+            await asyncio.gather(*polls)  # the first server's error
+        finally:  # ... stops the other polls
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
+
+    async def _await_one_healthy(self, addr: str, deadline: float, timeout: float) -> None:
+        last = "no answer"
+        continued = False
+        while True:
+            session = self._session()
+            try:
+                wait = max(0.1, min(5.0, deadline - time.monotonic()))
+                last = await self.api.health(session, addr, wait)
+                if not last:
+                    return
+            except RETRYABLE as e:
+                last = f"{type(e).__name__}: {e}"
+            if not continued and not await self.api.answers(session, addr, 5.0):
+                # up but not generating: maybe left paused; continuing is idempotent
+                continued = True
+                try:
+                    await self.api.resume(session, addr)
+                    logger.warning("%s server %s answered but was not generating "
+                                   "(%s): continued it", self.api.name, addr, last)
+                except RemoteSGLangError as e:
+                    last += f"; continuing it failed: {e}"
+            if time.monotonic() > deadline:
+                raise RemoteSGLangError(
+                    f"{self.api.name} server {addr} not healthy within {timeout:.0f} s "
+                    f"(RolloutConfig.setup_timeout); last answer: {last}"
+                )
+            await asyncio.sleep(0.5)
 
     # ---- service ------------------------------------------------------------------------
     def take_out(self, addr: str, reason: str) -> None:
@@ -147,11 +188,11 @@ class FleetMembership:
             if isinstance(error, asyncio.TimeoutError) and not self.paused:
                 async with self._require_lock():
                     if not self.paused and addr not in self.pool.out_of_service:
-                        why = await generates(self._session(), addr)
+                        why = await self.api.generates(self._session(), addr)
                         if why:
                             self._hung.add(addr)
                         return why
-            return await answers(self._session(), addr, PROBE_TIMEOUT_S)
+            return await self.api.answers(self._session(), addr, PROBE_TIMEOUT_S)
 
         async def check() -> None:
             try:
@@ -188,51 +229,52 @@ class FleetMembership:
             f"{len(self.pool.addresses)} servers in service (RolloutConfig.min_servers="
             f"{self.config.min_servers}); out of service: {self.pool.describe_out_of_service()}")
 
-    async def on_all(self, path: str, body: dict[str, Any], timeout: float) -> None:
-        """POST to every server in service concurrently; a server that fails leaves service
+    async def on_all(self, what: str,
+                     call: Callable[[aiohttp.ClientSession, str], Awaitable[None]]) -> None:
+        """`call` every server in service concurrently; a server that fails leaves service
         (it is continued and reloaded before it serves again). Raises only when all fail."""
         targets, session = self.pool.in_service(), self._session()
-        results = await asyncio.gather(*(post_json(session, a, path, body, timeout)
-                                         for a in targets), return_exceptions=True)
+        results = await asyncio.gather(*(call(session, a) for a in targets),
+                                       return_exceptions=True)
         errors = [(a, r) for a, r in zip(targets, results, strict=True)
                   if isinstance(r, BaseException)]
         for addr, error in errors:
             if not isinstance(error, Exception):
                 raise error
-            self.take_out(addr, f"{path} failed: {error}")
+            self.take_out(addr, f"{what} failed: {error}")
         if targets and len(errors) == len(targets):
             raise errors[0][1]
 
     async def pause_all(self, mode: str) -> None:
+        """Pause every server in service (the caller accounts for aborts it causes)."""
         self.paused = True  # first: a probe during the pause must not try to generate
-        await self.on_all("/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+        await self.on_all(f"pause ({mode})",
+                          lambda session, addr: self.api.pause(session, addr, mode))
 
     async def continue_all(self) -> None:
-        await self.on_all("/continue_generation", {}, CONTROL_TIMEOUT_S)
+        await self.on_all("continue", self.api.resume)
         self.paused = False
 
     # ---- weight updates -----------------------------------------------------------------
     async def update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
         """Pause `addr` (in-flight requests retracted, not lost), load `meta` (None: keep the
         weights), continue. The continue always runs, bounded by its own timeout."""
+        with self.own_aborts.pause(aborts=self.api.aborts_on_pause("retract")):
+            await self._update_one(addr, meta)
+
+    async def _update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
         session = self._session()
         error: Optional[Exception] = None
         try:
-            await post_json(session, addr, "/pause_generation", {"mode": "retract"},
-                            CONTROL_TIMEOUT_S)
+            await self.api.pause(session, addr, "retract")
             if meta is not None:
-                reply = await post_json(
-                    session, addr, "/update_weights_from_disk",
-                    {"model_path": str(meta.path), "weight_version": str(meta.version)},
-                    self.config.weight_update_timeout)
-                if not (isinstance(reply, dict) and reply.get("success")):
-                    raise RemoteSGLangError(f"SGLang server {addr} failed to load weights from "
-                                            f"{meta.path}: {reply}")
+                await self.api.load_from_disk(session, addr, str(meta.path), meta.version,
+                                              self.config.weight_update_timeout)
         except Exception as e:  # noqa: BLE001 - raised below, after the continue
             error = e
         finally:  # a cancelled update still continues the server
             try:
-                await post_json(session, addr, "/continue_generation", {}, CONTROL_TIMEOUT_S)
+                await self.api.resume(session, addr)
             except Exception as e:  # noqa: BLE001
                 if error is None:
                     error = e
@@ -258,7 +300,7 @@ class FleetMembership:
                     raise error  # cancellation: not a server's fault
                 self.take_out(addr, f"failed to load weights version {meta.version}: {error}")
             if targets and len(failed) == len(targets):
-                alive = [a for a in failed if not await answers(self._session(), a, 5.0)]
+                alive = [a for a in failed if not await self.api.answers(self._session(), a, 5.0)]
                 if alive:
                     errors = "; ".join(str(failed[a]) for a in alive)
                     raise RemoteSGLangError(f"weight update to version {meta.version} failed "
@@ -303,12 +345,12 @@ class FleetMembership:
     async def _watch_once(self) -> None:
         self._read_addrs_file()
         for addr in list(self.pool.out_of_service):
-            if await answers(self._session(), addr, PROBE_TIMEOUT_S):
+            if await self.api.answers(self._session(), addr, PROBE_TIMEOUT_S):
                 continue
             if addr in self._hung:
                 if self.paused:
                     continue  # a paused server cannot show that it generates
-                why = await generates(self._session(), addr)
+                why = await self.api.generates(self._session(), addr)
                 if why:  # loading weights on it would hold the lock until the load timed out
                     self.pool.out_of_service[addr] = f"scheduler still not generating ({why})"
                     continue

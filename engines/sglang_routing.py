@@ -127,14 +127,21 @@ class OwnAborts:
 
     @contextlib.contextmanager
     def pause(self, aborts: bool) -> Iterator[None]:
-        """Around a pause of the fleet; only a pause in "abort" mode (`aborts`) counts."""
+        """Around a pause of the fleet; only a pause that aborts (`aborts`) counts."""
         if not aborts:
             yield
             return
-        self.epoch += 1
-        self.pausing += 1
+        self.hold()
         try:
             yield
         finally:
-            self.pausing -= 1
-            self.epoch += 1
+            self.release()
+
+    def hold(self) -> None:
+        """A pause that aborts begins (`release` when it ends)."""
+        self.epoch += 1
+        self.pausing += 1
+
+    def release(self) -> None:
+        self.pausing -= 1
+        self.epoch += 1

@@ -1,9 +1,11 @@
-"""Serve a local fleet of SGLang servers from the command line, restarting any that dies.
+"""Serve a local fleet of inference servers (SGLang or vLLM) from the command line,
+restarting any that dies.
 
-    python -m engines.sglang_serve --model-path DIR [--n-servers N] [--port P] [--api-key K]
-                                   [--device cpu|cuda] [--venv .venv-sglang] [--log-dir DIR]
+    python -m engines.sglang_serve --model-path DIR [--backend sglang|vllm] [--n-servers N]
+                                   [--port P] [--api-key K] [--device cpu|cuda]
+                                   [--venv DIR] [--log-dir DIR]
 
-(`areal-like serve` runs the same.) Extra arguments go to every `sglang.launch_server`.
+(`areal-like serve` runs the same.) Extra arguments go to every server's command line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from areal_like.api.config import SGLangServerConfig
+from areal_like.api.config import BACKENDS, SGLangServerConfig
 from engines.sglang_server import SGLangFleet, SGLangServerError
 from engines.sglang_supervisor import FleetDownError, FleetSupervisor
 
@@ -24,13 +26,16 @@ from engines.sglang_supervisor import FleetDownError, FleetSupervisor
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-path", required=True)
+    parser.add_argument("--backend", choices=BACKENDS, default=SGLangServerConfig.backend,
+                        help="the inference server (clients attach with rollout.backend)")
     parser.add_argument("--n-servers", type=int, default=1)
     parser.add_argument("--port", type=int, default=None,
                         help="first port (server i uses port+i); default: free ports")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--venv", default=SGLangServerConfig.venv)
+    parser.add_argument("--venv", default=SGLangServerConfig.venv,
+                        help="the server's virtual environment (default: the backend's own)")
     parser.add_argument("--threads-per-server", type=int, default=1)
     parser.add_argument("--max-total-tokens", type=int, default=SGLangServerConfig.max_total_tokens)
     parser.add_argument("--startup-timeout", type=float, default=SGLangServerConfig.startup_timeout)
@@ -51,7 +56,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "(~13 s less per start; default: off)")
     args, extra = parser.parse_known_args(argv)
     config = SGLangServerConfig(
-        n_servers=args.n_servers, device=args.device, venv=args.venv,
+        backend=args.backend, n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
         startup_timeout=args.startup_timeout, deterministic=args.deterministic,
         max_restarts=args.max_restarts, fork_children=args.fork_children,

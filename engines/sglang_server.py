@@ -1,4 +1,5 @@
-"""Launch a local fleet of real SGLang servers (one process each) and shut them down reliably.
+"""Launch a local fleet of real inference servers (one process each; SGLang, or vLLM with
+`config.backend="vllm"`, see `engines/vllm_server.py`) and shut them down reliably.
 
 From the command line: `python -m engines.sglang_serve` (`engines/sglang_serve.py`).
 
@@ -34,6 +35,7 @@ from typing import Callable, Optional, Sequence
 from areal_like.api.config import SGLangServerConfig
 from areal_like.utils.cpus import check_cpus
 from areal_like.utils.network import find_free_port, is_loopback
+from engines.vllm_server import build_vllm_command, default_venv, install_hint, vllm_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
@@ -43,8 +45,10 @@ class SGLangServerError(RuntimeError):
     """A server could not be started (the message includes the tail of its log)."""
 
 
-def resolve_sglang_python(venv: str | os.PathLike[str]) -> Path:
-    """`<venv>/bin/python`; a relative venv is looked up in the CWD, then the repo root."""
+def resolve_sglang_python(venv: str | os.PathLike[str], backend: str = "sglang") -> Path:
+    """`<venv>/bin/python` (empty `venv`: the backend's default); a relative venv is looked
+    up in the CWD, then the repo root."""
+    venv = venv or default_venv(backend)
     venv_path = Path(venv)
     candidates = [venv_path] if venv_path.is_absolute() else [Path.cwd() / venv_path,
                                                               REPO_ROOT / venv_path]
@@ -54,10 +58,8 @@ def resolve_sglang_python(venv: str | os.PathLike[str]) -> Path:
         if python.exists():
             return python
     tried = ", ".join(str(c) for c in candidates)
-    raise SGLangServerError(
-        f"SGLang venv {str(venv)!r} not found (looked in: {tried}). Run `make sglang` (or "
-        f"`bash scripts/install_sglang.sh {venv}`) to install the SGLang server first."
-    )
+    raise SGLangServerError(f"{backend} venv {str(venv)!r} not found (looked in: {tried}). "
+                            f"{install_hint(backend, venv)}")
 
 
 _PROGRESS_BAR = re.compile(r"\d+%\s*(Completed\s*)?\||it/s\]")
@@ -210,6 +212,7 @@ class SGLangFleet:
     ) -> None:
         self.model_path = str(model_path)
         self.config = config or SGLangServerConfig()
+        self.kind = "vLLM" if self.config.backend == "vllm" else "SGLang"  # in messages
         self.host = host
         self.base_port = base_port
         self.api_key = api_key
@@ -230,7 +233,7 @@ class SGLangFleet:
             raise SGLangServerError(
                 f"model_path {self.model_path!r} is not an HF model folder (no config.json)"
             )
-        self._python = resolve_sglang_python(self.config.venv)
+        self._python = resolve_sglang_python(self.config.venv, self.config.backend)
         try:
             check_cpus("server.cpus", self.config.cpus)
         except ValueError as e:
@@ -249,17 +252,23 @@ class SGLangFleet:
         return self
 
     def _spawn(self, index: int, port: int, mode: str) -> subprocess.Popen[bytes]:
-        cmd = build_server_command(self._python, self.model_path, port, self.config,
-                                   self.host, self.api_key, self.weight_version)
-        env = server_env(self.config, index)
+        if self.config.backend == "vllm":
+            cmd = build_vllm_command(self._python, self.model_path, port, self.config,
+                                     self.host, self.api_key)
+            env = vllm_env(server_env(self.config, index), self.config)
+        else:
+            cmd = build_server_command(self._python, self.model_path, port, self.config,
+                                       self.host, self.api_key, self.weight_version)
+            env = server_env(self.config, index)
         if is_loopback(self.host):
-            # The scheduler's process group: a file store instead of a TCP store that would
-            # listen on every interface (a new file each start: a killed server leaves its
-            # file behind), and gloo pair sockets on loopback. (A relative path would read as
-            # file://<host>/... and the rendezvous would wait forever.)
-            store = self.log_dir / f".dist_store_{index}_{uuid.uuid4().hex}"
-            env["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = f"file://{store}"
+            # gloo pair sockets on loopback; SGLang's scheduler group: a file store instead of
+            # a TCP store that would listen on every interface (a new file each start: a
+            # killed server leaves its file behind; vLLM uses a file store by itself). (A
+            # relative path would read as file://<host>/... and the rendezvous would hang.)
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            if self.config.backend == "sglang":
+                store = self.log_dir / f".dist_store_{index}_{uuid.uuid4().hex}"
+                env["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = f"file://{store}"
         with open(self.log_dir / f"server_{index}.log", mode) as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
@@ -282,7 +291,7 @@ class SGLangFleet:
         it takes traffic (`engines/sglang_membership.py`)."""
         with self._lock:
             if self.processes[index].poll() is None:
-                raise SGLangServerError(f"SGLang server {index} is still running")
+                raise SGLangServerError(f"{self.kind} server {index} is still running")
             with contextlib.suppress(ProcessLookupError):  # leftovers of its process group
                 os.killpg(self.processes[index].pid, signal.SIGKILL)
             port = int(self.addresses[index].rpartition(":")[2])
@@ -293,8 +302,9 @@ class SGLangFleet:
         code = self.processes[index].returncode
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
-        return (f"SGLang server {index} ({self.addresses[index]}) died: {how}. Last lines of "
-                f"{self.log_paths[index]}:\n{tail_file(self.log_paths[index], n_lines)}")
+        return (f"{self.kind} server {index} ({self.addresses[index]}) died: {how}. Last "
+                f"lines of {self.log_paths[index]}:\n"
+                f"{tail_file(self.log_paths[index], n_lines)}")
 
     def wait_healthy(self, timeout: float) -> None:
         """Until every server answers /health (after `start` or `restart_server`); raises
@@ -306,24 +316,24 @@ class SGLangFleet:
                 code = self.processes[i].poll()
                 if code is not None:
                     raise SGLangServerError(
-                        f"SGLang server {i} ({self.addresses[i]}) exited with code {code} during "
-                        f"start-up. Last lines of {self.log_paths[i]}:\n"
+                        f"{self.kind} server {i} ({self.addresses[i]}) exited with code "
+                        f"{code} during start-up. Last lines of {self.log_paths[i]}:\n"
                         f"{tail_file(self.log_paths[i])}"
                     )
                 if health_ok(self.addresses[i]):
                     pending.discard(i)
                 elif _bind_failed(self.log_paths[i]):  # the process may linger: fail now
                     raise SGLangServerError(
-                        f"SGLang server {i} could not bind {self.addresses[i]} (address already "
-                        f"in use: another process took the port). Last lines of "
+                        f"{self.kind} server {i} could not bind {self.addresses[i]} (address "
+                        f"already in use: another process took the port). Last lines of "
                         f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
                     )
             if pending and time.monotonic() > deadline:
                 i = min(pending)
                 raise SGLangServerError(
-                    f"SGLang server {i} ({self.addresses[i]}) not healthy after {timeout:.0f} s "
-                    f"(SGLangServerConfig.startup_timeout). Last lines of {self.log_paths[i]}:\n"
-                    f"{tail_file(self.log_paths[i])}"
+                    f"{self.kind} server {i} ({self.addresses[i]}) not healthy after "
+                    f"{timeout:.0f} s (SGLangServerConfig.startup_timeout). Last lines of "
+                    f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
                 )
             if pending:
                 time.sleep(0.5)

@@ -24,9 +24,10 @@ import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
-from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, answers, post_json
+from engines.server_api import ServerAPI
+from engines.sglang_http import RemoteSGLangError
 
-logger = logging.getLogger("engines.remote_sglang")
+logger = logging.getLogger("engines.remote_engine")
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -35,20 +36,11 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:500]
 
 
-async def _tp_size(session: aiohttp.ClientSession, addr: str) -> int:
-    async with session.get(f"http://{addr}/get_server_info",
-                           timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
-        if resp.status != 200:
-            raise RemoteSGLangError(f"SGLang server {addr}: /get_server_info returned HTTP "
-                                    f"{resp.status}")
-        info = await resp.json(content_type=None)
-    return int(info.get("tp_size", 1) or 1)
-
-
 class FleetWeightGroup:
     def __init__(self, config: RolloutConfig, membership: Any,
-                 session: Callable[[], aiohttp.ClientSession]) -> None:
+                 session: Callable[[], aiohttp.ClientSession], api: ServerAPI) -> None:
         self.config = config
+        self.api = api
         self.membership = membership  # engines.sglang_membership.FleetMembership
         self._session = session
         self.groups: dict[str, str] = {}  # server -> name of its joined group
@@ -56,12 +48,13 @@ class FleetWeightGroup:
         self.failed: dict[str, str] = {}  # servers dropped from the current broadcast, why
         self._members: tuple[str, ...] = ()
         self._locked = False
+        self._holding_aborts = False
 
     # ---- forming ------------------------------------------------------------------------
     async def form(self, spec: WeightGroupSpec, force: bool = False) -> WeightGroupLayout:
         awaiting = self.membership.awaiting_broadcast
         waiting = [a for a in sorted(awaiting)
-                   if not await answers(self._session(), a, PROBE_TIMEOUT_S)]
+                   if not await self.api.answers(self._session(), a, PROBE_TIMEOUT_S)]
         wanted = tuple(sorted(set(self.membership.pool.in_service()) | set(waiting)))
         if not wanted:
             raise RemoteSGLangError("no SGLang server in service or waiting for weights to "
@@ -74,7 +67,7 @@ class FleetWeightGroup:
         for addr in new:
             await self._leave(addr)
         session = self._session()
-        sizes = await asyncio.gather(*(_tp_size(session, a) for a in new),
+        sizes = await asyncio.gather(*(self.api.tp_size(session, a) for a in new),
                                      return_exceptions=True)
         joining = []
         for addr, size in zip(new, sizes, strict=True):
@@ -87,9 +80,8 @@ class FleetWeightGroup:
             body = {"master_address": spec.master_addr, "master_port": spec.master_port,
                     "rank_offset": 1, "world_size": world_size, "group_name": name,
                     "backend": spec.backend}
-            task = asyncio.get_running_loop().create_task(post_json(
-                session, addr, "/init_weights_update_group", body, spec.timeout_s + 30,
-                retries=0))
+            task = asyncio.get_running_loop().create_task(
+                self.api.join_group(session, addr, body, spec.timeout_s + 30))
             self._joining[addr] = (name, task)
             joining.append((addr, name, world_size))
         if joining:
@@ -119,8 +111,7 @@ class FleetWeightGroup:
         if name is None:
             return
         try:
-            await post_json(self._session(), addr, "/destroy_weights_update_group",
-                            {"group_name": name}, CONTROL_TIMEOUT_S, retries=0)
+            await self.api.leave_group(self._session(), addr, name)
         except Exception as e:  # noqa: BLE001
             logger.info("SGLang server %s: leaving weight-update group %s: %s", addr, name, e)
 
@@ -146,25 +137,27 @@ class FleetWeightGroup:
         await asyncio.wait_for(self.membership.lock().acquire(),
                                self.config.weight_update_timeout)
         self._locked = True
+        if self.api.aborts_on_pause("retract"):  # requests aborted now are continued after
+            self.membership.own_aborts.hold()
+            self._holding_aborts = True
         members = tuple(a for a in self.groups if a not in self.failed)
         session = self._session()
 
         async def begin_one(addr: str) -> None:
-            await post_json(session, addr, "/pause_generation", {"mode": "retract"},
-                            CONTROL_TIMEOUT_S)
+            await self.api.pause(session, addr, "retract")
             try:
-                await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+                await self.api.begin_update(session, addr)
             except RemoteSGLangError as refused:
                 # A broadcast that dropped this server (or a trainer killed mid-broadcast)
                 # left its session open; SGLang refuses a second one until it is ended.
                 # Still paused: the partial weights it ends with are replaced by this one.
                 try:
-                    await post_json(session, addr, "/end_weight_update", {}, CONTROL_TIMEOUT_S)
+                    await self.api.end_update(session, addr)
                 except RemoteSGLangError:
                     raise refused from None  # no session was open: the refusal is the fault
                 logger.warning("SGLang server %s: %s; ended the session an earlier broadcast "
                                "left open, beginning again", addr, refused)
-                await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+                await self.api.begin_update(session, addr)
 
         failures = await self._each(members, begin_one)
         self._members = tuple(a for a in members if a not in failures)
@@ -181,10 +174,8 @@ class FleetWeightGroup:
         def post(addr: str) -> Any:
             body = {"names": [p.name for p in bucket], "dtypes": [p.dtype for p in bucket],
                     "shapes": [list(p.shape) for p in bucket], "group_name": self.groups[addr],
-                    "load_format": "flattened_bucket", "flush_cache": last,
-                    "weight_version": str(meta.version) if last else None}
-            return post_json(session, addr, "/update_weights_from_distributed", body,
-                             self.config.weight_update_timeout, retries=0)
+                    "flush_cache": last, "weight_version": str(meta.version) if last else None}
+            return self.api.receive_bucket(session, addr, body, self.config.weight_update_timeout)
 
         return await self._each(members, post)
 
@@ -197,10 +188,9 @@ class FleetWeightGroup:
         try:
             async def end_one(addr: str) -> None:
                 try:
-                    await post_json(session, addr, "/end_weight_update", {}, CONTROL_TIMEOUT_S)
+                    await self.api.end_update(session, addr)
                 finally:
-                    await post_json(session, addr, "/continue_generation", {},
-                                    CONTROL_TIMEOUT_S)
+                    await self.api.resume(session, addr)
 
             await self._each(done, end_one)
             received = [a for a in done if a not in self.failed]
@@ -218,6 +208,9 @@ class FleetWeightGroup:
         finally:
             self.failed = {}
             self._members = ()
+            if self._holding_aborts:
+                self._holding_aborts = False
+                self.membership.own_aborts.release()
             if self._locked:
                 self._locked = False
                 self.membership.lock().release()

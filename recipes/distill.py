@@ -22,14 +22,15 @@ from areal_like.algorithms.functional import shift_to_next_token
 from areal_like.api.config import RolloutConfig
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
-from engines.remote_sglang import RemoteSGLangEngine
+from engines.remote_engine import RemoteInferenceEngine
 from recipes.configs import DistillConfig
 from workflows.distill import DistillWorkflow, TeacherScorer
 
 
-def connect_teacher(config: RolloutConfig) -> RemoteSGLangEngine:
-    """A started client of the teacher fleet (its weights never change: version 0)."""
-    engine = RemoteSGLangEngine(config)
+def connect_teacher(config: RolloutConfig) -> RemoteInferenceEngine:
+    """A started client of the teacher fleet (its weights never change: version 0; its
+    backend is the student fleet's: the launcher serves both with `server`)."""
+    engine = RemoteInferenceEngine(config)
     engine.initialize()
     return engine
 

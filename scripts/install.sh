@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the project into the current Python (CPU torch first, so nothing pulls a CUDA build),
-# then the SGLang server environment. Idempotent: quick when everything is already there.
+# then the SGLang and vLLM server environments. Idempotent: quick when everything is already
+# there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -12,4 +13,7 @@ if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter
 fi
 if [ -f scripts/install_sglang.sh ]; then
   bash scripts/install_sglang.sh "${SGLANG_VENV:-.venv-sglang}"
+fi
+if [ -f scripts/install_vllm.sh ]; then
+  bash scripts/install_vllm.sh "${VLLM_VENV:-.venv-vllm}"
 fi

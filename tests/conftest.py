@@ -19,12 +19,14 @@ torch.set_num_threads(1)
 
 
 # What a fixture costs marks every test that uses it (see docs/contributing.md): `sglang`
-# needs the SGLang venv, `e2e` is left out of the quick tier (`pytest -m "not e2e"`).
+# needs the SGLang venv, `vllm` the vLLM one, `e2e` is left out of the quick tier (`pytest -m "not e2e"`).
 FIXTURE_MARKERS = {
     "sglang_fleet": ("sglang",),
     "fresh_fleet": ("sglang", "e2e"),  # a run attached to the fleet
     "spare": ("sglang", "e2e"),  # a server of its own, killed by the test
     "spare_server": ("sglang", "e2e"),
+    "vllm_fleet": ("vllm",),
+    "any_spare": ("e2e",),  # and the backend's marker, from `any_fleet`'s parameter
     "ray_address": ("e2e",),  # a Ray cluster of its own
 }
 QUICK_TIER_LIMIT_S = 20.0  # a quick-tier test slower than this is named at the end
@@ -35,6 +37,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture in getattr(item, "fixturenames", ()):
             for marker in FIXTURE_MARKERS.get(fixture, ()):
                 item.add_marker(marker)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "any_fleet" in params:  # sglang or vllm: the venv that test needs
+            item.add_marker(params["any_fleet"])
 
 
 _slow_in_quick_tier: list[tuple[str, float]] = []
@@ -102,6 +107,64 @@ def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
                         log_dir=tmp_path_factory.mktemp("sglang_logs"))
     with fleet:
         yield fleet
+
+
+def require_venv(backend: str) -> None:
+    """Skip when `backend`'s venv is missing, except in CI (CI=true): there it is an error."""
+    from engines.sglang_server import SGLangServerError, resolve_sglang_python
+
+    try:
+        resolve_sglang_python("", backend)
+    except SGLangServerError as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the {backend} tests: {e}")
+        pytest.skip(f"{backend} venv missing: {e}")
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two real vLLM servers on the tiny 1m model, shared like `sglang_fleet` (same API key,
+    same rule: tests that change weights restore them)."""
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet
+
+    require_venv("vllm")
+    config = SGLangServerConfig(backend="vllm", n_servers=2, context_length=1024)
+    with SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                     log_dir=tmp_path_factory.mktemp("vllm_logs")) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="session", params=["sglang", "vllm"])
+def any_fleet(request: pytest.FixtureRequest):
+    """The session's SGLang fleet, then its vLLM fleet: a test that takes it runs on both
+    backends (ids `[sglang]` / `[vllm]`)."""
+    return request.getfixturevalue(f"{request.param}_fleet")
+
+
+@pytest.fixture(scope="module")
+def _module_vllm_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`_module_spare`'s one killable server, on vLLM."""
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet
+
+    require_venv("vllm")
+    config = SGLangServerConfig(backend="vllm", n_servers=1, context_length=1024)
+    with SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                     log_dir=tmp_path_factory.mktemp("vllm_spare")) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def any_spare(request: pytest.FixtureRequest, any_fleet, tiny_model_dir: Path):
+    """`spare`, of `any_fleet`'s backend."""
+    from sglang_helpers import revive_spare
+
+    backend = any_fleet.config.backend
+    fleet = request.getfixturevalue("_module_spare" if backend == "sglang"
+                                    else f"_module_{backend}_spare")
+    revive_spare(fleet, tiny_model_dir)
+    yield fleet
 
 
 @pytest.fixture(scope="module")

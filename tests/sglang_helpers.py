@@ -1,4 +1,5 @@
-"""Shared pieces of the SGLang tests: engine factory, HF reference log-probs, weight copies."""
+"""Shared pieces of the real-server tests (SGLang and vLLM fleets): engine factory, HF
+reference log-probs, weight copies."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from areal_like.api.config import RolloutConfig
 from areal_like.rollout.controller import RolloutController
-from engines.remote_sglang import RemoteSGLangEngine
+from engines.remote_engine import RemoteInferenceEngine
 from engines.sglang_server import SGLangFleet
 
 # SGLang computes in float32; the reference runs the same weights in float64. Measured max
@@ -37,11 +38,18 @@ def require_sglang_venv() -> None:
         pytest.skip(f"SGLang venv missing (run `make sglang`): {e}")
 
 
-def make_engine(addresses: list[str], api_key: str | None, **config: object) -> RemoteSGLangEngine:
-    engine = RemoteSGLangEngine(RolloutConfig(server_addrs=list(addresses), api_key=api_key,
-                                              **config))  # type: ignore[arg-type]
+def make_engine(addresses: list[str], api_key: str | None,
+                **config: object) -> RemoteInferenceEngine:
+    """A client of the fleet at `addresses` (`backend="vllm"` among `config` for vLLM's)."""
+    engine = RemoteInferenceEngine(RolloutConfig(server_addrs=list(addresses), api_key=api_key,
+                                                 **config))  # type: ignore[arg-type]
     engine.initialize()
     return engine
+
+
+def fleet_engine(fleet: SGLangFleet, **config: object) -> RemoteInferenceEngine:
+    """A client of `fleet`, whichever its backend."""
+    return make_engine(fleet.addresses, fleet.api_key, backend=fleet.config.backend, **config)
 
 
 def make_controller(addresses: list[str], api_key: str | None,
@@ -49,7 +57,7 @@ def make_controller(addresses: list[str], api_key: str | None,
     """A real fleet client with the executor that runs workflows on it (in this process)."""
     rollout = RolloutConfig(server_addrs=list(addresses), api_key=api_key,
                             **config)  # type: ignore[arg-type]
-    controller = RolloutController(rollout, RemoteSGLangEngine(rollout))
+    controller = RolloutController(rollout, RemoteInferenceEngine(rollout))
     controller.initialize()
     return controller
 
@@ -98,10 +106,10 @@ def perturbed_copy(src: Path, dst: Path, seed: int, scale: float = 0.05) -> Path
     return dst
 
 
-def fleet_version(addresses: list[str], api_key: str | None) -> int:
+def fleet_version(addresses: list[str], api_key: str | None, backend: str = "sglang") -> int:
     """The weight version every server of the fleet reports (they must agree)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    versions = {_server_version(addr, headers) for addr in addresses}
+    versions = {_server_version(addr, headers, backend) for addr in addresses}
     assert len(versions) == 1, f"servers disagree on the weight version: {versions}"
     return versions.pop()
 
@@ -110,16 +118,19 @@ def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
     """Every server back on the session weights under one fresh version, loaded server by
     server (a test that left one server behind, or a load that failed, must not leave the
     fleet disagreeing for the next test). Returns that version."""
+    from areal_like.api import WeightUpdateMeta
+
+    backend = fleet.config.backend
     headers = {"Authorization": f"Bearer {fleet.api_key}"} if fleet.api_key else {}
-    version = max(_server_version(a, headers) for a in fleet.addresses) + 1
+    version = max(_server_version(a, headers, backend) for a in fleet.addresses) + 1
     for addr in fleet.addresses:
-        body = json.dumps({"model_path": str(model_dir), "weight_version": str(version)})
-        req = urllib.request.Request(f"http://{addr}/update_weights_from_disk", body.encode(),
-                                     {**headers, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            reply = json.load(resp)
-        assert reply.get("success"), f"{addr} could not load {model_dir}: {reply}"
-    assert fleet_version(fleet.addresses, fleet.api_key) == version
+        engine = make_engine([addr], fleet.api_key, backend=backend)
+        try:
+            engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version))
+            assert engine.in_service() == [addr], f"{addr} could not load {model_dir}"
+        finally:
+            engine.destroy()
+    assert fleet_version(fleet.addresses, fleet.api_key, backend) == version
     return version
 
 
@@ -129,13 +140,13 @@ def reset_fleet(fleet: SGLangFleet, model_dir: str | Path) -> None:
     killed trainer left paused), every server agreeing."""
     from areal_like.api import WeightUpdateMeta
 
-    engine = make_engine(fleet.addresses, fleet.api_key)
+    engine = fleet_engine(fleet)
     try:
         engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), 0))
         assert engine.in_service() == fleet.addresses, engine.in_service()
     finally:
         engine.destroy()
-    assert fleet_version(fleet.addresses, fleet.api_key) == 0
+    assert fleet_version(fleet.addresses, fleet.api_key, fleet.config.backend) == 0
 
 
 def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
@@ -151,23 +162,27 @@ def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
 def attach_args(fleet: SGLangFleet) -> list[str]:
     """Overrides that make a recipe or the launcher use `fleet` instead of starting servers."""
     return [f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
-            f"rollout.api_key={fleet.api_key}"]
+            f"rollout.api_key={fleet.api_key}", f"server.backend={fleet.config.backend}"]
 
 
-def _server_version(addr: str, headers: dict[str, str]) -> int:
-    req = urllib.request.Request(f"http://{addr}/get_model_info", headers=headers)
+def _server_version(addr: str, headers: dict[str, str], backend: str = "sglang") -> int:
+    path = "/weight_info" if backend == "vllm" else "/get_model_info"
+    req = urllib.request.Request(f"http://{addr}{path}", headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:
-        return int(json.load(resp)["weight_version"])
+        label = json.load(resp)["weight_version"]
+    return 0 if label == "default" else int(label)
 
 
 def server_pgid(port: int) -> int:
-    """The process group of the SGLang server on `port` (our own, found by command line)."""
+    """The process group of the SGLang or vLLM server on `port` (our own, found by command
+    line)."""
+    servers = (b"sglang.launch_server", b"vllm.entrypoints.openai.api_server")
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"sglang.launch_server" in args and str(port).encode() in args:
+        if any(s in args for s in servers) and str(port).encode() in args:
             i = args.index(b"--port")
             if args[i + 1] == str(port).encode():
                 return os.getpgid(int(cmdline.parent.name))

@@ -27,7 +27,7 @@ from areal_like.api.trajectory import TrajectoryError, validate_trajectory
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.rewards.failures import RewardFailure, RewardFunctionError
 from areal_like.rewards.reward_executor import RewardExecutor
-from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
+from engines.remote_engine import RemoteSGLangEngine, RemoteSGLangError
 from engines.sglang_protocol import SGLangProtocolError, parse_generate_reply
 
 ROOT = Path(__file__).resolve().parents[1]

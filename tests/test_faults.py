@@ -1,4 +1,5 @@
-"""Fault injection against real SGLang servers: a server killed during a weight update, a dead
+"""Fault injection against real servers (SGLang, and vLLM where a test takes `any_fleet`): a
+server killed during a weight update, a dead
 server restarted and readmitted with the current weights (also when no request saw it down), a
 server added to a running fleet, a server whose scheduler hangs behind a live HTTP front end,
 `areal-like serve` restarting a server, the last server gone, and servers that answer
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -33,7 +33,6 @@ from sglang_helpers import (
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.rollout import FleetUnavailableError
-from engines import sglang_membership
 
 pytestmark = pytest.mark.sglang
 PROMPT = [11, 22, 33, 44, 55]
@@ -67,19 +66,21 @@ def new_weights(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 def test_server_killed_during_weight_update_leaves_survivor_serving(
-        sglang_fleet, spare, tiny_model_dir, new_weights, monkeypatch):
-    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
-    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1)
-    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY))
-    real_post = sglang_membership.post_json
+        any_fleet, any_spare, tiny_model_dir, new_weights, monkeypatch):
+    backend, spare = any_fleet.config.backend, any_spare
+    survivor, victim = any_fleet.addresses[0], spare.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         backend=backend)
+    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY, backend))
+    real_load = engine.api.load_from_disk
 
-    async def post_killing_victim(session, addr, path, body, timeout):
-        if addr == victim and path == "/update_weights_from_disk":
+    async def load_killing_victim(session, addr, path, version, timeout):
+        if addr == victim:
             spare.kill_server(0)  # paused, about to load: SIGKILL now
             spare.processes[0].wait(timeout=60)
-        return await real_post(session, addr, path, body, timeout)
+        return await real_load(session, addr, path, version, timeout)
 
-    monkeypatch.setattr(sglang_membership, "post_json", post_killing_victim)
+    monkeypatch.setattr(engine.api, "load_from_disk", load_killing_victim)
     try:
         version = engine.get_version() + 1
         g = GenerationHyperparameters(max_new_tokens=64, min_new_tokens=64, temperature=1.0)
@@ -100,15 +101,16 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
     finally:
         monkeypatch.undo()
         engine.destroy()
-        restore_session_fleet(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(any_fleet, tiny_model_dir)
 
 
 def test_restarted_server_serves_only_after_loading_the_current_weights(
-        sglang_fleet, spare, tiny_model_dir, new_weights):
-    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+        any_fleet, any_spare, tiny_model_dir, new_weights):
+    backend, spare = any_fleet.config.backend, any_spare
+    survivor, victim = any_fleet.addresses[0], spare.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         health_check_interval=0.5)
-    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY))
+                         health_check_interval=0.5, backend=backend)
+    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY, backend))
     try:
         version = engine.get_version() + 1
         engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
@@ -121,7 +123,8 @@ def test_restarted_server_serves_only_after_loading_the_current_weights(
         _until(lambda: victim not in engine.in_service(), "the dead server to leave service")
         spare.restart_server(0)  # comes back with the base weights, labelled version 0
         _until(lambda: victim in engine.in_service(), "the restarted server to rejoin")
-        assert fleet_version([victim], SGLANG_TEST_API_KEY) == version  # loaded before traffic
+        # loaded before traffic
+        assert fleet_version([victim], SGLANG_TEST_API_KEY, backend) == version
         resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
         assert set(resp.output_versions) == {version}
         assert engine.fleet_stats()["fleet/readmitted_total"] >= 1
@@ -130,18 +133,19 @@ def test_restarted_server_serves_only_after_loading_the_current_weights(
         assert max(abs(a - b) for a, b in zip(resp.output_logprobs, ref.tolist(), strict=True)) < 1e-4
     finally:
         engine.destroy()
-        restore_session_fleet(sglang_fleet, tiny_model_dir)
+        restore_session_fleet(any_fleet, tiny_model_dir)
 
 
 def test_server_restarted_between_requests_reloads_before_its_reply_counts(
-        spare, tiny_model_dir, new_weights):
+        any_fleet, any_spare, tiny_model_dir, new_weights):
     """No request reaches the server while it is down, so only its first reply after the
     restart shows that it lost its weights (launch version). That reply is not used: the server
     leaves service, loads the current weights, and the request is answered with them."""
+    backend, spare = any_fleet.config.backend, any_spare
     victim = spare.addresses[0]
     engine = make_engine([victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         health_check_interval=0.5)
-    launch_version = fleet_version([victim], SGLANG_TEST_API_KEY)
+                         health_check_interval=0.5, backend=backend)
+    launch_version = fleet_version([victim], SGLANG_TEST_API_KEY, backend)
     engine.set_version(launch_version)
     try:
         version = launch_version + 1
@@ -150,7 +154,7 @@ def test_server_restarted_between_requests_reloads_before_its_reply_counts(
         spare.processes[0].wait(timeout=60)
         spare.restart_server(0)
         _until(lambda: _health(victim) == 200, "the restarted server to answer")
-        assert fleet_version([victim], SGLANG_TEST_API_KEY) == launch_version
+        assert fleet_version([victim], SGLANG_TEST_API_KEY, backend) == launch_version
         assert engine.in_service() == [victim]  # nothing has told the engine yet
         g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
         resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
@@ -164,17 +168,18 @@ def test_server_restarted_between_requests_reloads_before_its_reply_counts(
 
 
 def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
-        sglang_fleet, spare):
+        any_fleet, any_spare):
     """The server's HTTP front end answers (the liveness probe passes) but nothing behind it
     runs (its scheduler and detokenizer are stopped): requests to it time out and go to the
     other server, a generation probe takes it out of service, and it comes back only once it
     generates again."""
-    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    backend, spare = any_fleet.config.backend, any_spare
+    survivor, victim = any_fleet.addresses[0], spare.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         health_check_interval=0.5, request_timeout=5.0)
-    root = spare.processes[0].pid  # its HTTP front end; under it scheduler, detokenizer
+                         health_check_interval=0.5, request_timeout=5.0, backend=backend)
+    root = spare.processes[0].pid  # its HTTP front end; under it the engine's processes
     stopped = [pid for pid in process_tree(root) if pid != root]
-    assert stopped, "the SGLang server has no child processes to stop"
+    assert stopped, "the server has no child processes to stop"
     try:
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
@@ -185,7 +190,8 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
         assert all(r.result(timeout=BOUND_S).metadata["server"] == survivor for r in requests)
         _until(lambda: victim not in engine.membership._checking, "the probe of the victim")
         assert victim not in engine.in_service()
-        assert "/health_generate" in engine.servers.out_of_service[victim]
+        probe = "/health_generate" if backend == "sglang" else "one-token probe"
+        assert probe in engine.servers.out_of_service[victim]
         # the watch probes it again and keeps it out while it does not generate
         _until(lambda: "still not generating" in engine.servers.out_of_service.get(victim, ""),
                "a failed generation probe of the victim out of service")
@@ -261,18 +267,13 @@ def _pgid_or_none(port: int) -> int | None:
         return None
 
 
-def test_a_new_client_continues_a_server_left_paused(sglang_fleet):
+def test_a_new_client_continues_a_server_left_paused(any_fleet):
     """A trainer killed mid-update leaves its servers paused; the next one must start."""
-    import urllib.request
-
-    addr = sglang_fleet.addresses[1]
-    req = urllib.request.Request(
-        f"http://{addr}/pause_generation", data=json.dumps({"mode": "retract"}).encode(),
-        headers={"Authorization": f"Bearer {SGLANG_TEST_API_KEY}",
-                 "Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        assert resp.status == 200
-    engine = make_engine([addr], SGLANG_TEST_API_KEY)  # waits for /health: continues it
+    addr, backend = any_fleet.addresses[1], any_fleet.config.backend
+    dead_trainer = make_engine([addr], SGLANG_TEST_API_KEY, backend=backend)
+    dead_trainer.pause()  # and never continues
+    dead_trainer.destroy()
+    engine = make_engine([addr], SGLANG_TEST_API_KEY, backend=backend)  # continues it
     try:
         g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8)
         resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
@@ -281,10 +282,11 @@ def test_a_new_client_continues_a_server_left_paused(sglang_fleet):
         engine.destroy()
 
 
-def test_last_server_dead_stops_with_a_clear_bounded_error(spare):
-    addr = spare.addresses[0]
+def test_last_server_dead_stops_with_a_clear_bounded_error(any_fleet, any_spare):
+    spare, addr = any_spare, any_spare.addresses[0]
     controller = make_controller([addr], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                                 server_down_timeout=5.0, health_check_interval=0.5)
+                                 server_down_timeout=5.0, health_check_interval=0.5,
+                                 backend=any_fleet.config.backend)
     engine = controller.engine
     try:
         spare.kill_server(0)

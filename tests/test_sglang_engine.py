@@ -1,5 +1,6 @@
-"""RemoteSGLangEngine against real SGLang servers: log-probs, determinism, stops, routing, auth,
-timeouts. The fleet (two servers, tiny 1m model) is shared by the session (conftest)."""
+"""The fleet client against real servers, SGLang and vLLM (`any_fleet`): log-probs,
+determinism, stops, routing, auth, timeouts. Each fleet (two servers, tiny 1m model) is
+shared by the session (conftest)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,18 @@ import aiohttp
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import LOGPROB_ATOL, eos_token_id, hf_logprobs, make_engine
+from sglang_helpers import LOGPROB_ATOL, eos_token_id, fleet_engine, hf_logprobs, make_engine
 from transformers import AutoConfig
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
-from engines.remote_sglang import RemoteSGLangError
-
-pytestmark = pytest.mark.sglang
+from engines.remote_engine import RemoteSGLangError
 
 PROMPTS = [[1, 2, 3, 4], [17, 29, 5, 60, 61, 2], [300, 12], [7] * 9]
 
 
 @pytest.fixture(scope="module")
-def engine(sglang_fleet):
-    engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
+def engine(any_fleet):
+    engine = fleet_engine(any_fleet)
     yield engine
     engine.destroy()
 
@@ -121,6 +120,17 @@ async def test_length_stop_and_min_new_tokens(engine, tiny_model_dir):
                                atol=LOGPROB_ATOL, rtol=0)
 
 
+async def test_many_long_seeded_prompts_at_once_all_complete(engine):
+    """More prompt tokens than one engine step computes: prefills are scheduled over several
+    steps (vLLM 0.32 on CPU crashed when it split one seeded prefill, see vllm_server.py)."""
+    g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8, temperature=1.0)
+    prompts = [[(i * 7 + j) % 400 + 3 for j in range(600)] for i in range(48)]
+    resps = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=p, gconfig=g,
+                                                                 seed=i))
+                                   for i, p in enumerate(prompts)))
+    assert all(len(r.output_tokens) == 8 and r.stop_reason == "length" for r in resps)
+
+
 async def test_agenerate_n_fans_out_on_one_server(engine, tiny_model_dir):
     g = GenerationHyperparameters(max_new_tokens=10, temperature=1.0, n_samples=4)
     req = ModelRequest(input_ids=PROMPTS[3], gconfig=g)
@@ -145,13 +155,14 @@ async def test_same_rid_sticks_to_its_server(engine):
     assert len(servers) == 1
 
 
-async def test_server_requires_the_api_key(sglang_fleet):
-    payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+async def test_server_requires_the_api_key(any_fleet):
+    backend = any_fleet.config.backend
+    engine = make_engine(any_fleet.addresses[:1], api_key="wrong-key", backend=backend)
+    payload = engine.api.generate_payload([1, 2], GenerationHyperparameters(), "r", 2, 0)
     async with aiohttp.ClientSession() as session:
-        url = f"http://{sglang_fleet.addresses[0]}/generate"
+        url = f"http://{any_fleet.addresses[0]}{engine.api.generate_path}"
         async with session.post(url, json=payload) as resp:
             assert resp.status == 401
-    engine = make_engine(sglang_fleet.addresses[:1], api_key="wrong-key")
     try:
         with pytest.raises(RemoteSGLangError, match=r"HTTP 401"):
             await engine.agenerate(ModelRequest(input_ids=[1, 2]))
@@ -159,14 +170,14 @@ async def test_server_requires_the_api_key(sglang_fleet):
         engine.destroy()
 
 
-async def test_request_timeout_fails_with_a_clear_error(sglang_fleet):
-    engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY, request_timeout=0.2,
-                         request_retries=1)
+async def test_request_timeout_fails_with_a_clear_error(any_fleet):
+    engine = make_engine(any_fleet.addresses[:1], SGLANG_TEST_API_KEY, request_timeout=0.2,
+                         request_retries=1, backend=any_fleet.config.backend)
     g = GenerationHyperparameters(max_new_tokens=1000, min_new_tokens=1000)
     try:
         with pytest.raises(RemoteSGLangError) as info:
             await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=g))
         msg = str(info.value)
-        assert sglang_fleet.addresses[0] in msg and "timed out after 0.2 s" in msg
+        assert any_fleet.addresses[0] in msg and "timed out after 0.2 s" in msg
     finally:
         engine.destroy()

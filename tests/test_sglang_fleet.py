@@ -22,7 +22,7 @@ from areal_like.api.config import RolloutConfig, SGLangServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.rollout import FleetUnavailableError
 from areal_like.utils.network import HIGH_PORT, LOW_PORT
-from engines.remote_sglang import RemoteSGLangEngine, RemoteSGLangError
+from engines.remote_engine import RemoteSGLangEngine, RemoteSGLangError
 from engines.sglang_server import SGLangFleet, SGLangServerError, find_free_port
 
 
@@ -159,12 +159,22 @@ def test_server_processes_run_on_the_configured_cpus(spare_server):
         pid: set(spare_server.config.cpus) for pid in pids}
 
 
-@pytest.mark.sglang
+@pytest.fixture
+def victim_server(request: pytest.FixtureRequest, any_fleet, tiny_model_dir: Path):
+    """A server of `any_fleet`'s backend that the test may kill, alive and as new."""
+    if any_fleet.config.backend == "sglang":
+        return request.getfixturevalue("spare_server")
+    fleet = request.getfixturevalue(f"_module_{any_fleet.config.backend}_spare")
+    revive_spare(fleet, tiny_model_dir)
+    return fleet
+
+
 @pytest.mark.e2e  # servers of its own
-async def test_killing_a_server_mid_batch_loses_no_request(sglang_fleet, spare_server):
-    survivor, victim = sglang_fleet.addresses[0], spare_server.addresses[0]
+async def test_killing_a_server_mid_batch_loses_no_request(any_fleet, victim_server):
+    spare_server = victim_server
+    survivor, victim = any_fleet.addresses[0], spare_server.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, request_retries=3,
-                         retry_backoff=0.2)
+                         retry_backoff=0.2, backend=any_fleet.config.backend)
     try:
         n_tokens = 300
         g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,

@@ -172,12 +172,15 @@ def test_a_reply_older_than_the_weights_its_server_held_takes_the_server_out():
     """The floor is the version every server in service held when the request was sent; a
     request in flight across an update starts at that version and ends at a newer one."""
     from areal_like.api.config import RolloutConfig
+    from engines.server_api import SGLangAPI
     from engines.sglang_membership import FleetMembership
+    from engines.sglang_routing import OwnAborts
 
     a, b = "127.0.0.1:1", "127.0.0.1:2"
     pool = ServerPool([a, b])
     membership = FleetMembership(RolloutConfig(server_addrs=[a, b]), pool,
-                                 session=lambda: None, on_fatal=lambda e: None)  # type: ignore
+                                 session=lambda: None, on_fatal=lambda e: None,  # type: ignore
+                                 api=SGLangAPI(), own_aborts=OwnAborts())
     assert membership.served_version() is None
     assert membership.lost_weights(a, [0, 0], None) is None  # before any update: nothing known
     assert membership.lost_weights(a, [], 3) is None  # no tokens: no evidence

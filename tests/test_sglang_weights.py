@@ -1,6 +1,7 @@
-"""Weight updates on real SGLang servers: new weights give new log-probs and versions; a request
-in flight across an update reports two version spans that tile its tokens; an "abort"-mode pause
-is continued transparently. Every test restores the session fleet's original weights."""
+"""Weight updates on real servers, SGLang and vLLM (`any_fleet`): new weights give new log-probs
+and versions; a request in flight across an update reports two version spans that tile its
+tokens; an "abort"-mode pause is continued transparently. Every test restores the session
+fleet's original weights."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import (
     LOGPROB_ATOL,
     eos_token_id,
+    fleet_engine,
     fleet_version,
     hf_logprobs,
     make_engine,
@@ -22,9 +24,7 @@ from sglang_helpers import (
 )
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
-from engines.remote_sglang import RemoteSGLangEngine
-
-pytestmark = pytest.mark.sglang
+from engines.remote_engine import RemoteInferenceEngine
 
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -35,13 +35,15 @@ def new_weights_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture
-def engine(sglang_fleet, tiny_model_dir: Path) -> Iterator[RemoteSGLangEngine]:
-    engine = make_engine(sglang_fleet.addresses, SGLANG_TEST_API_KEY)
-    engine.set_version(fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY))  # earlier tests may have bumped it
+def engine(any_fleet, tiny_model_dir: Path) -> Iterator[RemoteInferenceEngine]:
+    engine = fleet_engine(any_fleet)
+    # earlier tests may have bumped it
+    engine.set_version(fleet_version(any_fleet.addresses, SGLANG_TEST_API_KEY,
+                                     any_fleet.config.backend))
     yield engine
     engine.destroy()
     # the session's weights under a fresh version, so other tests see tiny_model_dir
-    restore_session_fleet(sglang_fleet, tiny_model_dir)
+    restore_session_fleet(any_fleet, tiny_model_dir)
 
 
 def _assert_logprobs(model_dir: Path, prompt: list[int], output: list[int],
@@ -52,7 +54,7 @@ def _assert_logprobs(model_dir: Path, prompt: list[int], output: list[int],
 
 
 async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_dir,
-                                                          new_weights_dir, sglang_fleet):
+                                                          new_weights_dir, any_fleet):
     g = GenerationHyperparameters(max_new_tokens=16, temperature=1.0)
     before = await engine.agenerate_n(ModelRequest(input_ids=PROMPT, gconfig=g.new(n_samples=2)))
     for r in before:
@@ -62,7 +64,8 @@ async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_di
     # engine's rollout loop).
     engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights_dir), old + 1))
     assert engine.get_version() == old + 1
-    assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == old + 1
+    assert fleet_version(any_fleet.addresses, SGLANG_TEST_API_KEY,
+                         any_fleet.config.backend) == old + 1
     # Concurrent requests spread over both servers, so both are checked.
     after = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g))
                                    for _ in range(4)))
@@ -75,7 +78,7 @@ async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_di
         assert (torch.tensor(r.output_logprobs, dtype=torch.float64) - stale).abs().max() > 1e-2
 
 
-async def _generate_across_update(engine: RemoteSGLangEngine, new_dir: Path, version: int,
+async def _generate_across_update(engine: RemoteInferenceEngine, new_dir: Path, version: int,
                                   n_tokens: int, delay: float):
     g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                                   temperature=1.0)
@@ -116,9 +119,9 @@ async def test_request_in_flight_reports_both_versions(engine, tiny_model_dir, n
                                ref_new, atol=LOGPROB_ATOL, rtol=0)
 
 
-async def test_abort_mode_pause_is_continued_transparently(sglang_fleet, engine):
-    abort_engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY,
-                               pause_mode="abort")
+async def test_abort_mode_pause_is_continued_transparently(any_fleet, engine):
+    abort_engine = make_engine(any_fleet.addresses[:1], SGLANG_TEST_API_KEY,
+                               pause_mode="abort", backend=any_fleet.config.backend)
     try:
         g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
         # a pause that comes before the scheduler holds the request does not abort it (it
@@ -146,17 +149,17 @@ async def test_abort_mode_pause_is_continued_transparently(sglang_fleet, engine)
         abort_engine.destroy()
 
 
-async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sglang_fleet):
+async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(any_fleet):
     """A request sent after this engine began an "abort"-mode pause but before the pause
     reached the server is aborted by that pause: it is ours, so it is continued too, never
     returned cut short as if it had ended."""
-    abort_engine = make_engine(sglang_fleet.addresses[:1], SGLANG_TEST_API_KEY,
-                               pause_mode="abort")
+    abort_engine = make_engine(any_fleet.addresses[:1], SGLANG_TEST_API_KEY,
+                               pause_mode="abort", backend=any_fleet.config.backend)
     g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
     on_all, sent, ended_first, delay = abort_engine.membership.on_all, [], [], 0.2
 
-    async def pause_after_a_request(path, body, timeout):  # runs inside the pause
-        if path == "/pause_generation":
+    async def pause_after_a_request(what, call):  # runs inside the pause
+        if what.startswith("pause"):
             loop = asyncio.get_running_loop()
             sent.append(asyncio.run_coroutine_threadsafe(
                 abort_engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)), loop))
@@ -164,7 +167,7 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sg
                 await asyncio.sleep(0.01)
             await asyncio.sleep(delay)  # let the scheduler hold it (see the test above)
             ended_first.append(sent[-1].done())
-        return await on_all(path, body, timeout)
+        return await on_all(what, call)
 
     abort_engine.membership.on_all = pause_after_a_request
     try:
@@ -186,15 +189,15 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(sg
         abort_engine.destroy()
 
 
-async def test_failed_update_names_the_server_and_keeps_serving(engine, sglang_fleet,
+async def test_failed_update_names_the_server_and_keeps_serving(engine, any_fleet,
                                                                 tiny_model_dir, tmp_path):
-    from engines.remote_sglang import RemoteSGLangError
+    from engines.remote_engine import RemoteSGLangError
 
     version = engine.get_version()
     with pytest.raises(RemoteSGLangError, match="failed to load weights|update_weights") as info:
         await engine.aupdate_weights(WeightUpdateMeta.from_disk(str(tmp_path / "missing"),
                                                                 version + 1))
-    assert any(addr in str(info.value) for addr in sglang_fleet.addresses)
+    assert any(addr in str(info.value) for addr in any_fleet.addresses)
     assert engine.get_version() == version  # not bumped
     # The fleet was continued and still serves the old weights.
     g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)

@@ -35,10 +35,10 @@ from areal_like.api.io_struct import (
 )
 from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadcastFailed
 from engines import FSDPEngine, sglang_weight_group
-from engines.remote_sglang import RemoteSGLangEngine
+from engines.remote_engine import RemoteInferenceEngine, RemoteSGLangEngine
 from engines.sglang_server import SGLangFleet
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e]
 PROMPT = [11, 22, 33, 44, 55]
 TIMEOUT_S = 60.0  # rollout.weight_update_timeout of these tests: a failure ends well inside it
 # rollout.weight_broadcast_timeout of the tests that kill a server: a peer killed mid-broadcast
@@ -58,12 +58,14 @@ def trainer(tiny_model_dir: Path) -> Iterator[FSDPEngine]:
     engine.destroy()
 
 
-def _fleet_client(addresses: list[str], **config: object) -> RemoteSGLangEngine:
+def _fleet_client(addresses: list[str], backend: str = "sglang",
+                  **config: object) -> RemoteInferenceEngine:
     config = {"weight_transport": "distributed", "weight_bucket_mb": BUCKET_MB,
               "weight_update_timeout": TIMEOUT_S, "retry_backoff": 0.1,
               "health_check_interval": 0.5, **config}
-    client = make_engine(addresses, SGLANG_TEST_API_KEY, **config)
-    client.set_version(max(fleet_version([a], SGLANG_TEST_API_KEY) for a in addresses))
+    client = make_engine(addresses, SGLANG_TEST_API_KEY, backend=backend, **config)
+    client.set_version(max(fleet_version([a], SGLANG_TEST_API_KEY, backend)
+                           for a in addresses))
     return client
 
 
@@ -118,8 +120,9 @@ def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
 
 
 def test_servers_serve_the_trainers_weights_after_each_broadcast(
-        trainer, sglang_fleet, tiny_model_dir, tmp_path):
-    client = _fleet_client(sglang_fleet.addresses)
+        trainer, any_fleet, tiny_model_dir, tmp_path):
+    sglang_fleet = any_fleet  # either backend
+    client = _fleet_client(sglang_fleet.addresses, sglang_fleet.config.backend)
     broadcaster = WeightBroadcaster(client.config)
     try:
         for step in range(3):
@@ -129,7 +132,8 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
             assert stats["weight_sync/buckets"] > 1
             assert client.get_version() == trainer.get_version() == version
             assert not client.servers.out_of_service, client.servers.out_of_service
-            assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY) == version
+            assert fleet_version(sglang_fleet.addresses, SGLANG_TEST_API_KEY,
+                                 sglang_fleet.config.backend) == version
             _assert_serves(client, _export(trainer, tmp_path / f"v{version}"), version,
                            set(sglang_fleet.addresses))
         assert broadcaster.formations == 2  # a group per server, formed once, then reused
@@ -138,9 +142,10 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
-def test_a_request_in_flight_carries_both_versions(trainer, sglang_fleet, tiny_model_dir,
+def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_model_dir,
                                                    tmp_path):
-    client = _fleet_client(sglang_fleet.addresses[:1])
+    sglang_fleet = any_fleet  # either backend
+    client = _fleet_client(sglang_fleet.addresses[:1], sglang_fleet.config.backend)
     broadcaster = WeightBroadcaster(client.config)
     old_weights = _export(trainer, tmp_path / "old")
     try:

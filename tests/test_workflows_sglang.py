@@ -20,7 +20,7 @@ from areal_like.data.memory_episodes import answer_from_memory
 from areal_like.rewards import exact_match_reward
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
-from engines.remote_sglang import RemoteSGLangEngine
+from engines.remote_engine import RemoteSGLangEngine
 from workflows import (
     MemoryAgentWorkflow,
     MultiTurnWorkflow,

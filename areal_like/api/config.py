@@ -21,6 +21,8 @@ from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
+BACKENDS = ("sglang", "vllm")  # the inference servers a fleet can run
+
 
 @dataclass
 class ModelConfig:
@@ -111,11 +113,13 @@ class TrainEngineConfig:
 
 @dataclass
 class SGLangServerConfig:
-    """How the local launcher starts SGLang servers (ignored when attaching to a fleet)."""
+    """How the local launcher starts inference servers (ignored when attaching to a fleet,
+    except `backend`, which the client follows unless rollout.backend is set)."""
 
+    backend: str = "sglang"  # sglang | vllm (docs/deployment.md: what each provides)
     n_servers: int = 1
     device: str = "cpu"
-    venv: str = ".venv-sglang"
+    venv: str = ""  # the backend's own virtual environment; empty: .venv-sglang / .venv-vllm
     dtype: str = "float32"
     max_total_tokens: int = 65536
     mem_fraction_static: float = 0.1
@@ -138,6 +142,7 @@ class SGLangServerConfig:
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        _one_of("SGLangServerConfig", "backend", self.backend, BACKENDS)
         _one_of("SGLangServerConfig", "device", self.device, ("cpu", "cuda"))
         name = "SGLangServerConfig"
         _check(name, "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
@@ -165,6 +170,7 @@ class RolloutConfig:
     """The rollout side: where the servers are and how far rollout may run ahead."""
 
     server_addrs: List[str] = field(default_factory=list)  # host:port; empty: launch locally
+    backend: str = ""  # the fleet's: sglang | vllm; empty: server.backend (a bare client: sglang)
     # Import path of your own workflow class, 'my_pkg.flows:MyWorkflow', built as
     # cls(reward_fn, gconfig, tokenizer) by the RLVR recipes (grpo, ppo); empty: theirs.
     workflow: str = ""
@@ -226,6 +232,7 @@ class RolloutConfig:
         _one_of("RolloutConfig", "schedule_policy", self.schedule_policy,
                 ("least_inflight", "round_robin"))
         _one_of("RolloutConfig", "pause_mode", self.pause_mode, ("retract", "abort", "in_place"))
+        _one_of("RolloutConfig", "backend", self.backend, ("", *BACKENDS))
         _check("RolloutConfig", "queue_size", self.queue_size >= 0, self.queue_size,
                ">= 0 (0: unbounded)")
         _check("RolloutConfig", "retry_backoff", self.retry_backoff >= 0, self.retry_backoff,
@@ -453,6 +460,12 @@ class BaseExperimentConfig:
         _check("BaseExperimentConfig", "total_train_steps", self.total_train_steps >= 0,
                self.total_train_steps, ">= 0")
         resolve_algorithm(self.algorithm, self.gconfig, self.rollout)
+        if not self.rollout.backend:
+            self.rollout.backend = self.server.backend
+        elif not self.rollout.server_addrs and self.rollout.backend != self.server.backend:
+            raise ValueError(f"rollout.backend={self.rollout.backend} but the launcher starts "
+                             f"server.backend={self.server.backend} servers: set server.backend "
+                             f"(rollout.backend is for attaching to a running fleet)")
         if not self.rollout.server_addrs:  # the launcher starts the servers with this context
             need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
             _check("SGLangServerConfig", "context_length", self.server.context_length >= need,

@@ -195,8 +195,8 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         if needs_fleet and not config.rollout.server_addrs:
             from engines.sglang_server import SGLangFleet, SGLangServerError
 
-            CONSOLE.line(f"[launcher] starting {config.server.n_servers} SGLang server(s) on "
-                         f"{config.model.path}")
+            CONSOLE.line(f"[launcher] starting {config.server.n_servers} "
+                         f"{config.server.backend} server(s) on {config.model.path}")
             fleet = SGLangFleet(config.model.path, server_config, api_key=config.rollout.api_key,
                                 log_dir=log_dir / "servers")
             try:

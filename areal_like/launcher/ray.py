@@ -139,7 +139,7 @@ class RayJob:
             launcher.master_port))], 60, "reserve the rendezvous port")[0]
         extra = []
         if servers:
-            CONSOLE.line(f"[launcher] starting {len(servers)} SGLang server(s) on "
+            CONSOLE.line(f"[launcher] starting {len(servers)} {config.server.backend} server(s) on "
                          f"{config.model.path}")
             calls = [(s, s.handle.start_server.remote(config.model.path, config.server,
                                                       config.rollout.api_key)) for s in servers]

@@ -53,7 +53,7 @@ def load_eval_config(model: Path, argv: list[str]) -> tuple[BaseExperimentConfig
 def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     """Start servers on `config.model.path`, evaluate, stop them; the `eval/*` metrics."""
     from areal_like.rollout.controller import RolloutController
-    from engines.remote_sglang import RemoteSGLangEngine
+    from engines.remote_engine import RemoteInferenceEngine
     from engines.sglang_server import SGLangFleet
 
     tokenizer = load_tokenizer(config.model)
@@ -71,7 +71,7 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     fleet.start()
     try:
         rollout = dataclasses.replace(config.rollout, server_addrs=list(fleet.addresses))
-        controller = RolloutController(rollout, RemoteSGLangEngine(rollout), rewards=rewards)
+        controller = RolloutController(rollout, RemoteInferenceEngine(rollout), rewards=rewards)
         controller.initialize()
         try:
             ev = config.evaluation

@@ -25,7 +25,7 @@ from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.evaluation import Evaluator
 from areal_like.utils.cpus import pin_to_cpus
 from areal_like.utils.quiet import silence_library_progress_bars
-from engines import RemoteSGLangEngine
+from engines import RemoteInferenceEngine
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class RolloutService:
                     self.rewards.check(reward_fn, example, load_in_worker=True)
                 except RewardFunctionError as e:
                     raise RewardFunctionError(f"{what}: {e}") from None
-            controller = RolloutController(setup.rollout, RemoteSGLangEngine(setup.rollout),
+            controller = RolloutController(setup.rollout, RemoteInferenceEngine(setup.rollout),
                                            wait_timeout=setup.wait_timeout,
                                            evaluator=setup.evaluator,
                                            eval_timeout=setup.eval_timeout,

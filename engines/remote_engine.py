@@ -1,6 +1,10 @@
-"""RemoteSGLangEngine: the HTTP client of a fleet of SGLang servers (a thin InferenceEngine).
+"""RemoteInferenceEngine: the HTTP client of a fleet of inference servers, SGLang or vLLM
+(`rollout.backend`; a thin InferenceEngine). `RemoteSGLangEngine` and `RemoteVLLMEngine` fix
+the backend.
 
 It generates, scores given tokens, pauses, resumes and loads weights; workflows run elsewhere.
+What differs between backends is one `engines.server_api.ServerAPI` (the HTTP calls); routing,
+retries, fleet membership and the weight transport below are shared.
 
 Threading model. All HTTP traffic goes through one `aiohttp.ClientSession`, which belongs to
 the event loop it was created on: the loop thread given to `initialize` (the rollout
@@ -21,11 +25,13 @@ and the cause. A server that stops answering leaves service (no request or weigh
 to it) and comes back only after loading the current weights (`engines/sglang_membership.py`);
 while no server is in service, requests wait for one up to `server_down_timeout` s, and past
 that every `watch_fleet` callback gets the error. Every token's version is the one the
-server reports (`meta_info.weight_versions` spans), not a client-side guess; a reply older
+server reports (SGLang's `meta_info.weight_versions`, vLLM's `weight_versions` spans), not a
+client-side guess; a reply older
 than the weights its server held when the request was sent (the server restarted between
 requests) is retried elsewhere while that server reloads the current weights. If a request is
-aborted because this engine paused the fleet in "abort" mode, it is continued from the tokens
-it already has once generation resumes, so callers never see that abort.
+aborted because this engine paused the fleet in a mode that aborts (SGLang's "abort"; every
+vLLM pause but "in_place"), it is continued from the tokens it already has once generation
+resumes, so callers never see that abort.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any, Callable, Optional, TypeVar, cast
 
 import aiohttp
 
-from areal_like.api.config import RolloutConfig
+from areal_like.api.config import BACKENDS, RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import (
     ModelRequest,
@@ -51,30 +57,23 @@ from areal_like.api.io_struct import (
 )
 from areal_like.api.seeding import derive_seed, request_seed
 from areal_like.utils.loop_thread import EventLoopThread
+from engines.server_api import ServerAPI, SGLangAPI
 from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
     MalformedReplyError,
     RemoteSGLangError,
-    answers,
     parse_json_reply,
-    post_json,
 )
 from engines.sglang_http import RETRYABLE as _RETRYABLE
 from engines.sglang_http import RetryableHTTPError as _RetryableHTTPError
 from engines.sglang_membership import FleetMembership
-from engines.sglang_protocol import (
-    GenerateReply,
-    ScoreReply,
-    SGLangProtocolError,
-    generate_payload,
-    parse_generate_reply,
-    parse_score_reply,
-    score_payload,
-)
+from engines.sglang_protocol import GenerateReply, ScoreReply, SGLangProtocolError
 from engines.sglang_routing import OwnAborts, ServerPool
 from engines.sglang_weight_group import FleetWeightGroup
+from engines.vllm_api import VLLMAPI
 
-__all__ = ["MalformedReplyError", "RemoteSGLangEngine", "RemoteSGLangError"]
+__all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
+           "RemoteSGLangError", "RemoteVLLMEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +82,32 @@ KEEPALIVE_S = 4.0
 # A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
 # is treated like one that dropped the connection: the request goes to another server.
 _GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
-_NOT_INITIALIZED = "RemoteSGLangEngine is not initialized: call initialize() first"
+_NOT_INITIALIZED = "the inference engine is not initialized: call initialize() first"
 T = TypeVar("T")
 R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
 
 
-class RemoteSGLangEngine(InferenceEngine):
-    """Client of an SGLang fleet (`config.server_addrs`, or `addresses`), see module doc."""
+def server_api(backend: str) -> ServerAPI:
+    """The HTTP API of `backend` ("sglang" or "vllm")."""
+    apis: dict[str, type[ServerAPI]] = {"sglang": SGLangAPI, "vllm": VLLMAPI}
+    if backend not in apis:
+        raise ValueError(f"inference backend {backend!r}: expected one of {BACKENDS} "
+                         f"(server.backend / rollout.backend)")
+    return apis[backend]()
+
+
+class RemoteInferenceEngine(InferenceEngine):
+    """Client of a fleet (`config.server_addrs`, or `addresses`) of `config.backend`
+    servers ("" = sglang), see module doc."""
+
+    backend: Optional[str] = None  # set by the subclasses that fix it
 
     def __init__(self, config: RolloutConfig, addresses: Optional[list[str]] = None) -> None:
         self.config = config
+        self.api: ServerAPI = server_api(self.backend or config.backend or "sglang")
         self.addresses = list(addresses if addresses is not None else config.server_addrs)
         if not self.addresses:
-            raise ValueError("RemoteSGLangEngine: no server addresses (RolloutConfig."
+            raise ValueError(f"{type(self).__name__}: no server addresses (RolloutConfig."
                              "server_addrs is empty and no `addresses` were given)")
         if config.min_servers > len(self.addresses):
             raise ValueError(f"RolloutConfig.min_servers={config.min_servers} but the fleet has "
@@ -108,10 +120,11 @@ class RemoteSGLangEngine(InferenceEngine):
         self._version = 0
         self._version_lock = threading.Lock()
         self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
+        self._own_aborts = OwnAborts()  # this engine's pauses that abort: continued
         self.membership = FleetMembership(config, self.servers, self._require_session,
-                                          self._fail)
-        self.weight_group = FleetWeightGroup(config, self.membership, self._require_session)
-        self._own_aborts = OwnAborts()  # this engine's "abort"-mode pauses: continued
+                                          self._fail, self.api, self._own_aborts)
+        self.weight_group = FleetWeightGroup(config, self.membership, self._require_session,
+                                             self.api)
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
@@ -170,49 +183,9 @@ class RemoteSGLangEngine(InferenceEngine):
                 loop_thread.stop()
 
     async def await_healthy(self, timeout: float) -> None:
-        """Poll `/health` of every server, all at once, until all answer 200; error after
-        `timeout` s. A server left paused (by a client that died mid-update) is continued.
-        (SGLang's /health generates a token and answers a second later at the earliest:
-        one server after another would cost a second per server.)"""
-        deadline = time.monotonic() + timeout
-        polls = [asyncio.ensure_future(self._await_one_healthy(addr, deadline, timeout))
-                 for addr in self.addresses]
-        try:
-            await asyncio.gather(*polls)  # the first server's error
-        finally:  # ... stops the other polls
-            for poll in polls:
-                poll.cancel()
-            await asyncio.gather(*polls, return_exceptions=True)
-
-    async def _await_one_healthy(self, addr: str, deadline: float, timeout: float) -> None:
-        last = "no answer"
-        continued = False
-        while True:
-            try:
-                wait = max(0.1, min(5.0, deadline - time.monotonic()))
-                async with self._require_session().get(
-                    f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=wait)
-                ) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except _RETRYABLE as e:
-                last = f"{type(e).__name__}: {e}"
-            if not continued and not await answers(self._require_session(), addr, 5.0):
-                # up but not generating: maybe left paused; continuing is idempotent
-                continued = True
-                try:
-                    await self._post_json(addr, "/continue_generation", {}, CONTROL_TIMEOUT_S)
-                    logger.warning("SGLang server %s answered but was not generating "
-                                   "(%s): continued it", addr, last)
-                except RemoteSGLangError as e:
-                    last += f"; /continue_generation failed: {e}"
-            if time.monotonic() > deadline:
-                raise RemoteSGLangError(
-                    f"SGLang server {addr} not healthy within {timeout:.0f} s "
-                    f"(RolloutConfig.setup_timeout); last answer: {last}"
-                )
-            await asyncio.sleep(0.5)
+        """Until every server is healthy (error after `timeout` s); a server left paused (by
+        a client that died mid-update) is continued."""
+        await self.membership.await_healthy(self.addresses, timeout)
 
     # ---- loop plumbing ------------------------------------------------------------------
     def _require_session(self) -> aiohttp.ClientSession:
@@ -288,14 +261,14 @@ class RemoteSGLangEngine(InferenceEngine):
             # After an abort we continue from the tokens we have (a new rid: SGLang may still
             # be cleaning up the old one).
             seg_rid = rid if segment == 0 else f"{rid}#cont{segment}"
-            payload = generate_payload(
+            payload = self.api.generate_payload(
                 list(req.input_ids) + tokens, g, seg_rid,
                 max_new_tokens=g.max_new_tokens - len(tokens),
                 min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
                 seed=seed,  # a continuation draws what the uninterrupted request would have
             )
             addr, reply = await self._post_generate(payload, route_key, seg_rid,
-                                                    parse_generate_reply)
+                                                    self.api.parse_generate_reply)
             if ttft is None:
                 ttft = time.monotonic() - start
             tokens += reply.output_ids
@@ -320,23 +293,35 @@ class RemoteSGLangEngine(InferenceEngine):
     # ---- retries ------------------------------------------------------------
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
-        """One request, one prefill batch on one server (nothing sampled); routed, retried
-        and version-checked like generation."""
-        payload = score_payload(sequences, starts, rid)
-        copies = [list(ids) for ids in sequences]
+        """One prefill batch on one server (nothing sampled; one request where the backend
+        takes a batch, else one each, concurrently); routed, retried and version-checked like
+        generation."""
+        if len(sequences) != len(starts) or not sequences:
+            raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
+                             f"expected as many, at least one")
+        batches = ([(list(range(len(sequences))), rid)] if self.api.scores_in_one_request
+                   else [([i], f"{rid}_{i}") for i in range(len(sequences))])
 
-        def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
-            return parse_score_reply(data, addr, sent_rid, copies, list(starts))
+        async def score(indices: list[int], name: str) -> list[list[float]]:
+            seqs = [list(sequences[i]) for i in indices]
+            firsts = [starts[i] for i in indices]
+            payload = self.api.score_payload(seqs, firsts, name)
 
-        async def score() -> list[list[float]]:
-            claimed = self.servers.claim_rid(rid)
+            def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
+                return self.api.parse_score_reply(data, addr, sent_rid, seqs, firsts)
+
+            claimed = self.servers.claim_rid(name)
             try:
                 _, reply = await self._post_generate(payload, rid, claimed, parse)
             finally:
                 self.servers.release_rid(claimed)
             return reply.logprobs
 
-        return await self._on_rollout_loop(score())
+        async def score_all() -> list[list[float]]:
+            parts = await asyncio.gather(*(score(ix, name) for ix, name in batches))
+            return [lps for part in parts for lps in part]
+
+        return await self._on_rollout_loop(score_all())
 
     async def _post_generate(
         self, payload: dict[str, Any], route_key: str, rid: str,
@@ -351,26 +336,28 @@ class RemoteSGLangEngine(InferenceEngine):
             floor = self.membership.served_version()  # what `addr` holds at least, now
             tried.append(addr)
             # A retry gets a fresh rid: the failed server may still hold the old one.
-            payload["rid"] = rid if attempt == 0 else f"{rid}#retry{attempt}"
+            sent_rid = rid if attempt == 0 else f"{rid}#retry{attempt}"
+            self.api.set_rid(payload, sent_rid)
             self.servers.inflight[addr] += 1
             try:
-                async with session.post(f"http://{addr}/generate", json=payload,
+                path = self.api.generate_path
+                async with session.post(f"http://{addr}{path}", json=payload,
                                         timeout=timeout) as resp:
                     if resp.status >= 500:
                         raise _RetryableHTTPError(resp.status, await resp.text())
                     if resp.status != 200:
                         raise RemoteSGLangError(
-                            f"SGLang server {addr} rejected /generate rid={payload['rid']}: "
+                            f"{self.api.name} server {addr} rejected {path} rid={sent_rid}: "
                             f"HTTP {resp.status}: {(await resp.text())[:500]}"
                         )
-                    data = parse_json_reply(await resp.text(), addr, "/generate")
-                    reply = parse(data, addr, payload["rid"])
+                    data = parse_json_reply(await resp.text(), addr, path)
+                    reply = parse(data, addr, sent_rid)
                 last_error = self.membership.lost_weights(addr, reply.versions, floor)
                 if last_error is None:
                     return addr, reply
             except _GENERATE_RETRYABLE as e:
                 if session.closed:  # this engine's destroy() closed it: no server is at fault
-                    raise RemoteSGLangError(f"/generate rid={payload['rid']}: the engine was "
+                    raise RemoteSGLangError(f"generate rid={sent_rid}: the engine was "
                                             f"destroyed while the request ran") from e
                 last_error = e
                 self.servers.mark_failed(addr)
@@ -378,12 +365,12 @@ class RemoteSGLangEngine(InferenceEngine):
                     self.membership.take_out(addr, f"connection refused ({e})")
                 elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
                     self.membership.check_soon(addr, e)  # dead or hung: out of service
-                logger.warning("SGLang server %s failed rid=%s (try %d/%d): %s: %s", addr,
-                               payload["rid"], attempt + 1, self.config.request_retries,
+                logger.warning("%s server %s failed rid=%s (try %d/%d): %s: %s", self.api.name,
+                               addr, sent_rid, attempt + 1, self.config.request_retries,
                                type(e).__name__,
                                str(e) or f"no reply within {self.config.request_timeout} s")
                 if isinstance(e, asyncio.TimeoutError):
-                    self._abort_later(addr, payload["rid"])
+                    self._abort_later(addr, sent_rid)
                 if attempt + 1 < self.config.request_retries:
                     await asyncio.sleep(self.config.retry_backoff * 2**attempt)
             finally:
@@ -392,8 +379,8 @@ class RemoteSGLangEngine(InferenceEngine):
                  f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
                  else f"{type(last_error).__name__}: {last_error}")
         raise RemoteSGLangError(
-            f"/generate rid={rid} failed after {len(tried)} tries (servers tried: {tried}); "
-            f"last error from SGLang server {tried[-1]}: {cause}"
+            f"{self.api.generate_path} rid={rid} failed after {len(tried)} tries (servers "
+            f"tried: {tried}); last error from {self.api.name} server {tried[-1]}: {cause}"
         ) from last_error
 
     def _abort_later(self, addr: str, rid: str) -> None:
@@ -401,7 +388,7 @@ class RemoteSGLangEngine(InferenceEngine):
 
         async def abort() -> None:
             try:
-                await self._post_json(addr, "/abort_request", {"rid": rid}, timeout=5.0)
+                await self.api.abort(self._require_session(), addr, rid)
             except (RemoteSGLangError, *_RETRYABLE) as e:
                 logger.warning("could not abort rid=%s on %s: %s", rid, addr, e)
 
@@ -410,11 +397,8 @@ class RemoteSGLangEngine(InferenceEngine):
         task.add_done_callback(self._background.discard)
 
     # ---- control calls ------------------------------------------------------------------
-    async def _post_json(self, addr: str, path: str, body: dict[str, Any], timeout: float) -> Any:
-        return await post_json(self._require_session(), addr, path, body, timeout)
-
     async def _pause_servers(self, mode: str) -> None:
-        with self._own_aborts.pause(aborts=mode == "abort"):
+        with self._own_aborts.pause(aborts=self.api.aborts_on_pause(mode)):
             await self.membership.pause_all(mode)
 
     async def apause(self) -> None:
@@ -499,3 +483,15 @@ class RemoteSGLangEngine(InferenceEngine):
     def fleet_stats(self) -> dict[str, float]:
         """Servers in service, and how many times servers left, came back or joined."""
         return {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
+
+
+class RemoteSGLangEngine(RemoteInferenceEngine):
+    """Client of an SGLang fleet (whatever `config.backend` says)."""
+
+    backend = "sglang"
+
+
+class RemoteVLLMEngine(RemoteInferenceEngine):
+    """Client of a vLLM fleet (whatever `config.backend` says)."""
+
+    backend = "vllm"

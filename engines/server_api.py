@@ -1,0 +1,220 @@
+"""What the fleet client asks of one inference server, per backend: the HTTP calls behind
+generation, scoring, pause / continue, weight loads and the weight-update group.
+
+`RemoteInferenceEngine` (routing, retries, fleet membership, the distributed transport) is
+the same for every backend; only this layer differs. `SGLangAPI` speaks SGLang's native
+endpoints; `engines/vllm_api.py` speaks vLLM's; `engines.remote_engine.server_api(backend)`
+picks one.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Optional
+
+import aiohttp
+
+from areal_like.api.io_struct import GenerationHyperparameters
+from engines.sglang_http import (
+    CONTROL_TIMEOUT_S,
+    GENERATION_PROBE_TIMEOUT_S,
+    RETRYABLE,
+    RemoteSGLangError,
+    post_json,
+)
+from engines.sglang_protocol import (
+    GenerateReply,
+    ScoreReply,
+    generate_payload,
+    parse_generate_reply,
+    parse_score_reply,
+    score_payload,
+)
+
+
+class ServerAPI(abc.ABC):
+    """One backend's HTTP API. Every call takes the client's session and a server address."""
+
+    name: str  # in messages: "SGLang server 127.0.0.1:3000 ..."
+    generate_path: str
+    scores_in_one_request = True  # ascore_batch: one request for all sequences (else one each)
+
+    @abc.abstractmethod
+    def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
+                         rid: str, max_new_tokens: int, min_new_tokens: int,
+                         seed: Optional[int] = None) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply: ...
+
+    @abc.abstractmethod
+    def score_payload(self, sequences: list[list[int]], starts: list[int],
+                      rid: str) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
+                          starts: list[int]) -> ScoreReply: ...
+
+    @abc.abstractmethod
+    def set_rid(self, payload: dict[str, Any], rid: str) -> None:
+        """Name the request `rid` in `payload` (a retry renames it)."""
+
+    @abc.abstractmethod
+    async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+        """'' when the server's HTTP front end answers (no generation involved), else why not."""
+
+    async def health(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+        """'' when the server is up and ready to generate, else why not."""
+        async with session.get(f"http://{addr}/health",
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return "" if resp.status == 200 else f"HTTP {resp.status}"
+
+    @abc.abstractmethod
+    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+        """'' when the server's scheduler makes progress (a busy server passes at once), else
+        why not. A paused server fails it: do not probe one."""
+
+    @abc.abstractmethod
+    async def pause(self, session: aiohttp.ClientSession, addr: str, mode: str) -> None:
+        """Stop generating; `mode` is `RolloutConfig.pause_mode`'s ("retract", "abort",
+        "in_place"): a backend maps it to what it has (see `aborts_on_pause`)."""
+
+    def aborts_on_pause(self, mode: str) -> bool:
+        """Whether a pause in `mode` aborts the requests in flight. The client then continues
+        each from the tokens it has once the server serves again, so callers never see it."""
+        return mode == "abort"
+
+    @abc.abstractmethod
+    async def resume(self, session: aiohttp.ClientSession, addr: str) -> None: ...
+
+    @abc.abstractmethod
+    async def abort(self, session: aiohttp.ClientSession, addr: str, rid: str) -> None: ...
+
+    @abc.abstractmethod
+    async def load_from_disk(self, session: aiohttp.ClientSession, addr: str, path: str,
+                             version: int, timeout: float) -> None:
+        """Load the HF folder `path` (the server is paused) and serve it as `version`; raises
+        naming the server when it refused."""
+
+    # ---- the weight-update group (trainer rank 0 + the server's workers) -----------------
+    @abc.abstractmethod
+    async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
+        """How many ranks the server brings to a weight-update group."""
+
+    @abc.abstractmethod
+    async def join_group(self, session: aiohttp.ClientSession, addr: str,
+                         body: dict[str, Any], timeout: float) -> None:
+        """Join the group `body` names (master_address, master_port, rank_offset,
+        world_size, group_name, backend); returns once the group has formed."""
+
+    @abc.abstractmethod
+    async def leave_group(self, session: aiohttp.ClientSession, addr: str,
+                          group_name: str) -> None: ...
+
+    @abc.abstractmethod
+    async def begin_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """Before the first bucket (the server is paused)."""
+
+    @abc.abstractmethod
+    async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
+                             body: dict[str, Any], timeout: float) -> None:
+        """Receive one flattened bucket (names, dtypes, shapes, group_name, flush_cache,
+        weight_version: set on the last bucket); not retried."""
+
+    @abc.abstractmethod
+    async def end_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """After the last bucket (or to close a session a failed broadcast left open)."""
+
+
+class SGLangAPI(ServerAPI):
+    name = "SGLang"
+    generate_path = "/generate"
+
+    def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
+                         rid: str, max_new_tokens: int, min_new_tokens: int,
+                         seed: Optional[int] = None) -> dict[str, Any]:
+        return generate_payload(input_ids, gconfig, rid, max_new_tokens, min_new_tokens, seed)
+
+    def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:
+        return parse_generate_reply(data, server, rid)
+
+    def score_payload(self, sequences: list[list[int]], starts: list[int],
+                      rid: str) -> dict[str, Any]:
+        return score_payload(sequences, starts, rid)
+
+    def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
+                          starts: list[int]) -> ScoreReply:
+        return parse_score_reply(data, server, rid, sequences, starts)
+
+    def set_rid(self, payload: dict[str, Any], rid: str) -> None:
+        payload["rid"] = rid
+
+    async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+        return await get_answers(session, addr, "/model_info", timeout)
+
+    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+        # /health_generate succeeds as soon as the server emits any output (its one-token
+        # probe or another request's); it gives up by itself after health_generate_timeout
+        try:
+            async with session.get(f"http://{addr}/health_generate", timeout=aiohttp.ClientTimeout(
+                    total=GENERATION_PROBE_TIMEOUT_S)) as resp:
+                return "" if resp.status == 200 else f"/health_generate: HTTP {resp.status}"
+        except RETRYABLE as e:
+            return f"/health_generate: {type(e).__name__}: {e}"
+
+    async def pause(self, session: aiohttp.ClientSession, addr: str, mode: str) -> None:
+        await post_json(session, addr, "/pause_generation", {"mode": mode}, CONTROL_TIMEOUT_S)
+
+    async def resume(self, session: aiohttp.ClientSession, addr: str) -> None:
+        await post_json(session, addr, "/continue_generation", {}, CONTROL_TIMEOUT_S)
+
+    async def abort(self, session: aiohttp.ClientSession, addr: str, rid: str) -> None:
+        await post_json(session, addr, "/abort_request", {"rid": rid}, timeout=5.0)
+
+    async def load_from_disk(self, session: aiohttp.ClientSession, addr: str, path: str,
+                             version: int, timeout: float) -> None:
+        reply = await post_json(session, addr, "/update_weights_from_disk",
+                                {"model_path": path, "weight_version": str(version)}, timeout)
+        if not (isinstance(reply, dict) and reply.get("success")):
+            raise RemoteSGLangError(f"SGLang server {addr} failed to load weights from "
+                                    f"{path}: {reply}")
+
+    async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
+        async with session.get(f"http://{addr}/get_server_info",
+                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                raise RemoteSGLangError(f"SGLang server {addr}: /get_server_info returned "
+                                        f"HTTP {resp.status}")
+            info = await resp.json(content_type=None)
+        return int(info.get("tp_size", 1) or 1)
+
+    async def join_group(self, session: aiohttp.ClientSession, addr: str,
+                         body: dict[str, Any], timeout: float) -> None:
+        await post_json(session, addr, "/init_weights_update_group", body, timeout, retries=0)
+
+    async def leave_group(self, session: aiohttp.ClientSession, addr: str,
+                          group_name: str) -> None:
+        await post_json(session, addr, "/destroy_weights_update_group",
+                        {"group_name": group_name}, CONTROL_TIMEOUT_S, retries=0)
+
+    async def begin_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        await post_json(session, addr, "/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+
+    async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
+                             body: dict[str, Any], timeout: float) -> None:
+        await post_json(session, addr, "/update_weights_from_distributed",
+                        {**body, "load_format": "flattened_bucket"}, timeout, retries=0)
+
+    async def end_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        await post_json(session, addr, "/end_weight_update", {}, CONTROL_TIMEOUT_S)
+
+
+async def get_answers(session: aiohttp.ClientSession, addr: str, path: str,
+                      timeout: float) -> str:
+    """'' when GET `path` answers at all (any status), else why not."""
+    try:
+        async with session.get(f"http://{addr}{path}",
+                               timeout=aiohttp.ClientTimeout(total=timeout)):
+            return ""
+    except RETRYABLE as e:
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -1,0 +1,167 @@
+"""The fleet client's calls to a vLLM server (>= 0.32, started by `engines/vllm_server.py`:
+`VLLM_SERVER_DEV_MODE=1` for its RL endpoints, `--enable-scale-out` for token-in generation,
+our worker extension for the weight-update group).
+
+| what                 | vLLM                                                              |
+|----------------------|-------------------------------------------------------------------|
+| generate / score     | POST /inference/v1/generate (scoring: `prompt_logprobs`)          |
+| pause / continue     | POST /pause?mode=abort (keep for pause_mode=in_place) / /resume  |
+| load from disk       | POST /collective_rpc areal_like_load_from_disk (vLLM's reload),   |
+|                      | /reset_prefix_cache,                                              |
+|                      | /update_weight_version                                           |
+| weight-update group  | POST /collective_rpc areal_like_* (engines/vllm_worker/)          |
+
+vLLM has no retract: a pause for a weight update aborts the requests in flight, and the
+client continues each from the tokens it has (`aborts_on_pause`), so every token after the
+update is computed from the new weights, as after SGLang's retract.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import aiohttp
+
+from areal_like.api.io_struct import GenerationHyperparameters
+from engines import vllm_protocol
+from engines.server_api import ServerAPI, get_answers
+from engines.sglang_http import (
+    CONTROL_TIMEOUT_S,
+    GENERATION_PROBE_TIMEOUT_S,
+    RETRYABLE,
+    RemoteSGLangError,
+    post_json,
+)
+from engines.sglang_protocol import GenerateReply, ScoreReply
+
+# what a pause does on vLLM for each RolloutConfig.pause_mode
+PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
+
+
+async def _rpc(session: aiohttp.ClientSession, addr: str, method: str,
+               kwargs: dict[str, Any], timeout: float, retries: int = 2) -> None:
+    """Our method `method` of every worker of the server (vLLM's /collective_rpc; see
+    engines/vllm_worker/), bounded by `timeout`; raises naming the server with the errors the
+    workers reported."""
+    reply = await post_json(session, addr, "/collective_rpc",
+                            {"method": method, "kwargs": kwargs, "timeout": timeout},
+                            timeout + CONTROL_TIMEOUT_S, retries=retries)
+    results = reply.get("results") if isinstance(reply, dict) else None
+    if not isinstance(results, list) or not results:
+        raise RemoteSGLangError(f"vLLM server {addr}: {method} answered {reply!r}; expected "
+                                f"one result per worker")
+    errors = [r for r in results if r != ""]
+    if errors:
+        raise RemoteSGLangError(f"vLLM server {addr}: {method} failed: {errors[0]}")
+
+
+class VLLMAPI(ServerAPI):
+    name = "vLLM"
+    generate_path = "/inference/v1/generate"
+    scores_in_one_request = False
+
+    def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
+                         rid: str, max_new_tokens: int, min_new_tokens: int,
+                         seed: Optional[int] = None) -> dict[str, Any]:
+        return vllm_protocol.generate_payload(input_ids, gconfig, rid, max_new_tokens,
+                                              min_new_tokens, seed)
+
+    def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:
+        return vllm_protocol.parse_generate_reply(data, server, rid)
+
+    def score_payload(self, sequences: list[list[int]], starts: list[int],
+                      rid: str) -> dict[str, Any]:
+        if len(sequences) != 1 or len(starts) != 1:
+            raise ValueError(f"a vLLM scoring request holds one sequence, got {len(sequences)}")
+        return vllm_protocol.score_payload(sequences[0], starts[0], rid)
+
+    def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
+                          starts: list[int]) -> ScoreReply:
+        return vllm_protocol.parse_score_reply(data, server, rid, sequences[0], starts[0])
+
+    def set_rid(self, payload: dict[str, Any], rid: str) -> None:
+        payload["request_id"] = rid
+
+    async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+        return await get_answers(session, addr, "/v1/models", timeout)
+
+    async def health(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
+        why = await super().health(session, addr, timeout)
+        if why:
+            return why
+        async with session.get(f"http://{addr}/is_paused",
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            paused = (await resp.json(content_type=None)).get("is_paused")
+        return "paused" if paused else ""
+
+    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+        body = {"token_ids": [0], "request_id": "health-generate",
+                "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
+        try:
+            async with session.post(f"http://{addr}{self.generate_path}", json=body,
+                                    timeout=aiohttp.ClientTimeout(
+                                        total=GENERATION_PROBE_TIMEOUT_S)) as resp:
+                return "" if resp.status == 200 else f"one-token probe: HTTP {resp.status}"
+        except RETRYABLE as e:
+            return f"one-token probe: {type(e).__name__}: {e}"
+
+    async def pause(self, session: aiohttp.ClientSession, addr: str, mode: str) -> None:
+        await post_json(session, addr, f"/pause?mode={PAUSE_MODES[mode]}", {},
+                        CONTROL_TIMEOUT_S)
+
+    def aborts_on_pause(self, mode: str) -> bool:
+        return PAUSE_MODES[mode] == "abort"
+
+    async def resume(self, session: aiohttp.ClientSession, addr: str) -> None:
+        await post_json(session, addr, "/resume", {}, CONTROL_TIMEOUT_S)
+
+    async def abort(self, session: aiohttp.ClientSession, addr: str, rid: str) -> None:
+        await post_json(session, addr, "/abort_requests",
+                        {"request_ids": [vllm_protocol.REQUEST_ID_PREFIX + rid]}, timeout=5.0)
+
+    async def _serve_as(self, session: aiohttp.ClientSession, addr: str, version: int) -> None:
+        """Drop the prefix cache (its KV came from the old weights), then label new tokens."""
+        await post_json(session, addr, "/reset_prefix_cache", {}, CONTROL_TIMEOUT_S)
+        await post_json(session, addr, "/update_weight_version", {"new_version": str(version)},
+                        CONTROL_TIMEOUT_S)
+
+    async def load_from_disk(self, session: aiohttp.ClientSession, addr: str, path: str,
+                             version: int, timeout: float) -> None:
+        try:
+            await _rpc(session, addr, "areal_like_load_from_disk", {"path": path}, timeout)
+        except RemoteSGLangError as e:
+            raise RemoteSGLangError(f"vLLM server {addr} failed to load weights from {path}: "
+                                    f"{e}") from e
+        await self._serve_as(session, addr, version)
+
+    async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
+        async with session.get(f"http://{addr}/get_world_size?include_dp=false",
+                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                raise RemoteSGLangError(f"vLLM server {addr}: /get_world_size returned HTTP "
+                                        f"{resp.status}")
+            return int((await resp.json(content_type=None))["world_size"])
+
+    async def join_group(self, session: aiohttp.ClientSession, addr: str,
+                         body: dict[str, Any], timeout: float) -> None:
+        await _rpc(session, addr, "areal_like_join_weight_group",
+                   {**body, "timeout_s": timeout}, timeout, retries=0)
+
+    async def leave_group(self, session: aiohttp.ClientSession, addr: str,
+                          group_name: str) -> None:
+        await _rpc(session, addr, "areal_like_leave_weight_group", {"group_name": group_name},
+                   CONTROL_TIMEOUT_S, retries=0)
+
+    async def begin_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """Nothing to open: each bucket is loaded as it arrives (the server is paused)."""
+
+    async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
+                             body: dict[str, Any], timeout: float) -> None:
+        await _rpc(session, addr, "areal_like_receive_bucket",
+                   {k: body[k] for k in ("names", "dtypes", "shapes", "group_name")}, timeout,
+                   retries=0)
+        if body.get("weight_version") is not None:
+            await self._serve_as(session, addr, int(body["weight_version"]))
+
+    async def end_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """Nothing to close (see begin_update)."""

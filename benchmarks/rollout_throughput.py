@@ -34,7 +34,7 @@ import aiohttp  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
+from engines.remote_engine import RemoteInferenceEngine, server_api  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402
 
 PROMPT_LEN = 16
@@ -57,22 +57,17 @@ async def bounded_gather(n: int, concurrency: int, one: Callable[[int], Awaitabl
 
 async def bare_client(addr: str, prompts: list[list[int]], g: GenerationHyperparameters,
                       concurrency: int, backend: str) -> int:
-    """The backend's own request and reply, nothing checked."""
-    vllm = backend == "vllm"
-    path = "/inference/v1/generate" if vllm else "/generate"
+    """The same request as the engine's (the backend's payload, seeded), its reply unchecked."""
+    api = server_api(backend)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one(i: int) -> int:
-            rid = f"bare-{time.monotonic_ns()}-{i}"
-            n = g.max_new_tokens
-            payload = ({"token_ids": prompts[i], "request_id": rid, "sampling_params": {
-                "max_tokens": n, "min_tokens": n, "temperature": g.temperature, "logprobs": 0}}
-                if vllm else {"input_ids": prompts[i], "rid": rid, "return_logprob": True,
-                              "sampling_params": {"max_new_tokens": n, "min_new_tokens": n,
-                                                  "temperature": g.temperature}})
-            async with session.post(f"http://{addr}{path}", json=payload) as resp:
+            payload = api.generate_payload(prompts[i], g, f"bare-{time.monotonic_ns()}-{i}",
+                                           g.max_new_tokens, g.min_new_tokens, seed=i)
+            async with session.post(f"http://{addr}{api.generate_path}", json=payload) as resp:
                 resp.raise_for_status()
                 data = await resp.json()
-                return len(data["choices"][0]["token_ids"] if vllm else data["output_ids"])
+                return len(data["choices"][0]["token_ids"] if backend == "vllm"
+                           else data["output_ids"])
 
         return await bounded_gather(len(prompts), concurrency, one)
 
@@ -80,7 +75,7 @@ async def bare_client(addr: str, prompts: list[list[int]], g: GenerationHyperpar
 async def engine_client(engine: RemoteInferenceEngine, prompts: list[list[int]],
                         g: GenerationHyperparameters, concurrency: int) -> int:
     async def one(i: int) -> int:
-        resp = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=g))
+        resp = await engine.agenerate(ModelRequest(input_ids=prompts[i], gconfig=g, seed=i))
         return len(resp.output_tokens)
 
     return await bounded_gather(len(prompts), concurrency, one)

@@ -27,13 +27,15 @@ from engines import vllm_protocol
 from engines.server_api import ServerAPI, get_answers
 from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
-    GENERATION_PROBE_TIMEOUT_S,
     RETRYABLE,
     RemoteSGLangError,
     post_json,
 )
 from engines.sglang_protocol import GenerateReply, ScoreReply
 
+# one token: a server busy with other requests emits it within a step (SGLang's own probe
+# gives up after server.health_generate_timeout, also 20 s by default)
+PROBE_GENERATION_TIMEOUT_S = 20.0
 # what a pause does on vLLM for each RolloutConfig.pause_mode
 PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
 
@@ -100,7 +102,7 @@ class VLLMAPI(ServerAPI):
         try:
             async with session.post(f"http://{addr}{self.generate_path}", json=body,
                                     timeout=aiohttp.ClientTimeout(
-                                        total=GENERATION_PROBE_TIMEOUT_S)) as resp:
+                                        total=PROBE_GENERATION_TIMEOUT_S)) as resp:
                 return "" if resp.status == 200 else f"one-token probe: HTTP {resp.status}"
         except RETRYABLE as e:
             return f"one-token probe: {type(e).__name__}: {e}"
@@ -158,8 +160,8 @@ class VLLMAPI(ServerAPI):
     async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
                              body: dict[str, Any], timeout: float) -> None:
         await _rpc(session, addr, "areal_like_receive_bucket",
-                   {k: body[k] for k in ("names", "dtypes", "shapes", "group_name")}, timeout,
-                   retries=0)
+                   {**{k: body[k] for k in ("names", "dtypes", "shapes", "group_name")},
+                    "last": bool(body["flush_cache"])}, timeout, retries=0)
         if body.get("weight_version") is not None:
             await self._serve_as(session, addr, int(body["weight_version"]))
 

@@ -6,8 +6,10 @@ Runs inside the vLLM venv, so it imports only torch. The group is formed as SGLa
 end (`engines/weight_group.py` is the trainer's): a TCP store client at the trainer's
 `master_address:master_port`, a store prefixed with the group name, a process group of
 `world_size` ranks where this worker is `rank_offset + its tensor-parallel rank`. A bucket
-arrives as one broadcast of its tensors' bytes, concatenated in order, and is loaded with the
-model's own `load_weights` (HF names; vLLM fuses q/k/v and gate/up itself).
+arrives as one broadcast of its tensors' bytes, concatenated in order; after the last one the
+whole set is loaded by vLLM's in-place `reload_weights` (HF names; vLLM fuses q/k/v and
+gate/up itself). Until then the worker holds the received tensors: a second copy of the
+weights for the length of one update.
 
 Every method returns '' or the error as text, never raises: an exception in a worker method
 ends vLLM's engine (the server then answers HTTP 500 to everything), where a refused load must
@@ -83,10 +85,15 @@ class WeightGroupExtension:
                                           backend_options=None, timeout=timeout)
         _world.pg_group_ranks[pg] = {i: i for i in range(int(world_size))}
         self._areal_like_groups()[group_name] = pg
+        self._areal_like_pending().clear()
 
     @_reported
     def areal_like_receive_bucket(self, names: list[str], dtypes: list[str],
-                                  shapes: list[list[int]], group_name: str) -> None:
+                                  shapes: list[list[int]], group_name: str,
+                                  last: bool) -> None:
+        """Receive one bucket; after the `last` one, load them all with vLLM's in-place
+        reload (a bucket holds part of a layer's tensors: vLLM loads a layer once it has them
+        all, and its loaders are gone after start-up outside a reload)."""
         pg = self._areal_like_groups().get(group_name)
         if pg is None:
             raise RuntimeError(f"weight-update group {group_name!r} was not joined")
@@ -97,12 +104,22 @@ class WeightGroupExtension:
             if dist.get_backend(pg) == "nccl" else torch.device("cpu")
         flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
         dist.broadcast(flat, src=0, group=pg)
-        tensors, offset = [], 0
-        for size, kind, shape in zip(sizes, kinds, shapes, strict=True):
-            tensors.append(flat[offset:offset + size].view(kind).view(shape))
+        pending = self._areal_like_pending()
+        offset = 0
+        for name, size, kind, shape in zip(names, sizes, kinds, shapes, strict=True):
+            pending.append((name, flat[offset:offset + size].view(kind).view(shape)))
             offset += size
-        model = self.model_runner.model  # type: ignore[attr-defined]
-        model.load_weights(weights=list(zip(names, tensors, strict=True)))
+        if last:
+            weights, pending[:] = list(pending), []
+            self.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
+
+    def _areal_like_pending(self) -> list[tuple[str, torch.Tensor]]:
+        """Buckets of the broadcast in progress (a failed one is dropped by the next join)."""
+        pending = getattr(self, "_areal_like_weights", None)
+        if pending is None:
+            pending = []
+            self._areal_like_weights = pending
+        return pending
 
     @_reported
     def areal_like_leave_weight_group(self, group_name: str) -> None:

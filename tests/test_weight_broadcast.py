@@ -34,7 +34,7 @@ from areal_like.api.io_struct import (
     WeightUpdateMeta,
 )
 from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadcastFailed
-from engines import FSDPEngine, sglang_weight_group
+from engines import FSDPEngine
 from engines.remote_engine import RemoteInferenceEngine, RemoteSGLangEngine
 from engines.sglang_server import SGLangFleet
 
@@ -256,19 +256,19 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
     client = _fleet_client([survivor, victim], on_weight_broadcast_failure="stop",
                            weight_broadcast_timeout=BROADCAST_TIMEOUT_S)
     broadcaster = WeightBroadcaster(client.config)
-    real_post = sglang_weight_group.post_json
+    real_receive = client.api.receive_bucket
     buckets_posted = []
 
-    async def post_killing_victim(session, addr, path, body, timeout, retries=2):
-        if addr == victim and path == "/update_weights_from_distributed":
+    async def receive_killing_victim(session, addr, body, timeout):
+        if addr == victim:
             buckets_posted.append(body["names"])
             if len(buckets_posted) == 2:  # mid-broadcast: one bucket in, more to come
                 spare.kill_server(0)
                 spare.processes[0].wait(timeout=60)
-        return await real_post(session, addr, path, body, timeout, retries)
+        return await real_receive(session, addr, body, timeout)
 
     try:
-        monkeypatch.setattr(sglang_weight_group, "post_json", post_killing_victim)
+        monkeypatch.setattr(client.api, "receive_bucket", receive_killing_victim)
         _perturb(trainer, seed=3)
         version = client.get_version() + 1
         start = time.monotonic()

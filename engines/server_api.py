@@ -20,6 +20,7 @@ from engines.sglang_http import (
     GENERATION_PROBE_TIMEOUT_S,
     RETRYABLE,
     RemoteSGLangError,
+    get_json,
     post_json,
 )
 from engines.sglang_protocol import (
@@ -180,12 +181,7 @@ class SGLangAPI(ServerAPI):
                                     f"{path}: {reply}")
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
-        async with session.get(f"http://{addr}/get_server_info",
-                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
-            if resp.status != 200:
-                raise RemoteSGLangError(f"SGLang server {addr}: /get_server_info returned "
-                                        f"HTTP {resp.status}")
-            info = await resp.json(content_type=None)
+        info = await get_json(session, addr, "/get_server_info")
         return int(info.get("tp_size", 1) or 1)
 
     async def join_group(self, session: aiohttp.ClientSession, addr: str,

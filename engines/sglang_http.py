@@ -80,3 +80,13 @@ async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: 
             raise RemoteSGLangError(
                 f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
     raise AssertionError("unreachable")
+
+
+async def get_json(session: aiohttp.ClientSession, addr: str, path: str,
+                   timeout: float = CONTROL_TIMEOUT_S) -> Any:
+    """GET `path`'s JSON; raises naming the server and the status when it is not 200."""
+    async with session.get(f"http://{addr}{path}",
+                           timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        if resp.status != 200:
+            raise RemoteSGLangError(f"server {addr}: GET {path} returned HTTP {resp.status}")
+        return await resp.json(content_type=None)

@@ -71,7 +71,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         api_key=args.api_key, log_dir=args.log_dir)
     try:
         fleet.start()
-        print(f"SGLang servers ready (logs in {fleet.log_dir}):", flush=True)
+        print(f"{fleet.kind} servers ready (logs in {fleet.log_dir}):", flush=True)
         for addr in fleet.addresses:
             print(addr, flush=True)
         if args.addrs_file:

@@ -29,6 +29,7 @@ from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
     RETRYABLE,
     RemoteSGLangError,
+    get_json,
     post_json,
 )
 from engines.sglang_protocol import GenerateReply, ScoreReply
@@ -91,9 +92,10 @@ class VLLMAPI(ServerAPI):
         why = await super().health(session, addr, timeout)
         if why:
             return why
-        async with session.get(f"http://{addr}/is_paused",
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            paused = (await resp.json(content_type=None)).get("is_paused")
+        try:
+            paused = (await get_json(session, addr, "/is_paused", timeout)).get("is_paused")
+        except RemoteSGLangError as e:  # up, but cannot say: not healthy yet
+            return str(e)
         return "paused" if paused else ""
 
     async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
@@ -137,12 +139,8 @@ class VLLMAPI(ServerAPI):
         await self._serve_as(session, addr, version)
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
-        async with session.get(f"http://{addr}/get_world_size?include_dp=false",
-                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as resp:
-            if resp.status != 200:
-                raise RemoteSGLangError(f"vLLM server {addr}: /get_world_size returned HTTP "
-                                        f"{resp.status}")
-            return int((await resp.json(content_type=None))["world_size"])
+        return int((await get_json(session, addr, "/get_world_size?include_dp=false"))
+                   ["world_size"])
 
     async def join_group(self, session: aiohttp.ClientSession, addr: str,
                          body: dict[str, Any], timeout: float) -> None:

@@ -158,6 +158,23 @@ def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_
     assert (logs / "trainer_0.log").read_text().count("[step 3]") >= 1
 
 
+def test_grpo_on_ray_with_vllm_servers(ray_address, tiny_model_dir, tmp_path):
+    """`server.backend=vllm` under the Ray launcher: the server actor starts vLLM from its
+    venv, the trainer ranks on the two nodes send it weights over process groups."""
+    from conftest import require_venv
+
+    require_venv("vllm")
+    proc = _run("ray", ["grpo", *_common(tiny_model_dir, tmp_path, 2),
+                        f"launcher.ray_address={ray_address}", "server.backend=vllm",
+                        "rollout.weight_transport=distributed"])
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    run = tmp_path / "grpo_addition" / "trial0"
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+    assert "vllm.entrypoints.openai.api_server" in (run / "logs" / "server_0.log").read_text()
+    assert "vllm server(s)" in out
+
+
 def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int) -> list[dict]:
     deadline = time.monotonic() + 600
     while True:

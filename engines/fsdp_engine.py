@@ -45,9 +45,16 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from areal_like.api.config import TrainEngineConfig
 from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
-from areal_like.api.io_struct import FinetuneSpec, ParamSpec, SaveLoadMeta, WeightUpdateMeta
+from areal_like.api.io_struct import (
+    AdapterWeights,
+    FinetuneSpec,
+    ParamSpec,
+    SaveLoadMeta,
+    WeightUpdateMeta,
+)
 from areal_like.utils.packed_logprobs import next_token_logprobs
 from areal_like.utils.quiet import silence_library_progress_bars
+from engines.fsdp import lora as lora_io
 from engines.fsdp import model_io as ckpt
 from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
@@ -101,9 +108,14 @@ class FSDPEngine(TrainEngine):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(self.device.type, (self.world_size,))
 
-        model = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic, _DTYPES[cfg.model.dtype],
+        model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic, _DTYPES[cfg.model.dtype],
                                    choose_attn_implementation(self.device))
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        if cfg.lora.enabled:
+            if cfg.model.is_critic:
+                raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
+                                 "must train; use LoRA on the actor only")
+            model = lora_io.apply_lora(model, cfg.lora, cfg.model.path)  # base frozen
         if cfg.gradient_checkpointing:
             model.activation_checkpointing_enable({"use_reentrant": False})
         if self.device.type == "cuda":
@@ -316,6 +328,28 @@ class FSDPEngine(TrainEngine):
     def get_version(self) -> int:
         return self._version
 
+    # ------------------------------------------------------------------ LoRA
+    @property
+    def lora_enabled(self) -> bool:
+        return self.config.lora.enabled
+
+    def adapter_weights(self) -> Optional[AdapterWeights]:
+        """Collective: the current LoRA adapter (config + full tensors) at rank 0, None on
+        the other ranks. What travels to the fleet after each step instead of the model."""
+        self._require_initialized()
+        if not self.lora_enabled:
+            raise ValueError("adapter_weights: this engine trains the full weights "
+                             "(TrainEngineConfig.lora.rank = 0)")
+        return lora_io.gather_adapter(self.model, self.rank)
+
+    def base_model_view(self) -> FrozenBaseView:
+        """The frozen base model (adapters off) as an engine with `forward`: the KL
+        reference of a LoRA run, without a second copy of the base weights."""
+        if not self.lora_enabled:
+            raise ValueError("base_model_view: this engine has no LoRA adapters; start a "
+                             "separate reference engine instead")
+        return FrozenBaseView(self)
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, meta: SaveLoadMeta) -> None:
         """`hf`: safetensors + config (+ `meta.tokenizer`) written by rank 0; `dcp`: the full
@@ -337,6 +371,10 @@ class FSDPEngine(TrainEngine):
         """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""
         optimizer, scheduler = self._require_initialized()
         if meta.weight_format == "hf":
+            if self.lora_enabled:
+                raise ValueError("SaveLoadMeta(weight_format='hf') load into a LoRA engine: "
+                                 "an HF folder holds merged weights; start from it with "
+                                 "model.path, or load a 'dcp' checkpoint (base + adapter)")
             ckpt.load_hf_weights(self.model, meta.path, self.config.model.is_critic)
         elif meta.weight_format == "dcp":
             extra = ckpt.load_dcp(meta.path, self.model, optimizer, scheduler,
@@ -357,12 +395,23 @@ class FSDPEngine(TrainEngine):
                              f"'disk'; the distributed transport streams iter_weight_buckets "
                              f"(areal_like.runtime.weight_sync.push_weights)")
         start = time.perf_counter()
-        self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
+        if self.lora_enabled:  # the adapter alone: the fleet keeps the base
+            if not meta.path:
+                raise ValueError("WeightUpdateMeta.path is required")
+            adapter = self.adapter_weights()
+            if adapter is not None:
+                lora_io.write_adapter_folder(adapter, meta.path)
+            dist.barrier()
+        else:
+            self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
         return {"update_weights_seconds": time.perf_counter() - start}
 
     def _served_parameters(self) -> list[tuple[str, torch.Tensor]]:
         if self.config.model.is_critic:
             raise ValueError("a critic's weights are not served: nothing to send to the fleet")
+        if self.lora_enabled:
+            raise ValueError("a LoRA engine sends its adapter (adapter_weights), not weight "
+                             "buckets of the whole model")
         return list(self.model.named_parameters())  # tied weights once, as in the HF folder
 
     def weight_specs(self) -> list[ParamSpec]:
@@ -392,9 +441,25 @@ class FSDPEngine(TrainEngine):
         if os.path.realpath(path) == source:
             raise ValueError(f"refusing to export over the source model folder {path!r}")
         state_dict = ckpt.gather_full_state_dict(self.model)
+        if self.rank == 0 and self.lora_enabled:  # a complete HF model: base + adapter merged
+            state_dict = lora_io.merged_state_dict(self.model, state_dict)
         if self.rank == 0:
             tok_dir = self.config.model.tokenizer_path or self.config.model.path
-            ckpt.write_hf_folder(self.model, state_dict, path, tokenizer=tokenizer,
+            hf_model = self.model.get_base_model() if self.lora_enabled else self.model
+            ckpt.write_hf_folder(hf_model, state_dict, path, tokenizer=tokenizer,
                                  copy_tokenizer_from=tok_dir if copy_tokenizer else None)
         del state_dict
         dist.barrier()
+
+
+class FrozenBaseView:
+    """`forward` of an engine's model with its LoRA adapters switched off (see
+    `FSDPEngine.base_model_view`); shares the engine's weights, trains nothing."""
+
+    def __init__(self, engine: FSDPEngine) -> None:
+        self.engine = engine
+
+    def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
+                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
+        with self.engine.model.disable_adapter():
+            return self.engine.forward(batch, post_hook=post_hook, aggregate_fn=aggregate_fn)

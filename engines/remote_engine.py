@@ -66,6 +66,7 @@ from engines.sglang_http import (
 )
 from engines.sglang_http import RETRYABLE as _RETRYABLE
 from engines.sglang_http import RetryableHTTPError as _RetryableHTTPError
+from engines.sglang_lora_api import SGLangLoRAAPI
 from engines.sglang_membership import FleetMembership
 from engines.sglang_protocol import GenerateReply, ScoreReply, SGLangProtocolError
 from engines.sglang_routing import OwnAborts, ServerPool
@@ -87,12 +88,18 @@ T = TypeVar("T")
 R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
 
 
-def server_api(backend: str) -> ServerAPI:
-    """The HTTP API of `backend` ("sglang" or "vllm")."""
+def server_api(backend: str, lora_adapter: str = "") -> ServerAPI:
+    """The HTTP API of `backend` ("sglang" or "vllm"); with `lora_adapter`, of a fleet that
+    serves the policy as base + that LoRA adapter."""
     apis: dict[str, type[ServerAPI]] = {"sglang": SGLangAPI, "vllm": VLLMAPI}
     if backend not in apis:
         raise ValueError(f"inference backend {backend!r}: expected one of {BACKENDS} "
                          f"(server.backend / rollout.backend)")
+    if lora_adapter:
+        if backend != "sglang":
+            raise ValueError(f"rollout.lora_adapter={lora_adapter!r} with a {backend} fleet: "
+                             f"LoRA adapters are served by SGLang fleets only so far")
+        return SGLangLoRAAPI(lora_adapter)
     return apis[backend]()
 
 
@@ -104,7 +111,8 @@ class RemoteInferenceEngine(InferenceEngine):
 
     def __init__(self, config: RolloutConfig, addresses: Optional[list[str]] = None) -> None:
         self.config = config
-        self.api: ServerAPI = server_api(self.backend or config.backend or "sglang")
+        self.api: ServerAPI = server_api(self.backend or config.backend or "sglang",
+                                         config.lora_adapter)
         self.addresses = list(addresses if addresses is not None else config.server_addrs)
         if not self.addresses:
             raise ValueError(f"{type(self).__name__}: no server addresses (RolloutConfig."
@@ -345,6 +353,11 @@ class RemoteInferenceEngine(InferenceEngine):
                                         timeout=timeout) as resp:
                     if resp.status >= 500:
                         raise _RetryableHTTPError(resp.status, await resp.text())
+                    lost = (self.api.lost_state(resp.status, await resp.text())
+                            if resp.status != 200 else "")
+                    if lost:  # restarted between requests: out, reloaded, then back
+                        last_error = self.membership.lost_state(addr, lost)
+                        continue
                     if resp.status != 200:
                         raise RemoteSGLangError(
                             f"{self.api.name} server {addr} rejected {path} rid={sent_rid}: "
@@ -420,7 +433,7 @@ class RemoteInferenceEngine(InferenceEngine):
         Requests in flight finish, their tokens carrying both versions. Each step is bounded
         by `config.weight_update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
-        if meta.type != "disk":
+        if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
                              "areal_like.runtime.weight_sync.push_weights")
         await self._on_rollout_loop(self._update_from_disk(meta))

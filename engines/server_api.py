@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import aiohttp
 
-from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.io_struct import GenerationHyperparameters, WeightUpdateMeta
 from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
     GENERATION_PROBE_TIMEOUT_S,
@@ -39,6 +39,8 @@ class ServerAPI(abc.ABC):
     name: str  # in messages: "SGLang server 127.0.0.1:3000 ..."
     generate_path: str
     scores_in_one_request = True  # ascore_batch: one request for all sequences (else one each)
+    # how a server is paused for a weight load: "retract" keeps the requests in flight
+    update_pause_mode = "retract"
 
     @abc.abstractmethod
     def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
@@ -96,6 +98,21 @@ class ServerAPI(abc.ABC):
                              version: int, timeout: float) -> None:
         """Load the HF folder `path` (the server is paused) and serve it as `version`; raises
         naming the server when it refused."""
+
+    def lost_state(self, status: int, body: str) -> str:
+        """Why a refused request (HTTP `status`, `body`) shows that the server lost state it
+        had loaded (it restarted), '' when it does not: the request is then retried
+        elsewhere and the server reloaded, instead of failing the request."""
+        return ""
+
+    async def load_weights(self, session: aiohttp.ClientSession, addr: str,
+                           meta: WeightUpdateMeta, timeout: float) -> None:
+        """Load what `meta` names on a paused server: a folder (`type="disk"`) here; a
+        backend that serves LoRA adapters also takes them in memory (`type="adapter"`)."""
+        if meta.type != "disk":
+            raise ValueError(f"{self.name} client: WeightUpdateMeta(type={meta.type!r}) is "
+                             f"not loaded per server (disk folders only)")
+        await self.load_from_disk(session, addr, str(meta.path), meta.version, timeout)
 
     # ---- the weight-update group (trainer rank 0 + the server's workers) -----------------
     @abc.abstractmethod

@@ -155,6 +155,13 @@ class FleetMembership:
         self.take_out(addr, why)
         return RemoteSGLangError(f"SGLang server {addr} {why}")
 
+    def lost_state(self, addr: str, why: str) -> RemoteSGLangError:
+        """`addr` refused a request for lacking what every server in service holds (a
+        restarted server without the policy's LoRA adapter): out of service like a server
+        that lost its weights; the error is returned for the caller to retry."""
+        self.take_out(addr, why)
+        return RemoteSGLangError(f"SGLang server {addr} {why}")
+
     def await_broadcast(self, addr: str, reason: str) -> None:
         """Out of service until the next weight broadcast includes `addr`."""
         self.take_out(addr, reason)
@@ -259,17 +266,17 @@ class FleetMembership:
     async def update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
         """Pause `addr` (in-flight requests retracted, not lost), load `meta` (None: keep the
         weights), continue. The continue always runs, bounded by its own timeout."""
-        with self.own_aborts.pause(aborts=self.api.aborts_on_pause("retract")):
+        with self.own_aborts.pause(aborts=self.api.aborts_on_pause(self.api.update_pause_mode)):
             await self._update_one(addr, meta)
 
     async def _update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
         session = self._session()
         error: Optional[Exception] = None
         try:
-            await self.api.pause(session, addr, "retract")
+            await self.api.pause(session, addr, self.api.update_pause_mode)
             if meta is not None:
-                await self.api.load_from_disk(session, addr, str(meta.path), meta.version,
-                                              self.config.weight_update_timeout)
+                await self.api.load_weights(session, addr, meta,
+                                            self.config.weight_update_timeout)
         except Exception as e:  # noqa: BLE001 - raised below, after the continue
             error = e
         finally:  # a cancelled update still continues the server

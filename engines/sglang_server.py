@@ -114,10 +114,24 @@ def build_server_command(
     if config.deterministic:
         # per-request sampling_seed + batch-invariant kernels (on CPU: engines/sglang_shim)
         cmd += ["--enable-deterministic-inference"]
+    if config.lora_rank > 0:
+        cmd += lora_server_args(config)
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += [str(a) for a in config.extra_args]
     return cmd
+
+
+def lora_server_args(config: SGLangServerConfig) -> list[str]:
+    """Serve base + run-time-loaded LoRA adapters (SGLang's own LoRA support). Two adapter
+    slots per batch: the policy's adapter and base-model requests."""
+    if not config.lora_target_modules:
+        raise SGLangServerError("server.lora_rank > 0 but server.lora_target_modules is empty")
+    args = ["--enable-lora", "--max-lora-rank", str(config.lora_rank),
+            "--lora-target-modules", *config.lora_target_modules, "--max-loras-per-batch", "2"]
+    if config.device == "cpu":
+        args += ["--lora-backend", "torch_native"]  # the others are GPU kernels
+    return args
 
 
 def server_gpus(config: SGLangServerConfig, index: int) -> str:

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from areal_like.algorithms import PPOActor, dynamic_sampling_filter
 from areal_like.runtime.recipe_args import parse_recipe_args
-from areal_like.runtime.rl_setup import RLSetup, start_engine
+from areal_like.runtime.rl_setup import RLSetup
 from recipes.configs import GRPOConfig
 from workflows import RLVRWorkflow
 
@@ -20,7 +20,7 @@ from workflows import RLVRWorkflow
 def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(GRPOConfig, "grpo_addition.yaml", argv)
     rl = RLSetup(config)
-    ref = start_engine(config.ref) if config.use_ref_model else None
+    ref = rl.reference_engine() if config.use_ref_model else None
     actor = PPOActor(rl.actor_engine, config.algorithm, ref=ref)
     rl.track_state("actor", actor)  # the (adaptive) KL coefficient resumes with the run
     workflow = rl.make_workflow(RLVRWorkflow)  # or rollout.workflow's class

@@ -106,7 +106,8 @@ EOF
     cp -r "$SHIM_DIR/sgl_kernel" "$SITE/sgl_kernel"
     find "$SITE/sgl_kernel" -name '__pycache__' -prune -exec rm -rf {} +
     cp "$SHIM_DIR/areal_like_sglang_shim.py" "$SHIM_DIR/areal_like_sglang_shim.pth" \
-        "$SHIM_DIR/areal_like_sglang_deterministic.py" "$SITE/"
+        "$SHIM_DIR/areal_like_sglang_deterministic.py" \
+        "$SHIM_DIR/areal_like_sglang_lora.py" "$SITE/"
 
     # Guard rails: the CPU torch stayed, and no CUDA torchvision slipped in.
     "$VPY" - "$TORCH_VERSION" <<'EOF'

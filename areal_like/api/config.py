@@ -18,6 +18,7 @@ from areal_like.api.config_checks import cpu_list as _cpu_list
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.launcher_config import LauncherConfig
+from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
@@ -100,6 +101,7 @@ class TrainEngineConfig:
     # bound on every collective of the trainer's process group (a dead peer becomes an error)
     collective_timeout: float = 600.0
     total_train_steps: int = 0  # for LR schedules; 0: set by the recipe
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters only
 
     def __post_init__(self) -> None:
         for key in ("param_dtype", "reduce_dtype"):
@@ -139,6 +141,9 @@ class SGLangServerConfig:
     # CPU ids the servers (and the scheduler/detokenizer they start) run on; empty: any
     # the servers' share of the cores, as GPUs are their share on a GPU machine
     cpus: List[int] = field(default_factory=list)
+    # LoRA serving (filled from actor.lora): the largest adapter rank and the modules adapted
+    lora_rank: int = 0
+    lora_target_modules: List[str] = field(default_factory=list)
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -163,6 +168,7 @@ class SGLangServerConfig:
         _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
         _check(name, "nice", 0 <= self.nice <= 19, self.nice, "in 0..19")
         _cpu_list(name, "cpus", self.cpus)
+        _check(name, "lora_rank", self.lora_rank >= 0, self.lora_rank, ">= 0 (0: no LoRA)")
 
 
 @dataclass
@@ -186,6 +192,8 @@ class RolloutConfig:
     weight_update_timeout: float = 300.0
     schedule_policy: str = "least_inflight"
     pause_mode: str = "retract"
+    # the LoRA adapter every request names (set from actor.lora); empty: the base weights
+    lora_adapter: str = ""
     seed: Optional[int] = None  # of all sampling; None: the recipe's seed (bare engine: random)
     # A server that dies, hangs or fails a weight update leaves service; it comes back after
     # loading the current weights. The run stops when fewer than min_servers are in service
@@ -403,11 +411,31 @@ class BaseExperimentConfig:
             raise ValueError(f"rollout.backend={self.rollout.backend} but the launcher starts "
                              f"server.backend={self.server.backend} servers: set server.backend "
                              f"(rollout.backend is for attaching to a running fleet)")
+        serve_actor_lora(self.actor.lora, self.server, self.rollout)
         if not self.rollout.server_addrs:  # the launcher starts the servers with this context
             need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
             _check("SGLangServerConfig", "context_length", self.server.context_length >= need,
                    self.server.context_length,
                    f">= train_dataset.max_prompt_len + gconfig.max_new_tokens = {need}")
+
+
+def serve_actor_lora(lora: LoRAConfig, server: SGLangServerConfig,
+                     rollout: RolloutConfig) -> None:
+    """With actor.lora on, the servers serve base + adapter: fill their LoRA settings (in
+    place) and refuse what cannot serve it."""
+    if not lora.enabled:
+        return
+    if rollout.backend == "vllm" or server.backend == "vllm":
+        raise ValueError("actor.lora.rank > 0 with a vLLM fleet (server.backend / rollout."
+                         "backend = vllm): adapter serving is built for SGLang only so far; "
+                         "use server.backend=sglang or actor.lora.rank=0")
+    server.lora_rank = max(server.lora_rank, lora.rank)
+    server.lora_target_modules = server.lora_target_modules or list(lora.target_modules)
+    missing = sorted(set(lora.target_modules) - set(server.lora_target_modules))
+    if missing:
+        raise ValueError(f"actor.lora.target_modules names {missing}, which "
+                         f"server.lora_target_modules={server.lora_target_modules} lacks")
+    rollout.lora_adapter = rollout.lora_adapter or lora.adapter_name
 
 
 def resolve_algorithm(algo: AlgorithmConfig, gconfig: GenerationHyperparameters,

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from areal_like.api.io_struct import (
+        AdapterWeights,
         FinetuneSpec,
         ModelRequest,
         ModelResponse,
@@ -196,6 +197,16 @@ class TrainEngine(abc.ABC):
         """Collective (every rank iterates): the full tensors of each bucket in turn, on
         rank 0 (None elsewhere); no rank holds more than one gathered bucket at a time."""
         raise NotImplementedError(f"{type(self).__name__} has no distributed weight export")
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether this engine trains LoRA adapters on a frozen base (then only the adapter
+        travels to the fleet: `adapter_weights`)."""
+        return False
+
+    def adapter_weights(self) -> Optional[AdapterWeights]:
+        """Collective: the current adapter at rank 0, None on the other ranks."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
 
     @abc.abstractmethod
     def step_lr_scheduler(self) -> None: ...

@@ -161,20 +161,36 @@ class ParamSpec:
 
 
 @dataclass
+class AdapterWeights:
+    """A LoRA adapter in memory: its PEFT `adapter_config.json` as a dict, and its tensors
+    under PEFT's saved names (`base_model.model.<module>.lora_A.weight`, ...)."""
+
+    config: dict[str, Any]
+    tensors: dict[str, Any]  # name -> CPU torch.Tensor (torch is not imported by the API)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.numel()) * int(t.element_size()) for t in self.tensors.values())
+
+
+@dataclass
 class WeightUpdateMeta:
     """How new weights reach the inference fleet, and the version they carry.
 
-    `type="disk"`: the trainer writes an HF folder at `path`; servers load it from there.
+    `type="disk"`: the trainer writes an HF folder at `path` (with LoRA: the adapter's PEFT
+    folder); servers load it from there.
     `type="distributed"`: trainer rank 0 broadcasts the weights over the process group
     `group_name` that it and the servers joined, one flattened bucket per entry of `buckets`
     (names, dtypes, shapes in order); the last bucket carries the version label.
+    `type="adapter"`: a LoRA adapter sent in memory (`adapter`), no folder.
     """
 
     version: int
     path: Optional[str] = None
-    type: Literal["disk", "distributed"] = "disk"
+    type: Literal["disk", "distributed", "adapter"] = "disk"
     buckets: tuple[tuple[ParamSpec, ...], ...] = ()
     group_name: str = ""
+    adapter: Optional[AdapterWeights] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.type == "disk" and not self.path:
@@ -182,9 +198,11 @@ class WeightUpdateMeta:
         if self.type == "distributed" and not (self.buckets and self.group_name):
             raise ValueError("WeightUpdateMeta(type='distributed') needs `buckets` and a "
                              "`group_name`")
-        if self.type not in ("disk", "distributed"):
-            raise ValueError(f"WeightUpdateMeta.type={self.type!r}: use 'disk' or "
-                             f"'distributed'")
+        if self.type == "adapter" and self.adapter is None:
+            raise ValueError("WeightUpdateMeta(type='adapter') needs the `adapter`")
+        if self.type not in ("disk", "distributed", "adapter"):
+            raise ValueError(f"WeightUpdateMeta.type={self.type!r}: use 'disk', "
+                             f"'distributed' or 'adapter'")
         if self.version < 0:
             raise ValueError(f"WeightUpdateMeta.version={self.version} must be >= 0")
 
@@ -197,6 +215,10 @@ class WeightUpdateMeta:
                          version: int) -> WeightUpdateMeta:
         return cls(version=version, type="distributed", group_name=group_name,
                    buckets=tuple(tuple(b) for b in buckets))
+
+    @classmethod
+    def from_adapter(cls, adapter: AdapterWeights, version: int) -> WeightUpdateMeta:
+        return cls(version=version, type="adapter", adapter=adapter)
 
 
 @dataclass(frozen=True)

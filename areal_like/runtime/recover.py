@@ -29,7 +29,8 @@ def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
                   rollout: Optional[RolloutProcess],
                   broadcaster: Optional[WeightBroadcaster] = None,
-                  stateful: Optional[dict[str, Any]] = None) -> int:
+                  stateful: Optional[dict[str, Any]] = None,
+                  in_memory: bool = False) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.
 
     On recover the engine gets its weights, optimizer, scheduler, RNG and version back, the
@@ -52,6 +53,6 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
         rollout.load_state_dict(state["executor"], restore_version=False)
     push_weights(engine, rollout, version, run.weights_dir,
                  collective_timeout_s=run.config.actor.collective_timeout,
-                 broadcaster=broadcaster)
+                 broadcaster=broadcaster, in_memory=in_memory)
     logger.info("recovered from %s: step %d, version %d", path, state["step"], version)
     return int(state["step"]) + 1

@@ -99,8 +99,10 @@ class RLSetup:
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
+        # a LoRA run sends its adapter in memory instead (no process group: push_weights)
+        in_memory = config.rollout.weight_transport == "distributed"
         self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
-                            if config.rollout.weight_transport == "distributed" else None)
+                            if in_memory and not config.actor.lora.enabled else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
         self.stateful: dict[str, Any] = {}  # name -> object with state_dict/load_state_dict
 
@@ -169,9 +171,14 @@ class RLSetup:
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout,
-                              self.broadcaster, self.stateful)
+                              self.broadcaster, self.stateful, self.adapter_in_memory)
         if start == 0:
-            self.run.log_step(0, self.data_stats)
+            stats = dict(self.data_stats)
+            if self.actor_engine.lora_enabled:  # the servers hold the base only so far
+                stats |= push_weights(self.actor_engine, self.rollout, 0, self.run.weights_dir,
+                                      collective_timeout_s=self.config.actor.collective_timeout,
+                                      in_memory=self.adapter_in_memory)
+            self.run.log_step(0, stats)
             self.start_evaluation(0)
         elif self.rollout is not None:
             self.run.log_episodes(start, restored=self.rollout.buffered_episode_ids())
@@ -205,7 +212,18 @@ class RLSetup:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""
         return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
                             collective_timeout_s=self.config.actor.collective_timeout,
-                            broadcaster=self.broadcaster)
+                            broadcaster=self.broadcaster, in_memory=self.adapter_in_memory)
+
+    @property
+    def adapter_in_memory(self) -> bool:
+        return self.config.rollout.weight_transport == "distributed"
+
+    def reference_engine(self) -> Any:
+        """The frozen KL reference (`use_ref_model`): the actor's own base with its adapters
+        off when it trains LoRA (no second copy), else a separate engine from `ref`."""
+        if self.config.actor.lora.enabled:
+            return self.actor_engine.base_model_view()
+        return start_engine(self.config.ref)  # type: ignore[attr-defined]
 
     def save_final(self) -> None:
         """The trained policy as a Hugging Face folder (weights, config, tokenizer, chat

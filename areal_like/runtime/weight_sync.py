@@ -14,10 +14,13 @@ from areal_like.runtime.weight_broadcast import WeightBroadcaster
 
 def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
                  root: Path, keep: int = 2, collective_timeout_s: float = 600.0,
-                 broadcaster: Optional[WeightBroadcaster] = None) -> dict[str, float]:
+                 broadcaster: Optional[WeightBroadcaster] = None,
+                 in_memory: bool = False) -> dict[str, float]:
     """Send `engine`'s weights to every server as version `version`: over the process group
     of `broadcaster` when one is given (the distributed transport, see
-    `areal_like.runtime.weight_broadcast`), else through a folder under `root`.
+    `areal_like.runtime.weight_broadcast`), else through a folder under `root`. A LoRA
+    engine sends its adapter only: a PEFT folder under `root`, or with `in_memory` (the
+    distributed transport) the adapter's tensors in the load request itself.
 
     Every trainer rank calls this; only rank 0 passes `rollout`. Rollouts keep running while
     the trainer writes the folder; the fleet is then paused (in-flight requests retracted,
@@ -26,6 +29,8 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     The other ranks wait for the fleet with heartbeats (`run_on_main`), so a slow load does
     not outlast their `collective_timeout_s`, and a failed one fails every rank alike.
     """
+    if engine.lora_enabled and in_memory:
+        return _push_adapter(engine, rollout, version, collective_timeout_s)
     if broadcaster is not None:
         return broadcaster.push(engine, rollout, version)
     # absolute: servers started elsewhere resolve relative paths against their own cwd
@@ -47,3 +52,21 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     engine.set_version(version)
     return {"weight_sync/export_s": exported - start,
             "weight_sync/load_s": time.perf_counter() - exported}
+
+
+def _push_adapter(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
+                  collective_timeout_s: float) -> dict[str, float]:
+    """The LoRA adapter, gathered to rank 0 and sent to every server in memory."""
+    start = time.perf_counter()
+    adapter = engine.adapter_weights()  # collective
+    gathered = time.perf_counter()
+
+    def load_on_fleet() -> None:
+        if rollout is not None and adapter is not None:
+            rollout.update_weights(WeightUpdateMeta.from_adapter(adapter, version))
+
+    run_on_main(load_on_fleet, f"loading adapter version {version} on the fleet",
+                collective_timeout_s)
+    engine.set_version(version)
+    return {"weight_sync/export_s": gathered - start,
+            "weight_sync/load_s": time.perf_counter() - gathered}

@@ -19,6 +19,8 @@ after one of these modules is imported:
 - `sglang.srt.managers.scheduler` (CPU engine): a paused scheduler (`/pause_generation`, as
   every weight update pauses the fleet) waits on its sockets like an idle one under
   `--sleep-on-idle`, instead of polling them in a busy loop that takes a whole core.
+- `sglang.srt.lora.layers`, `sglang.srt.lora.backend.torch_backend` (CPU engine): LoRA
+  serving without pinned memory, see `areal_like_sglang_lora.py`.
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ def _eager_seeded_sampling(sampler: ModuleType) -> None:
     areal_like_sglang_deterministic.install_eager_seeded_sampling(sampler)
 
 
+def _unpinned_lora(module: ModuleType) -> None:
+    import areal_like_sglang_lora
+
+    areal_like_sglang_lora.unpinned_lora_module(module)
+
+
 def _paused_scheduler_waits(scheduler: ModuleType) -> None:
     """SGLang's event loops `continue` at once while the engine is paused, so a paused
     scheduler spins through `ingest_requests` on a whole core for as long as a weight update
@@ -130,6 +138,8 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         _HOOKS["sglang.srt.layers.sampler"] = _eager_seeded_sampling
     if os.environ.get("AREAL_LIKE_SGLANG_PAUSED_SPIN") != "1":  # 1: SGLang's loop, to compare
         _HOOKS["sglang.srt.managers.scheduler"] = _paused_scheduler_waits
+    _HOOKS["sglang.srt.lora.layers"] = _unpinned_lora
+    _HOOKS["sglang.srt.lora.backend.torch_backend"] = _unpinned_lora
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # SGLangServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
 

@@ -1,0 +1,42 @@
+"""The `actor.lora` section: train low-rank adapters (PEFT's LoRA) instead of every weight, and
+serve the policy as base + adapter (only the adapter travels to the fleet after each step)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List
+
+from areal_like.api.config_checks import check as _check
+
+# Every linear layer of a Qwen2/Llama decoder block; the embeddings and the LM head stay frozen
+# (the servers' LoRA kernels serve these seven).
+DECODER_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                          "down_proj")
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters on `target_modules`; `rank: 0` trains the full weights instead."""
+
+    rank: int = 0
+    alpha: int = 16  # the update is scaled by alpha / rank
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: list(DECODER_LINEAR_MODULES))
+    adapter_name: str = "policy"  # what the fleet serves the policy as (requests name it)
+
+    def __post_init__(self) -> None:
+        name = "LoRAConfig"
+        _check(name, "rank", self.rank >= 0, self.rank, ">= 0 (0: no LoRA, full weights)")
+        _check(name, "alpha", self.alpha > 0, self.alpha, "> 0")
+        _check(name, "dropout", 0.0 <= self.dropout < 1.0, self.dropout, "in [0, 1)")
+        if self.enabled:
+            _check(name, "target_modules", bool(self.target_modules), self.target_modules,
+                   "a non-empty list of module names (e.g. q_proj, v_proj)")
+        _check(name, "adapter_name", bool(_ADAPTER_NAME.match(self.adapter_name)),
+               self.adapter_name, "letters, digits, '_', '-', '.'")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0

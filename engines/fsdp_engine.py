@@ -108,8 +108,9 @@ class FSDPEngine(TrainEngine):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(self.device.type, (self.world_size,))
 
-        model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic, _DTYPES[cfg.model.dtype],
-                                   choose_attn_implementation(self.device))
+        model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic,
+                                        _DTYPES[cfg.model.dtype],
+                                        choose_attn_implementation(self.device))
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
         if cfg.lora.enabled:
             if cfg.model.is_critic:

@@ -460,6 +460,14 @@ class FrozenBaseView:
     def __init__(self, engine: FSDPEngine) -> None:
         self.engine = engine
 
+    def eval(self) -> FrozenBaseView:
+        self.engine.eval()
+        return self
+
+    def train(self, mode: bool = True) -> FrozenBaseView:
+        self.engine.train(mode)
+        return self
+
     def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
                 aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
         with self.engine.model.disable_adapter():

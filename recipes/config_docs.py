@@ -45,7 +45,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("rollout", "RolloutConfig"), ("server", "SGLangServerConfig"),
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
-    ("algorithm", "AlgorithmConfig"), ("algorithm.adv", "AdvantageConfig"),
+    ("actor.lora", "LoRAConfig"), ("algorithm", "AlgorithmConfig"), ("algorithm.adv", "AdvantageConfig"),
     ("algorithm.norm", "AdvantageNormConfig"), ("algorithm.loss", "PolicyLossConfig"),
     ("algorithm.off_policy", "OffPolicyConfig"), ("algorithm.kl", "KLConfig"),
     ("algorithm.shaping", "RewardShapingConfig"), ("algorithm.filters", "GroupFilterConfig"),
@@ -71,7 +71,8 @@ def documented_classes() -> list[type]:
     return [
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
         core.RolloutConfig, core.SGLangServerConfig, core.TrainEngineConfig,
-        core.OptimizerConfig, core.MicroBatchSpec, core.AlgorithmConfig, *ALGORITHM_SECTIONS,
+        core.OptimizerConfig, core.MicroBatchSpec, core.LoRAConfig, core.AlgorithmConfig,
+        *ALGORITHM_SECTIONS,
         core.DatasetConfig,
         core.RewardConfig,
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,

@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    # one group for both engines: re-creating a group under torchrun's store can deadlock
+    dist.init_process_group("gloo")
     engine = FSDPEngine(config(args.model))
     engine.initialize()
     data = batches(int(engine.model.config.vocab_size))
@@ -92,6 +94,7 @@ def main() -> None:
                     "resumed_version": version, "world_size": dist.get_world_size()},
                    Path(args.out) / "results.pt")
     resumed.destroy()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -91,3 +91,9 @@ def worker_pid(prompt, completion, hang=False, **_):
     if hang:
         time.sleep(3600)
     return float(os.getpid())
+
+
+def even_length(prompt, completion, **_):
+    """1 when the completion has an even number of characters: a reward that varies within
+    every group even for an untrained model (so every GRPO step has a gradient)."""
+    return float(len(completion) % 2 == 0)

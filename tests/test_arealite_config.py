@@ -13,6 +13,7 @@ import yaml
 
 from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_config, load_launch_config
+from areal_like.api.lora_config import DECODER_LINEAR_MODULES
 from areal_like.arealite import (
     Evaluator,
     FinetuneSpec,
@@ -101,7 +102,7 @@ def test_our_schemas_and_the_launcher_read_an_arealite_yaml(tmp_path, capsys):
 @pytest.mark.parametrize("changes,needle", [
     ({"actor": {"init_from_scratch": True}}, "actor.init_from_scratch=True: a model is always"),
     ({"actor": {"backend": "megatron"}}, "actor.backend='megatron': the train engine here is"),
-    ({"actor": {"use_lora": True}}, "actor.use_lora=True: LoRA is not supported yet"),
+    ({"actor": {"use_lora": True, "peft_type": "ia3"}}, "actor.peft_type='ia3': only LoRA"),
     ({"actor": {"mask_no_eos_with_zero": True}}, "algorithm.shaping.overlong_penalty"),
     ({"actor": {"adv_norm": {"mean_level": "batch", "std_level": "group"}}},
      "algorithm.norm.level"),
@@ -114,6 +115,19 @@ def test_keys_without_a_counterpart_are_refused_naming_the_replacement(tmp_path,
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, _yaml(tmp_path, **changes), [])
     assert needle in str(info.value) and "arealite.yaml" in str(info.value)
+
+
+def test_arealite_lora_keys_become_our_lora_section(tmp_path):
+    config = load_config(GRPOConfig, _yaml(tmp_path, actor={
+        "use_lora": True, "lora_rank": 16, "lora_alpha": 32, "target_modules": ["all-linear"],
+        "peft_type": "lora"}), [])
+    assert (config.actor.lora.rank, config.actor.lora.alpha) == (16, 32)
+    assert config.actor.lora.target_modules == list(DECODER_LINEAR_MODULES)
+    # the servers serve the adapter, the client names it
+    assert config.server.lora_rank == 16 and config.rollout.lora_adapter == "policy"
+    off = load_config(GRPOConfig, _yaml(tmp_path, actor={"use_lora": False, "lora_rank": 8}),
+                      [])
+    assert off.actor.lora.rank == 0 and off.rollout.lora_adapter == ""
 
 
 def test_a_typo_in_an_arealite_yaml_is_still_an_error(tmp_path):

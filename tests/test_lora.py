@@ -309,3 +309,45 @@ def test_restarted_server_loads_the_current_adapter_before_it_serves(lora_fleet,
     finally:
         client.destroy()
         engine.destroy()
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_grpo_with_lora_on_the_fleet_serves_every_version_exactly(lora_fleet, tiny_model_dir,
+                                                                 tmp_path):
+    """A GRPO run with LoRA through the launcher, attached to the LoRA fleet: adapters sent in
+    memory, the KL reference is the actor's own base. On-policy (eta = 0), so the rollouts'
+    log-probs must equal the trainer's recomputed ones at every step: the fleet served each
+    step's adapter, not the previous one or the base."""
+    from sglang_helpers import attach_args, fleet_version
+
+    from areal_like.utils.metrics_logger import read_metrics
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    args = ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
+            "total_train_steps=3", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
+            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "train_dataset.size=64", "valid_dataset.size=8", "evaluation.n_prompts=8",
+            "evaluation.freq_steps=100", "logging.tensorboard=false", "logging.plot=false",
+            "rollout.max_head_offpolicyness=0", "rollout.weight_transport=distributed",
+            "actor.lora.rank=8", "actor.lora.alpha=16", "actor.optimizer.lr=5e-3",
+            "use_ref_model=true", "algorithm.kl.coef=0.01", "reward.fn=reward_fns:even_length",
+            *attach_args(lora_fleet)]
+    proc = subprocess.run([sys.executable, "-m", "areal_like.launcher.local", *args], env=env,
+                          cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    records = [r for r in read_metrics(tmp_path / "grpo_addition" / "trial0" / "metrics.jsonl")
+               if "actor/gap/abs_log_diff/max" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["actor/gap/abs_log_diff/max"] < 1e-4, r  # served = trained, token by token
+        assert r["grad_norm"] > 0.0, r  # the adapter moves at every step
+    # the KL reference is the base (adapters off): 0 before the first update, then not
+    assert records[0]["actor/kl_ref/max"] == 0.0 and records[-1]["actor/kl_ref/max"] > 0.0
+    assert fleet_version(lora_fleet.addresses, SGLANG_TEST_API_KEY) == 3
+    final = tmp_path / "grpo_addition" / "trial0" / "final"
+    assert (final / "config.json").exists() and (final / "model.safetensors").exists()

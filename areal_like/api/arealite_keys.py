@@ -39,7 +39,6 @@ ACTOR_REFUSED = {
                                  "one with `python -m areal_like.models.tiny --out DIR`)"),
     "mask_no_eos_with_zero": (False, "truncated answers keep their reward here; penalise them "
                                      "with algorithm.shaping.overlong_penalty"),
-    "use_lora": (False, "LoRA is not supported yet"),
     "reward_norm": (None, "rewards are shaped by algorithm.shaping.scaling / bias / clip; "
                           "normalise advantages with algorithm.norm.level"),
 }
@@ -123,6 +122,26 @@ def _allocation(out: dict[str, Any], notices: list[str]) -> None:
     _section(out, "launcher").setdefault("n_trainer_procs", int(trainers))
 
 
+def _lora(node: dict[str, Any], section: str) -> None:
+    """AReaL-lite's `use_lora`, `lora_rank`, `lora_alpha`, `target_modules`, `peft_type` ->
+    our `lora` section (rank 0: off)."""
+    use = node.pop("use_lora", False)
+    rank, alpha = node.pop("lora_rank", 32), node.pop("lora_alpha", 16)
+    targets, peft_type = node.pop("target_modules", None), node.pop("peft_type", "lora")
+    if not use:
+        return
+    if str(peft_type).lower() != "lora":
+        raise ArealiteKeyError(f"{section}.peft_type={peft_type!r}: only LoRA is supported")
+    if section != "actor":
+        raise ArealiteKeyError(f"{section}.use_lora=true: only the actor trains adapters (the "
+                               f"reference of a LoRA actor is its own frozen base)")
+    lora = node.setdefault("lora", {})
+    lora.setdefault("rank", rank)
+    lora.setdefault("alpha", alpha)
+    if targets and list(targets) != ["all-linear"]:  # all-linear: our default, the same
+        lora.setdefault("target_modules", list(targets))
+
+
 def _engine(out: dict[str, Any], section: str, notices: list[str]) -> None:
     """AReaL-lite's `actor` / `ref`: the model path, engine keys and (actor) PPO keys."""
     node = out[section]
@@ -136,6 +155,7 @@ def _engine(out: dict[str, Any], section: str, notices: list[str]) -> None:
             raise ArealiteKeyError(f"{section}.{key}={node[key]!r}: "
                                    f"{instead.format(section=section)}")
         node.pop(key, None)
+    _lora(node, section)
     if node.pop("disable_dropout", False) and section == "actor":
         notices.append(f"{section}.disable_dropout=true: the model's own dropout settings "
                        f"apply (the shipped tiny models have none)")

@@ -141,8 +141,8 @@ class SGLangServerConfig:
     # CPU ids the servers (and the scheduler/detokenizer they start) run on; empty: any
     # the servers' share of the cores, as GPUs are their share on a GPU machine
     cpus: List[int] = field(default_factory=list)
-    # LoRA serving (filled from actor.lora): the largest adapter rank and the modules adapted
-    lora_rank: int = 0
+    lora_rank: int = 0  # LoRA serving: the largest adapter rank (filled from actor.lora)
+    # LoRA serving: the modules adapted (filled from actor.lora.target_modules)
     lora_target_modules: List[str] = field(default_factory=list)
     extra_args: List[str] = field(default_factory=list)
 

@@ -20,9 +20,10 @@ _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 class LoRAConfig:
     """Low-rank adapters on `target_modules`; `rank: 0` trains the full weights instead."""
 
-    rank: int = 0
+    rank: int = 0  # of the adapters' A (r x in) and B (out x r); 0: no LoRA
     alpha: int = 16  # the update is scaled by alpha / rank
-    dropout: float = 0.0
+    dropout: float = 0.0  # on the adapters' input (training only)
+    # the linear layers (by name, in every decoder block) that get adapters
     target_modules: List[str] = field(default_factory=lambda: list(DECODER_LINEAR_MODULES))
     adapter_name: str = "policy"  # what the fleet serves the policy as (requests name it)
 

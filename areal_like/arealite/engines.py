@@ -170,6 +170,16 @@ class FSDPEngine(_FSDPEngine):
                              f"scripts use 'disk' (the distributed transport: "
                              f"rollout.weight_transport=distributed in our recipes)")
         self._rollout = rollout
+        if self.lora_enabled:  # the servers hold the base only: serve the initial adapter
+            adapter = self.adapter_weights()
+            if adapter is not None:
+                initial = WeightUpdateMeta.from_adapter(adapter, self.get_version())
+                if isinstance(rollout, RemoteSGLangEngine):  # (its own call: a future)
+                    RolloutController.update_weights(rollout, initial)
+                else:
+                    rollout.update_weights(initial)
+            if dist.is_initialized():
+                dist.barrier()
 
     def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
         if self._rollout is None:  # not connected: our meaning, export only

@@ -130,6 +130,18 @@ def test_bad_lora_settings_are_named(tiny_model_dir):
                    server=SGLangServerConfig(backend="vllm"))
 
 
+def test_the_shipped_lora_recipe_serves_what_it_trains():
+    from areal_like.api.config_loader import load_config
+    from recipes.configs import GRPOConfig
+
+    config = load_config(GRPOConfig, Path("recipes/conf/grpo_addition_lora.yaml").resolve(),
+                         ["model.path=/m"])
+    assert config.actor.lora.rank == 16 and config.total_train_steps == 200  # the main job's
+    assert config.server.lora_rank == 16  # the launcher starts servers with LoRA serving
+    assert config.server.lora_target_modules == list(DECODER_LINEAR_MODULES)
+    assert config.rollout.lora_adapter == "policy"  # and every request names the adapter
+
+
 # ---- two ranks, torchrun ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory

@@ -266,6 +266,12 @@ def test_each_update_delivers_the_trainers_current_adapter(lora_fleet, tiny_mode
             if previous is not None:
                 assert _max_error(replies, previous) > 1e-2, (version, "still the old adapter")
             previous = current
+        # scoring given tokens names the adapter too
+        r = replies[0]
+        scored = asyncio.run(client.ascore_batch([r.input_tokens + r.output_tokens],
+                                                 [len(r.input_tokens)]))[0]
+        want = _logprobs(current, r.input_tokens, r.output_tokens)
+        assert float((torch.tensor(scored, dtype=torch.float64) - want).abs().max()) < 1e-4
         assert sorted(os.listdir(tmp_path / "weights" / "v2")) == [
             "adapter_config.json", "adapter_model.safetensors"]  # the adapter only
     finally:

@@ -19,6 +19,7 @@ from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.launcher_config import LauncherConfig
 from areal_like.api.lora_config import LoRAConfig
+from areal_like.api.lora_serving import serve_actor_lora
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
@@ -417,25 +418,6 @@ class BaseExperimentConfig:
             _check("SGLangServerConfig", "context_length", self.server.context_length >= need,
                    self.server.context_length,
                    f">= train_dataset.max_prompt_len + gconfig.max_new_tokens = {need}")
-
-
-def serve_actor_lora(lora: LoRAConfig, server: SGLangServerConfig,
-                     rollout: RolloutConfig) -> None:
-    """With actor.lora on, the servers serve base + adapter: fill their LoRA settings (in
-    place) and refuse what cannot serve it."""
-    if not lora.enabled:
-        return
-    if rollout.backend == "vllm" or server.backend == "vllm":
-        raise ValueError("actor.lora.rank > 0 with a vLLM fleet (server.backend / rollout."
-                         "backend = vllm): adapter serving is built for SGLang only so far; "
-                         "use server.backend=sglang or actor.lora.rank=0")
-    server.lora_rank = max(server.lora_rank, lora.rank)
-    server.lora_target_modules = server.lora_target_modules or list(lora.target_modules)
-    missing = sorted(set(lora.target_modules) - set(server.lora_target_modules))
-    if missing:
-        raise ValueError(f"actor.lora.target_modules names {missing}, which "
-                         f"server.lora_target_modules={server.lora_target_modules} lacks")
-    rollout.lora_adapter = rollout.lora_adapter or lora.adapter_name
 
 
 def resolve_algorithm(algo: AlgorithmConfig, gconfig: GenerationHyperparameters,

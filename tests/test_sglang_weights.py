@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, We
 from engines.remote_engine import RemoteInferenceEngine
 
 PROMPT = [11, 22, 33, 44, 55]
+SENT_WITHIN_S = 120.0  # a request in flight on a server, however busy the machine
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +80,22 @@ async def test_update_weights_changes_logprobs_and_version(engine, tiny_model_di
         assert (torch.tensor(r.output_logprobs, dtype=torch.float64) - stale).abs().max() > 1e-2
 
 
+async def _until_sent(engine: RemoteInferenceEngine, request: asyncio.Future | Any) -> None:
+    """Until `request` is in flight on a server, or ended (its error then shows where it is
+    awaited); bounded, so a request that never leaves the client fails the test, not hangs it."""
+    deadline = asyncio.get_running_loop().time() + SENT_WITHIN_S
+    while sum(engine.inflight().values()) == 0 and not request.done():
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"the request reached no server within {SENT_WITHIN_S} s")
+        await asyncio.sleep(0.01)
+
+
 async def _generate_across_update(engine: RemoteInferenceEngine, new_dir: Path, version: int,
                                   n_tokens: int, delay: float):
     g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                                   temperature=1.0)
     task = asyncio.ensure_future(engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)))
-    while sum(engine.inflight().values()) == 0:  # the request reached a server
-        await asyncio.sleep(0.01)
+    await _until_sent(engine, task)
     await asyncio.sleep(delay)  # let it generate some tokens with the old weights
     await engine.aupdate_weights(WeightUpdateMeta.from_disk(str(new_dir), version))
     return await task
@@ -130,8 +141,7 @@ async def test_abort_mode_pause_is_continued_transparently(any_fleet, engine):
         for _ in range(6):
             task = asyncio.ensure_future(abort_engine.agenerate(ModelRequest(input_ids=PROMPT,
                                                                              gconfig=g)))
-            while sum(abort_engine.inflight().values()) == 0:
-                await asyncio.sleep(0.01)
+            await _until_sent(abort_engine, task)
             await asyncio.sleep(delay)
             ended_first = task.done()
             await abort_engine.apause()
@@ -163,15 +173,15 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(an
             loop = asyncio.get_running_loop()
             sent.append(asyncio.run_coroutine_threadsafe(
                 abort_engine.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)), loop))
-            while sum(abort_engine.inflight().values()) == 0:
-                await asyncio.sleep(0.01)
+            await _until_sent(abort_engine, sent[-1])
             await asyncio.sleep(delay)  # let the scheduler hold it (see the test above)
             ended_first.append(sent[-1].done())
         return await on_all(what, call)
 
     abort_engine.membership.on_all = pause_after_a_request
+    shortest_ended = None  # a pause sent this late found the request finished: search below
     try:
-        for _ in range(6):
+        for _ in range(10):  # a busy machine moves the window: bisect towards it
             await abort_engine.apause()
             abort_engine.membership.on_all = on_all
             await abort_engine.aresume()
@@ -180,7 +190,12 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(an
             assert len(resp.output_versions) == 800
             if resp.metadata["segments"] >= 2:  # the pause caught it and it was continued
                 break
-            delay = delay / 4 if ended_first[-1] else delay * 2.5
+            if ended_first[-1]:  # too late: the request had finished
+                shortest_ended, delay = delay, delay / 4
+            elif shortest_ended is None:  # too early, and nothing too late seen yet
+                delay *= 2.5
+            else:  # too early: between this and the shortest that was too late
+                delay = (delay + shortest_ended) / 2
             abort_engine.membership.on_all = pause_after_a_request
         else:
             pytest.fail("the pause never caught the request in the scheduler")

@@ -159,7 +159,9 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
             future = asyncio.run_coroutine_threadsafe(
                 client.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g)),
                 client._loop_thread.loop)
-            while sum(client.inflight().values()) == 0:  # it reached the server
+            deadline = time.monotonic() + 120
+            while sum(client.inflight().values()) == 0 and not future.done():  # it is sent
+                assert time.monotonic() < deadline, "the request reached no server in 120 s"
                 time.sleep(0.01)
             time.sleep(delay)  # some tokens with the old weights
             _perturb(trainer, seed=100 + attempt)

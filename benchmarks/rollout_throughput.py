@@ -34,7 +34,8 @@ import aiohttp  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine, server_api  # noqa: E402
+from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
+from engines.server_apis import server_api  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402
 
 PROMPT_LEN = 16

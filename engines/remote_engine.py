@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, TypeVar, cast
 
 import aiohttp
 
-from areal_like.api.config import BACKENDS, RolloutConfig
+from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import (
     ModelRequest,
@@ -57,7 +57,8 @@ from areal_like.api.io_struct import (
 )
 from areal_like.api.seeding import derive_seed, request_seed
 from areal_like.utils.loop_thread import EventLoopThread
-from engines.server_api import ServerAPI, SGLangAPI
+from engines.server_api import ServerAPI
+from engines.server_apis import server_api
 from engines.sglang_http import (
     CONTROL_TIMEOUT_S,
     MalformedReplyError,
@@ -66,12 +67,10 @@ from engines.sglang_http import (
 )
 from engines.sglang_http import RETRYABLE as _RETRYABLE
 from engines.sglang_http import RetryableHTTPError as _RetryableHTTPError
-from engines.sglang_lora_api import SGLangLoRAAPI
 from engines.sglang_membership import FleetMembership
 from engines.sglang_protocol import GenerateReply, ScoreReply, SGLangProtocolError
 from engines.sglang_routing import OwnAborts, ServerPool
 from engines.sglang_weight_group import FleetWeightGroup
-from engines.vllm_api import VLLMAPI
 
 __all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
            "RemoteSGLangError", "RemoteVLLMEngine"]
@@ -86,21 +85,6 @@ _GENERATE_RETRYABLE = (*_RETRYABLE, SGLangProtocolError)
 _NOT_INITIALIZED = "the inference engine is not initialized: call initialize() first"
 T = TypeVar("T")
 R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
-
-
-def server_api(backend: str, lora_adapter: str = "") -> ServerAPI:
-    """The HTTP API of `backend` ("sglang" or "vllm"); with `lora_adapter`, of a fleet that
-    serves the policy as base + that LoRA adapter."""
-    apis: dict[str, type[ServerAPI]] = {"sglang": SGLangAPI, "vllm": VLLMAPI}
-    if backend not in apis:
-        raise ValueError(f"inference backend {backend!r}: expected one of {BACKENDS} "
-                         f"(server.backend / rollout.backend)")
-    if lora_adapter:
-        if backend != "sglang":
-            raise ValueError(f"rollout.lora_adapter={lora_adapter!r} with a {backend} fleet: "
-                             f"LoRA adapters are served by SGLang fleets only so far")
-        return SGLangLoRAAPI(lora_adapter)
-    return apis[backend]()
 
 
 class RemoteInferenceEngine(InferenceEngine):

@@ -3,7 +3,7 @@ generation, scoring, pause / continue, weight loads and the weight-update group.
 
 `RemoteInferenceEngine` (routing, retries, fleet membership, the distributed transport) is
 the same for every backend; only this layer differs. `SGLangAPI` speaks SGLang's native
-endpoints; `engines/vllm_api.py` speaks vLLM's; `engines.remote_engine.server_api(backend)`
+endpoints; `engines/vllm_api.py` speaks vLLM's; `engines.server_apis.server_api(backend)`
 picks one.
 """
 

@@ -413,16 +413,17 @@ class RemoteInferenceEngine(InferenceEngine):
 
     async def aupdate_weights(self, meta: WeightUpdateMeta) -> None:
         """On every server in service, each on its own: pause (retract: in-flight requests
-        are kept), load `meta.path` labelled `meta.version`, continue (always, in a `finally`).
+        are kept; a LoRA fleet aborts and continues them), load `meta` (a folder, or a LoRA
+        adapter in memory) labelled `meta.version`, continue (always, in a `finally`).
         Requests in flight finish, their tokens carrying both versions. Each step is bounded
         by `config.weight_update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
         if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
                              "areal_like.runtime.weight_sync.push_weights")
-        await self._on_rollout_loop(self._update_from_disk(meta))
+        await self._on_rollout_loop(self._update_per_server(meta))
 
-    async def _update_from_disk(self, meta: WeightUpdateMeta) -> None:
+    async def _update_per_server(self, meta: WeightUpdateMeta) -> None:
         await self.membership.update_all(meta)  # per server: pause -> load -> continue
         self.set_version(meta.version)
 

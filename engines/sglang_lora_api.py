@@ -45,6 +45,8 @@ class SGLangLoRAAPI(SGLangAPI):
     def __init__(self, adapter: str) -> None:
         self.adapter = adapter
         self._tp_sizes: dict[str, int] = {}
+        # the last adapter sent in memory, serialized once for every server of the fleet
+        self._serialized: Optional[tuple[AdapterWeights, str]] = None
 
     def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
                          rid: str, max_new_tokens: int, min_new_tokens: int,
@@ -74,7 +76,7 @@ class SGLangLoRAAPI(SGLangAPI):
                              f"'adapter'), not type={meta.type!r}")
         tp_size = await self._tp_size(session, addr)
         body = {"lora_name": self.adapter, "config_dict": meta.adapter.config,
-                "serialized_named_tensors": [serialize_tensors(meta.adapter)] * tp_size}
+                "serialized_named_tensors": [self._serialize(meta.adapter)] * tp_size}
         await self._swap(session, addr, "/load_lora_adapter_from_tensors", body, meta.version,
                          timeout, f"an in-memory adapter ({meta.adapter.nbytes} bytes)")
 
@@ -88,6 +90,11 @@ class SGLangLoRAAPI(SGLangAPI):
         models = await get_json(session, addr, "/v1/models")
         listed = models.get("data", []) if isinstance(models, dict) else []
         return [m["id"] for m in listed if isinstance(m, dict) and m.get("parent")]
+
+    def _serialize(self, adapter: AdapterWeights) -> str:
+        if self._serialized is None or self._serialized[0] is not adapter:
+            self._serialized = (adapter, serialize_tensors(adapter))
+        return self._serialized[1]
 
     async def _tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
         if addr not in self._tp_sizes:

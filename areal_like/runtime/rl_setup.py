@@ -100,9 +100,9 @@ class RLSetup:
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
         # a LoRA run sends its adapter in memory instead (no process group: push_weights)
-        in_memory = config.rollout.weight_transport == "distributed"
         self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
-                            if in_memory and not config.actor.lora.enabled else None)
+                            if self.adapter_in_memory and not config.actor.lora.enabled
+                            else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
         self.stateful: dict[str, Any] = {}  # name -> object with state_dict/load_state_dict
 
@@ -216,6 +216,7 @@ class RLSetup:
 
     @property
     def adapter_in_memory(self) -> bool:
+        """The distributed transport: a LoRA adapter travels in memory (no folder)."""
         return self.config.rollout.weight_transport == "distributed"
 
     def reference_engine(self) -> Any:

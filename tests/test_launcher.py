@@ -213,7 +213,8 @@ def test_a_script_without_its_config_is_refused(tmp_path):
 def test_ray_disk_weights_need_the_servers_beside_rank_0_or_a_shared_dir(transport, shared_dir,
                                                                          refused):
     """Placement check of the Ray launcher (nodes as Ray reports them; no cluster needed)."""
-    from areal_like.launcher.ray import RayJob, _Member
+    from areal_like.launcher.ray import RayJob
+    from areal_like.launcher.ray_member import Member as _Member
     from areal_like.launcher.target import LaunchError, TrainTarget
     from recipes.configs import GRPOConfig
 

@@ -73,29 +73,64 @@ def _start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
     return node
 
 
-@pytest.fixture(scope="module")
-def ray_address():
+class RayCluster:
     """A Ray cluster of our own with two nodes on this machine (loopback addresses 127.0.0.2
-    and 127.0.0.3, 2 CPUs each), as `ray start` makes one on two machines. Each node's
-    processes share a session, killed at the end."""
-    port = _free_port()
-    temp_dir = Path(tempfile.mkdtemp(prefix="ray_", dir="/tmp"))  # short: Ray's socket paths
-    nodes = [_start_ray_node(
-        ["--head", f"--node-ip-address={NODE_IP}", f"--port={port}", "--num-cpus=2",
-         f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
-         "--include-dashboard=false", f"--temp-dir={temp_dir}"], temp_dir / "head.log")]
+    and 127.0.0.3), as `ray start` makes one on two machines. Each node's processes share a
+    session. The head has 4 CPUs (room for a whole job after the second node is lost), the
+    second node 2."""
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.address = f"{NODE_IP}:{port}"
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray_", dir="/tmp"))  # short socket paths
+        self.head = _start_ray_node(
+            ["--head", f"--node-ip-address={NODE_IP}", f"--port={port}", "--num-cpus=4",
+             f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}",
+             "--include-dashboard=false", f"--temp-dir={self.temp_dir}"],
+            self.temp_dir / "head.log")
+        self.worker: subprocess.Popen | None = None
+
+    def start_worker(self) -> None:
+        self.worker = _start_ray_node(
+            [f"--address={self.address}", f"--node-ip-address={WORKER_IP}", "--num-cpus=2"],
+            self.temp_dir / "worker.log")
+
+    def kill_worker(self, sessions: list[int] = ()) -> None:
+        """SIGKILL every process of the second node at once (its Ray processes and the
+        `sessions` its actors started), as a node failure looks from Ray."""
+        assert self.worker is not None
+        pids = [p for sid in (self.worker.pid, *sessions) for p in _session_pids(sid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                os.kill(pid, signal.SIGKILL)
+        self.worker.wait(timeout=60)
+        self.worker = None
+
+    def stop(self) -> None:
+        for node in (self.head, self.worker):
+            if node is not None:
+                os.killpg(node.pid, signal.SIGKILL)
+                for pid in _session_pids(node.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                node.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    cluster = RayCluster()
     try:
-        nodes.append(_start_ray_node(
-            [f"--address={NODE_IP}:{port}", f"--node-ip-address={WORKER_IP}", "--num-cpus=2"],
-            temp_dir / "worker.log"))
-        yield f"{NODE_IP}:{port}"
+        cluster.start_worker()
+        yield cluster
     finally:
-        for node in nodes:
-            os.killpg(node.pid, signal.SIGKILL)
-            for pid in _session_pids(node.pid):
-                with contextlib.suppress(ProcessLookupError):  # it may have just exited
-                    os.kill(pid, signal.SIGKILL)
-            node.wait(timeout=60)
+        cluster.stop()
+
+
+@pytest.fixture
+def ray_address(ray_cluster):
+    if ray_cluster.worker is None:  # a test lost it
+        ray_cluster.start_worker()
+    return ray_cluster.address
 
 
 def _run(launcher: str, args: list[str], **kwargs) -> subprocess.Popen:
@@ -175,13 +210,16 @@ def test_grpo_on_ray_with_vllm_servers(ray_address, tiny_model_dir, tmp_path):
     assert "vllm server(s)" in out
 
 
-def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int) -> list[dict]:
+def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int,
+                   key: str = "user/world_size", also: Callable[[], bool] = lambda: True
+                   ) -> list[dict]:
+    """The metric records once a record of `step` or later has `key` (and `also()` holds)."""
     deadline = time.monotonic() + 600
     while True:
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.monotonic() < deadline, f"no step {step} within 600 s"
         records = read_metrics(metrics) if metrics.exists() else []
-        if any(r["step"] >= step and "user/world_size" in r for r in records):
+        if any(r["step"] >= step and key in r for r in records) and also():
             return records
         time.sleep(0.1)
 
@@ -205,15 +243,15 @@ def _assert_all_gone(actors: list[dict], timeout: float = 120) -> None:
 
 
 def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
-                          interrupt: Callable[[subprocess.Popen, list[dict]], None]
-                          ) -> tuple[int, str, list[dict], list[dict]]:
+                          interrupt: Callable[[subprocess.Popen, list[dict]], None],
+                          *overrides: str) -> tuple[int, str, list[dict], list[dict]]:
     """Start the user's script as a job far too long to finish, wait for its first step,
     `interrupt(proc, actors)`; (exit code, output, metric records, actors.json)."""
     run = tmp_path / "user_script" / "trial0"
     proc = _run("ray", [*SCRIPT, *_common(model_dir, tmp_path, 100_000),
                         f"launcher.ray_address={ray_address}",
                         "rollout.weight_transport=distributed",  # whichever node the server is on
-                        FORK],
+                        FORK, *overrides],
                 start_new_session=True)
     try:
         records = _wait_for_step(proc, run / "metrics.jsonl", 1)
@@ -227,15 +265,17 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
     return proc.returncode, out, records, actors
 
 
-def test_a_killed_server_actor_stops_the_job_naming_it(ray_address, tiny_model_dir, tmp_path):
+def test_a_killed_server_actor_past_its_restarts_stops_the_job_naming_it(
+        ray_address, tiny_model_dir, tmp_path):
     """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
-    killing the server's actor stops the job within a bound, naming the actor, its node and
-    its last lines, and leaves no process behind."""
+    killing the server's actor with no restart left (`server.max_restarts=0`) stops the job
+    within a bound, naming the actor, its node and its last lines, and leaves no process
+    behind."""
     def kill_server_actor(proc: subprocess.Popen, actors: list[dict]) -> None:
         os.kill(next(a for a in actors if a["name"] == "server_0")["actor_pid"], signal.SIGKILL)
 
     code, out, records, actors = _interrupted_long_job(ray_address, tiny_model_dir, tmp_path,
-                                                       kill_server_actor)
+                                                       kill_server_actor, "server.max_restarts=0")
     assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
     assert code == 1, out[-4000:]
     server = next(a for a in actors if a["name"] == "server_0")
@@ -278,7 +318,7 @@ def test_more_than_the_cluster_has_is_refused(ray_address, tiny_model_dir, tmp_p
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert "the job needs 7 CPU (3 server(s) x 2 + 1 trainer rank(s) x 1" in out
-    assert "the Ray cluster has 4 CPU in all" in out
+    assert "the Ray cluster has 6 CPU in all" in out
 
 
 RAY_FAULTS = [f for f in FAULTS if f[0] in ("actor", "step")]  # at start-up; in a step
@@ -297,3 +337,126 @@ def test_an_exception_in_the_trainer_ends_the_job_with_it_last_on_screen(
     assert code == 1 and "trainer_0 exited with code 1" in last and needle in last, last
     _assert_all_gone(json.loads(
         (tmp_path / "user_script" / "trial0" / "logs" / "actors.json").read_text()))
+
+
+# -- runs that heal themselves: each fault once, the run ends rc 0 with every step logged once
+
+HEAL_STEPS = 8
+# the run goes on on the other server while one restarts (~15 s): long enough to see it rejoin
+SERVER_HEAL_STEPS = 80
+
+
+def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, fault_after: int,
+                 fault: Callable[[list[dict]], None], *overrides: str,
+                 steps: int = HEAL_STEPS) -> tuple[str, list[dict], list[dict], list[dict]]:
+    """A GRPO run at eta = 0 with checkpoints every 2 steps and one restart allowed for each
+    server and for the trainer gang; `fault(actors)` once step `fault_after` is logged and a
+    checkpoint exists. (Output, metric records, episodes, actors.json at the end.)"""
+    run = tmp_path / "grpo_addition" / "trial0"
+    proc = _run("ray", ["grpo", *_common(model_dir, tmp_path, steps),
+                        f"launcher.ray_address={ray_address}",
+                        "rollout.weight_transport=distributed", FORK, "checkpoint.freq_steps=2",
+                        "server.max_restarts=1", "launcher.max_trainer_restarts=1", *overrides],
+                start_new_session=True)
+    try:
+        _wait_for_step(proc, run / "metrics.jsonl", fault_after, key="loss",
+                       also=(run / "checkpoints" / "latest").exists)
+        fault(json.loads((run / "logs" / "actors.json").read_text()))
+        faulted = time.monotonic()
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-5000:]
+    print(f"fault to the end of the run: {time.monotonic() - faulted:.1f} s")
+    print("\n".join(line for line in out.splitlines() if line.startswith("[launcher]")))
+    records = read_metrics(run / "metrics.jsonl")
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    actors = json.loads((run / "logs" / "actors.json").read_text())
+    # every step logged once, none trained twice
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, steps + 1))
+    trained = [i for e in episodes if "trained" in e for i in e["trained"]]
+    assert len(trained) == len(set(trained)) and len(trained) == steps * 4
+    # the fleet served the trainer's current weights at every step (eta = 0: recomputed
+    # log-probabilities equal the servers' up to float noise), before and after the fault
+    gaps = [r["actor/gap/abs_log_diff/max"] for r in records if "actor/gap/abs_log_diff/max" in r]
+    assert len(gaps) == steps and max(gaps) < 1e-3, gaps
+    return out, records, episodes, actors
+
+
+def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_weights(
+        ray_address, tiny_model_dir, tmp_path):
+    """SIGKILL of one of two servers' actor and of its server's processes at step 2 (a
+    crash; alone, the actor's death ends its server a little later through
+    PR_SET_PDEATHSIG): Ray restarts the actor in its bundle, the launcher starts its server
+    again on its address, the trainer's client sends it the current weights at the next
+    broadcast and routes to it again; the run goes on on the other server meanwhile, and
+    nothing is lost."""
+    killed = {}
+
+    def kill_server_actor(actors: list[dict]) -> None:
+        killed.update(next(a for a in actors if a["name"] == "server_0"))
+        os.kill(killed["actor_pid"], signal.SIGKILL)
+        os.killpg(killed["pid"], signal.SIGKILL)
+
+    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 2,
+                                           kill_server_actor, "launcher.n_trainer_procs=1",
+                                           "server.n_servers=2", steps=SERVER_HEAL_STEPS)
+    server = next(a for a in actors if a["name"] == "server_0")
+    assert server["restarts"] == 1 and server["actor_pid"] != killed["actor_pid"]
+    assert server["address"] == killed["address"]  # back where the trainer's client looks
+    assert "restarting it (restart 1 of 1, server.max_restarts)" in out
+    last = [r for r in records if "loss" in r][-1]
+    assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 0)
+    assert last["fleet/readmitted_total"] >= 1 and last["rollout/failed_total"] == 0
+
+
+def test_a_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(ray_address,
+                                                                     tiny_model_dir, tmp_path):
+    """SIGKILL of trainer rank 1's process after a checkpoint: the launcher stops rank 0,
+    starts both ranks again with `checkpoint.recover=auto`, the kept fleet gets the
+    checkpoint's weights, and every step is logged and trained once."""
+    def kill_rank_1(actors: list[dict]) -> None:
+        os.kill(next(a for a in actors if a["name"] == "trainer_1")["pid"], signal.SIGKILL)
+
+    out, records, episodes, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 3,
+                                                  kill_rank_1)
+    assert "restarting the 2 trainer rank(s) from the last checkpoint (restart 1 of 1" in out
+    assert "checkpoint.recover=auto" in out  # the second start's command line
+    assert any("restored" in e for e in episodes)  # the recovered run's start
+    after = [r for r in records if "launcher/trainer_restarts" in r]
+    assert after[-1]["launcher/trainer_restarts"] == 1
+    assert after[-1]["launcher/server_restarts"] == 0
+    assert [a["restarts"] for a in actors if a["role"] == "server"] == [0]
+
+
+def test_a_lost_node_is_rescheduled_onto_the_other(ray_cluster, ray_address, tiny_model_dir,
+                                                    tmp_path):
+    """Every process of the second node SIGKILLed at once after a checkpoint (placement
+    SPREAD put a trainer rank and a server there): Ray declares the node dead and places its
+    bundles on the head, the launcher restarts what ran there (the server on the head's
+    address, the trainer gang from the checkpoint, given the server's new address) and the
+    run ends with everything on the head."""
+    lost = []
+
+    def lose_the_second_node(actors: list[dict]) -> None:
+        lost.extend(a for a in actors if a["ip"] == WORKER_IP)
+        # SPREAD: one of each there
+        assert sorted(a["role"] for a in lost) == ["server", "trainer"], actors
+        ray_cluster.kill_worker([a["pid"] for a in lost])
+
+    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 3,
+                                           lose_the_second_node, "server.n_servers=2",
+                                           "launcher.placement_strategy=SPREAD")
+    assert {a["ip"] for a in actors} == {NODE_IP}
+    server = next(a for a in lost if a["role"] == "server")
+    moved = next(a for a in actors if a["name"] == server["name"])
+    assert moved["address"].startswith(f"{NODE_IP}:") and moved["restarts"] == 1
+    last = [r for r in records if "loss" in r][-1]
+    assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 1)
+    assert "restarting the 2 trainer rank(s) from the last checkpoint" in out
+    # the recovered trainer was given the moved server's new address, and it served
+    second_start = out[out.index("restarting the 2 trainer rank(s)"):]
+    assert moved["address"] in second_start.split("rollout.server_addrs=[", 1)[1].split("]")[0]
+    assert last["fleet/in_service"] == 2

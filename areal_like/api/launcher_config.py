@@ -41,6 +41,10 @@ class LauncherConfig:
     shared_dir: str = ""
     placement_timeout: float = 300.0  # seconds for the cluster to grant the resources
     actor_unresponsive_timeout: float = 60.0  # an actor silent this long counts as dead
+    # Ray launcher: times a failed trainer gang (a rank or its node died, or a rank exited
+    # non-zero) is restarted from the last checkpoint; 0: the job stops (servers:
+    # server.max_restarts)
+    max_trainer_restarts: int = 0
     # Environment variables for every trainer rank, both launchers (Ray actors do not see the
     # driver's environment): `launcher.trainer_env.HF_HOME=/data/hf`
     trainer_env: Dict[str, str] = field(default_factory=dict)
@@ -70,5 +74,7 @@ class LauncherConfig:
                ">= 0, or -1 for auto")
         _check(name, "placement_timeout", self.placement_timeout > 0, self.placement_timeout,
                "> 0 seconds")
+        _check(name, "max_trainer_restarts", self.max_trainer_restarts >= 0,
+               self.max_trainer_restarts, ">= 0")
         _check(name, "actor_unresponsive_timeout", self.actor_unresponsive_timeout > 0,
                self.actor_unresponsive_timeout, "> 0 seconds")

@@ -10,25 +10,30 @@ CPUs, `launcher.gpus_per_trainer` GPUs), starts each server on its node's addres
 trainer ranks as one torch.distributed job (rank 0's node hosts the rendezvous). Weights reach the
 servers by `rollout.weight_transport`: `distributed` always works across nodes; `disk` needs the
 servers on trainer rank 0's node or `launcher.shared_dir`. Logs of every actor are copied to
-`<run dir>/logs/`. Any actor or process that dies stops the job, naming it, its node and its
-last log lines; every process is stopped on the way out (Ctrl-C too).
+`<run dir>/logs/`.
+
+What fails is brought back by Ray: a server whose actor or process dies is restarted by Ray in
+its bundle (`server.max_restarts` times) and rejoins the trainer's fleet with the current
+weights; a trainer rank (or its node) that dies stops the whole trainer gang, which starts
+again from the last checkpoint (`launcher.max_trainer_restarts` times; 0 by default) while the
+fleet is kept. Bundles of a lost node are placed again by Ray where resources allow. Past a
+bound, or when Ray cannot place a bundle within `launcher.placement_timeout`, the job stops
+naming the actor, its node and its last log lines; every process is stopped on the way out
+(Ctrl-C, SIGTERM and `ray job stop` too).
 """
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
-from collections import deque
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from areal_like.launcher.console import Console, TidyLog
 from areal_like.launcher.ray_cluster import connect, plan, reserve
+from areal_like.launcher.ray_member import Member, cause, exit_text, first_line
 from areal_like.launcher.target import (
     LaunchError,
     TrainTarget,
@@ -37,41 +42,15 @@ from areal_like.launcher.target import (
     resolve_target,
     trainer_error,
 )
+from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import interface_of
 from areal_like.utils.progress import LIVE_BAR_ENV
 
 POLL_INTERVAL = 0.5
 STOP_TIMEOUT = 30.0
+AWAIT_CALL_S = 10.0
 CONSOLE = Console()
-
-
-class _Member:
-    """One actor of the job, as the driver sees it."""
-
-    def __init__(self, name: str, role: str, handle: Any, log: Path) -> None:
-        self.name, self.role, self.handle, self.log = name, role, handle, log
-        self.node: dict[str, Any] = {}
-        self.pid: Optional[int] = None
-        self.offset, self.last_answer = 0, time.monotonic()
-        self.pending: Any = None  # the ObjectRef of the poll in flight
-        self.tail: deque[str] = deque(maxlen=200)
-        self.partial = ""
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.exit_code: Optional[int] = None
-        self.dead = False
-        self.log_file: Optional[TidyLog] = None  # opened at its first output
-
-    def where(self) -> str:
-        node = self.node
-        return (f"{self.name} (node {node.get('ip', '?')}, host {node.get('hostname', '?')}, "
-                f"node id {str(node.get('node_id', '?'))[:12]})")
-
-    def last_lines(self, n: int = 20) -> str:
-        from engines.sglang_server import meaningful_lines
-
-        lines = meaningful_lines(list(self.tail), n)
-        return "\n".join("    " + line for line in lines) or "    (no output)"
 
 
 def _replace_overrides(overrides: list[str], extra: list[str]) -> list[str]:
@@ -82,25 +61,38 @@ def _replace_overrides(overrides: list[str], extra: list[str]) -> list[str]:
 class RayJob:
     def __init__(self, target: TrainTarget) -> None:
         self.target, self.config = target, target.config
-        self.members: list[_Member] = []
+        self.members: list[Member] = []
+        self.servers: list[Member] = []
+        self.trainers: list[Member] = []
         self.groups: list[Any] = []
         self.log_dir = run_dir(self.config.logging) / "logs"
         self.echo = True
+        self.trainer_restarts = 0
+        self.healer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ray-heal")
+
+    @property
+    def node_dir(self) -> str:
+        """The job's folder on every node (actor logs, what the launcher tells rank 0)."""
+        return f"/tmp/areal_like_ray/{self.run_id}"
 
     # -- start ---------------------------------------------------------------------------------
-    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float]) -> _Member:
+    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float],
+               max_restarts: int) -> Member:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from areal_like.launcher.ray_actors import ProcessActor
 
         name = f"{role}_{index}"
+        # Ray restarts a dead actor in its bundle (rescheduled onto another node when its node
+        # is lost); the driver then starts its process again
         handle = ray.remote(ProcessActor).options(
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_restarts=0,
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+            max_restarts=max_restarts, max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=index),
-        ).remote(name, os.getcwd(), f"/tmp/areal_like_ray/{self.run_id}")
-        member = _Member(name, role, handle, self.log_dir / f"{name}.log")
+        ).remote(name, os.getcwd(), self.node_dir)
+        member = Member(name, role, handle, self.log_dir / f"{name}.log", bundle)
         self.members.append(member)
         return member
 
@@ -120,62 +112,93 @@ class RayJob:
         self.run_id = f"{config.logging.experiment_name}_{config.logging.trial_name}_{os.getpid()}"
         fleet = self.target.needs_fleet and not config.rollout.server_addrs
         alloc = plan(config, config.server.n_servers if fleet else 0)
-        servers, trainers = [], []
         if alloc.n_servers:
             self.groups.append(reserve(f"{self.run_id}_servers", [alloc.server] * alloc.n_servers,
                                        launcher.placement_strategy, launcher.placement_timeout))
-            servers = [self._spawn("server", i, self.groups[-1], alloc.server)
-                       for i in range(alloc.n_servers)]
+            self.servers = [self._spawn("server", i, self.groups[-1], alloc.server,
+                                        config.server.max_restarts)
+                            for i in range(alloc.n_servers)]
         self.groups.append(reserve(f"{self.run_id}_trainers", [alloc.trainer] * alloc.n_trainers,
                                    launcher.placement_strategy, launcher.placement_timeout))
-        trainers = [self._spawn("trainer", r, self.groups[-1], alloc.trainer)
-                    for r in range(alloc.n_trainers)]
+        self.trainers = [self._spawn("trainer", r, self.groups[-1], alloc.trainer,
+                                     launcher.max_trainer_restarts)
+                         for r in range(alloc.n_trainers)]
         nodes = self._gather([(m, m.handle.node.remote()) for m in self.members],
                              launcher.placement_timeout, "start")
         for member, node in zip(self.members, nodes, strict=True):
             member.node = node
-        self._check_weight_path(servers, trainers[0])
-        port = self._gather([(trainers[0], trainers[0].handle.rendezvous_port.remote(
-            launcher.master_port))], 60, "reserve the rendezvous port")[0]
-        extra = []
-        if servers:
-            CONSOLE.line(f"[launcher] starting {len(servers)} {config.server.backend} server(s) on "
-                         f"{config.model.path}")
+        self._check_weight_path(self.servers, self.trainers[0])
+        if self.servers:
+            CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
+                         f"server(s) on {config.model.path}")
             calls = [(s, s.handle.start_server.remote(config.model.path, config.server,
-                                                      config.rollout.api_key)) for s in servers]
+                                                      config.rollout.api_key))
+                     for s in self.servers]
             addrs = self._gather(calls, config.server.startup_timeout + 60, "start its server")
             CONSOLE.line(f"[launcher] servers ready: {addrs}")
-            extra.append(f"rollout.server_addrs=[{','.join(addrs)}]")
-        rank0_ip = trainers[0].node["ip"]
+            for s, addr in zip(self.servers, addrs, strict=True):
+                s.address = addr
+                s.pid = self._gather([(s, s.handle.child_pids.remote())], 60,
+                                     "report its pid")[0][0]
+        self._start_trainers()
+
+    def _start_trainers(self) -> None:
+        """Start every trainer rank as one torch.distributed job (after a restart: resuming
+        from the last checkpoint, with the fleet's current addresses)."""
+        config, rank0 = self.config, self.trainers[0]
+        self._check_weight_path(self.servers, rank0)
+        port = self._gather([(rank0, rank0.handle.rendezvous_port.remote(
+            config.launcher.master_port))], 60, "reserve the rendezvous port")[0]
+        extra = []
+        if self.servers:
+            extra += [f"rollout.server_addrs=[{','.join(s.address for s in self.servers)}]",
+                      f"rollout.server_addrs_file={self.node_dir}/server_addrs.txt"]
         if config.rollout.weight_transport == "distributed":
-            extra.append(f"rollout.weight_group_addr={rank0_ip}")
+            extra.append(f"rollout.weight_group_addr={rank0.node['ip']}")
+        if self.trainer_restarts:
+            extra.append("checkpoint.recover=auto")
+        self._tell_rank0()
         argv = [*self.target.entry, "--config", str(self.target.config_path),
                 *_replace_overrides(self.target.overrides, extra)]
-        CONSOLE.line(f"[launcher] {len(trainers)} trainer rank(s), rendezvous "
-                     f"{rank0_ip}:{port}: python {' '.join(argv)}")
+        CONSOLE.line(f"[launcher] {len(self.trainers)} trainer rank(s), rendezvous "
+                     f"{rank0.node['ip']}:{port}: python {' '.join(argv)}")
         pids = self._gather([(t, t.handle.start_process.remote(
-            [sys.executable, *argv], self._env(t, r, rank0_ip, port)))
-            for r, t in enumerate(trainers)], 60, "start its trainer")
-        for t, pid in zip(trainers, pids, strict=True):
+            [sys.executable, *argv], self._env(t, r, rank0.node["ip"], port)))
+            for r, t in enumerate(self.trainers)], 60, "start its trainer")
+        for t, pid in zip(self.trainers, pids, strict=True):
             t.pid = pid
-        for s in servers:
-            s.pid = self._gather([(s, s.handle.child_pids.remote())], 60, "report its pid")[0][0]
-        (self.log_dir / "actors.json").write_text(json.dumps(
-            [{"name": m.name, "role": m.role, "pid": m.pid, **m.node} for m in self.members],
-            indent=1))
+        self._write_actors()
 
-    def _env(self, trainer: _Member, rank: int, master: str, port: int) -> dict[str, str]:
-        same_node = [m for m in self.members if m.role == "trainer"
-                     and m.node["node_id"] == trainer.node["node_id"]]
+    def _tell_rank0(self) -> None:
+        """Write the restart counts and the servers' addresses on trainer rank 0's node,
+        where its metrics and its fleet client read them."""
+        rank0 = self.trainers[0]
+        counts = {"server_restarts": sum(s.restarts for s in self.servers),
+                  "trainer_restarts": self.trainer_restarts}
+        calls = [(rank0, rank0.handle.write_text.remote(f"{self.node_dir}/launcher_state.json",
+                                                        json.dumps(counts)))]
+        if self.servers:
+            calls.append((rank0, rank0.handle.write_text.remote(
+                f"{self.node_dir}/server_addrs.txt",
+                "".join(f"{s.address}\n" for s in self.servers))))
+        self._gather(calls, 60, "write what the launcher tells rank 0")
+
+    def _write_actors(self) -> None:
+        (self.log_dir / "actors.json").write_text(json.dumps(
+            [m.record() for m in self.members], indent=1))
+
+    def _env(self, trainer: Member, rank: int, master: str, port: int) -> dict[str, str]:
+        same_node = [m for m in self.trainers if m.node["node_id"] == trainer.node["node_id"]]
         env = {"RANK": str(rank), "WORLD_SIZE": str(self.config.launcher.n_trainer_procs),
                "LOCAL_RANK": "0" if trainer.node["gpu_ids"] else str(same_node.index(trainer)),
                "LOCAL_WORLD_SIZE": str(len(same_node)), "MASTER_ADDR": master,
                "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": str(self.config.launcher.threads_per_trainer),
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-               # the user's modules (tasks, rewards named in config) import as on the driver
-               "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(),
-                                                          os.environ.get("PYTHONPATH")]))}
+               STATE_ENV: f"{self.node_dir}/launcher_state.json",
+               ATTEMPT_ENV: str(self.trainer_restarts),
+               # the actor puts its own folder first (the user's modules: tasks, rewards)
+               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         if CONSOLE.tty:  # the console redraws rank 0's bar as one live line
             env[LIVE_BAR_ENV] = "1"
         env.update(self.config.launcher.trainer_env)  # rank keys are refused by the config
@@ -186,7 +209,7 @@ class RayJob:
                 env["GLOO_SOCKET_IFNAME"] = interface
         return env
 
-    def _check_weight_path(self, servers: list[_Member], rank0: _Member) -> None:
+    def _check_weight_path(self, servers: list[Member], rank0: Member) -> None:
         config = self.config
         if config.rollout.weight_transport != "disk" or config.launcher.shared_dir:
             return
@@ -198,7 +221,7 @@ class RayJob:
                 f"rollout.weight_transport=distributed, or launcher.shared_dir=<a folder every "
                 f"node mounts at the same path>")
 
-    def _gather(self, calls: list[tuple[_Member, Any]], timeout: float, what: str) -> list[Any]:
+    def _gather(self, calls: list[tuple[Member, Any]], timeout: float, what: str) -> list[Any]:
         """The results of one call per member, or LaunchError naming the member that failed."""
         import ray
 
@@ -213,54 +236,49 @@ class RayJob:
             except ray.exceptions.RayActorError as e:
                 member.dead = True
                 raise LaunchError(f"{member.where()} died before it could {what}: "
-                                  f"{_first_line(e)}") from None
+                                  f"{first_line(e)}") from None
             except Exception as e:  # the actor's own error, e.g. a server that did not start
-                raise LaunchError(f"{member.where()} failed to {what}: {_cause(e)}") from None
+                raise LaunchError(f"{member.where()} failed to {what}: {cause(e)}") from None
         return out
 
     # -- run -----------------------------------------------------------------------------------
     def watch(self) -> int:
-        """Stream logs until every trainer rank exits; 0, or LaunchError when anything fails."""
+        """Stream logs until every trainer rank exits; bring back what fails while restarts
+        are left; 0, or LaunchError once something fails past its bound."""
         import ray
 
         unresponsive = self.config.launcher.actor_unresponsive_timeout
-        trainers = [m for m in self.members if m.role == "trainer"]
         while True:
-            for m in self.members:
+            live = [m for m in self.members if m.healing is None and not m.failure]
+            for m in live:
                 if m.pending is None:
                     m.pending = m.handle.poll.remote(m.offset)
-            pending = [m.pending for m in self.members]
+            pending = [m.pending for m in live]
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=POLL_INTERVAL)
-            for m in self.members:
+            for m in live:
                 if m.pending in ready:
                     self._take(m)
                 elif time.monotonic() - m.last_answer > unresponsive:
-                    raise LaunchError(f"{m.where()} has not answered for {unresponsive:g} s "
-                                      f"(launcher.actor_unresponsive_timeout); last lines of "
-                                      f"{m.log}:\n{m.last_lines()}")
-            for m in self.members:
-                if m.exit_code is not None and (m.role == "server" or m.exit_code != 0):
-                    what = "SGLang server process" if m.role == "server" else "trainer process"
-                    cause = trainer_error(list(m.tail)) if m.role == "trainer" else ""
-                    exited = f"{m.where()}: its {what} exited with {_exit_text(m.exit_code)}"
-                    # the trainer's own exception last on screen, as the local launcher does
-                    raise LaunchError(f"{exited}; last lines of {m.log}:\n{m.last_lines()}"
-                                      + (f"\n{m.name} exited with {_exit_text(m.exit_code)}: "
-                                         f"{cause}" if cause else ""))
-            if all(t.exit_code == 0 for t in trainers):
+                    m.failure = (f"has not answered for {unresponsive:g} s "
+                                 f"(launcher.actor_unresponsive_timeout)")
+            for s in self.servers:
+                self._heal_server(s)
+            failed = [t for t in self.trainers if t.failure or t.exit_code not in (None, 0)]
+            if failed:
+                self._restart_trainers(failed[0])
+            elif all(t.exit_code == 0 for t in self.trainers):
                 return 0
             time.sleep(POLL_INTERVAL)
 
-    def _take(self, m: _Member) -> None:
+    def _take(self, m: Member) -> None:
         import ray
 
         ref, m.pending = m.pending, None
         try:
             code, chunk = ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            m.dead = True
-            raise LaunchError(f"{m.where()} died: {_first_line(e)}; last lines of {m.log}:\n"
-                              f"{m.last_lines()}") from None
+            m.dead, m.failure = True, f"died: {first_line(e)}"
+            return
         m.last_answer = time.monotonic()
         if chunk:
             m.offset += len(chunk)
@@ -273,8 +291,162 @@ class RayJob:
             if self.echo and m.name == "trainer_0":
                 CONSOLE.feed("trainer", text)
         m.exit_code = code
+        if code is not None and m.role == "server":
+            m.failure = (f"its {self.config.server.backend} server process exited with "
+                         f"{exit_text(code)}")
+
+    # -- heal ----------------------------------------------------------------------------------
+    def _heal_server(self, s: Member) -> None:
+        """Start restarting a failed server (in the background: the run goes on with the
+        others), report one that came back, or stop the job past `server.max_restarts`."""
+        if s.healing is not None:
+            if s.healing.done():
+                s.healing, back = None, s.healing.result()  # LaunchError if it failed
+                CONSOLE.line(f"[launcher] {back}")
+            return
+        if not s.failure:
+            return
+        limit = self.config.server.max_restarts
+        if s.restarts >= limit:
+            used = (f" (its {limit} restart(s), server.max_restarts, are used up)" if limit
+                    else "")
+            raise LaunchError(f"{s.where()} {s.failure}{used}; last lines of {s.log}:\n"
+                              f"{s.last_lines()}")
+        s.restarts += 1
+        CONSOLE.line(f"[launcher] {s.where()} {s.failure}; restarting it (restart {s.restarts} "
+                     f"of {limit}, server.max_restarts); last lines of {s.log}:\n"
+                     f"{s.last_lines(5)}")
+        s.healing = self.healer.submit(self._restart_server, s, time.monotonic())
+
+    def _restart_server(self, s: Member, failed_at: float) -> str:
+        """Ray restarts the actor (killed first if it is alive: a dead server process or a
+        hung actor), in its bundle; the server starts again, on its old address if it can."""
+        import ray
+
+        self._try_to_tell_rank0()  # the count of restarts begun
+        old_pid = None
+        if not s.dead:
+            old_pid = s.node.get("actor_pid")
+            ray.kill(s.handle, no_restart=False)
+        self._await_actor(s, old_pid)
+        config = self.config
+        s.address = self._gather([(s, s.handle.start_server.remote(
+            config.model.path, config.server, config.rollout.api_key, s.address))],
+            config.server.startup_timeout + 60, "restart its server")[0]
+        s.pid = self._gather([(s, s.handle.child_pids.remote())], 60, "report its pid")[0][0]
+        s.failure = ""
+        self._write_actors()
+        self._try_to_tell_rank0()  # a new address joins the trainer's client through the file
+        return (f"{s.where()} is serving again at {s.address}, "
+                f"{time.monotonic() - failed_at:.1f} s after its failure was seen")
+
+    def _try_to_tell_rank0(self) -> None:
+        try:
+            self._tell_rank0()
+        except LaunchError as e:  # rank 0 is being restarted: it is told at its start
+            CONSOLE.line(f"[launcher] {e}")
+
+    def _await_actor(self, m: Member, old_pid: Optional[int] = None) -> None:
+        """Until Ray has the actor back (restarted in its bundle, which Ray moves to another
+        node when its node is lost; a new process when `old_pid` was killed); LaunchError
+        naming the node and the bundle if it cannot within `launcher.placement_timeout`."""
+        import ray
+
+        timeout = self.config.launcher.placement_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LaunchError(
+                    f"Ray did not bring back {m.where()} within launcher.placement_timeout="
+                    f"{timeout:g} s: its bundle {m.bundle} could not be placed again (free "
+                    f"now: {ray.available_resources()}, alive nodes: "
+                    f"{sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])})")
+            try:  # a short call, sent again: one sent while Ray restarts the actor may be lost
+                node = ray.get(m.handle.node.remote(), timeout=min(left, AWAIT_CALL_S))
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.ActorUnavailableError:  # restarting
+                time.sleep(POLL_INTERVAL)
+            except ray.exceptions.RayActorError as e:
+                raise LaunchError(f"Ray could not restart {m.where()}: {first_line(e)}") from None
+            else:
+                if node["actor_pid"] != old_pid:
+                    break
+                time.sleep(POLL_INTERVAL)  # the killed actor answered before it went
+        m.node, m.dead = node, False
+        m.new_process()
+
+    def _restart_trainers(self, first: Member) -> None:
+        """Stop the trainer gang and start it again from the last checkpoint (the fleet is
+        kept: the recovered trainer loads the checkpoint's weights on it), or stop the job
+        past `launcher.max_trainer_restarts`."""
+        import ray
+
+        limit = self.config.launcher.max_trainer_restarts
+        exited = exit_text(first.exit_code) if first.exit_code is not None else ""
+        why = first.failure or f"its trainer process exited with {exited}"
+        error = trainer_error(list(first.tail)) if exited else ""
+        if self.trainer_restarts >= limit:
+            used = (f" (its {limit} restart(s), launcher.max_trainer_restarts, are used up)"
+                    if limit else "")
+            # the trainer's own exception last on screen, as the local launcher does
+            raise LaunchError(f"{first.where()}: {why}{used}; last lines of {first.log}:\n"
+                              f"{first.last_lines()}"
+                              + (f"\n{first.name} exited with {exited}: {error}"
+                                 if error else ""))
+        self.trainer_restarts += 1
+        failed_at = time.monotonic()
+        CONSOLE.line(f"[launcher] {first.where()}: {why}" + (f" ({error})" if error else "")
+                     + f"; restarting the {len(self.trainers)} trainer rank(s) from the last "
+                     f"checkpoint (restart {self.trainer_restarts} of {limit}, "
+                     f"launcher.max_trainer_restarts)")
+        alive = [t for t in self.trainers if not t.dead]
+        stops = [t.handle.stop.remote(STOP_TIMEOUT / 2) for t in alive]
+        if stops:  # an actor on a lost node Ray has not noticed yet does not answer
+            ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT)
+        self._drain(alive)
+        for t in self.trainers:
+            self._await_actor(t)  # those that died are restarted by Ray
+            t.failure = ""
+        self._settle_fleet()
+        self._start_trainers()
+        CONSOLE.line(f"[launcher] trainer gang started again, {time.monotonic() - failed_at:.1f} s "
+                     f"after the failure was seen (it resumes from its checkpoint)")
+
+    def _settle_fleet(self) -> None:
+        """Before trainers start: every server answers, or is restarted and waited for (a
+        new trainer waits for each server it is given; a node lost with a trainer rank may
+        have held a server too)."""
+        import ray
+
+        for s in self.servers:
+            if s.healing is None and not s.failure:
+                s.pending = s.pending or s.handle.poll.remote(s.offset)
+                if ray.wait([s.pending], timeout=AWAIT_CALL_S)[0]:
+                    self._take(s)
+                else:
+                    s.failure = f"has not answered for {AWAIT_CALL_S:g} s"
+            self._heal_server(s)
+        for s in self.servers:
+            if s.healing is not None:
+                s.healing.result()  # bounded by the restart's own timeouts
+                self._heal_server(s)
 
     # -- stop ----------------------------------------------------------------------------------
+    def _drain(self, members: list[Member], timeout: float = 10.0) -> None:
+        """Copy the log lines the members wrote last (while stopping)."""
+        import ray
+
+        members = [m for m in members if not m.dead]
+        for m in members:
+            m.pending = m.handle.poll.remote(m.offset) if m.pending is None else m.pending
+        if members:
+            ray.wait([m.pending for m in members], num_returns=len(members), timeout=timeout)
+        for m in members:
+            if ray.wait([m.pending], timeout=0)[0]:
+                self._take(m)  # one that died while stopping is killed anyway
+
     def stop(self) -> None:
         """Stop every process, copy the last log lines, kill the actors, free the resources."""
         import ray
@@ -282,42 +454,22 @@ class RayJob:
 
         self.echo = False
         CONSOLE.close()
+        for m in self.members:  # a restart in flight ends when its actor is killed below
+            if m.healing is not None:
+                m.healing.cancel()
         alive = [m for m in self.members if not m.dead]
         stops = [m.handle.stop.remote(STOP_TIMEOUT / 2) for m in alive]
         if stops:
             ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT)
-        for m in alive:  # the log lines written while stopping
-            m.pending = m.handle.poll.remote(m.offset) if m.pending is None else m.pending
-        if alive:
-            ray.wait([m.pending for m in alive], num_returns=len(alive), timeout=10)
-        for m in alive:
-            if ray.wait([m.pending], timeout=0)[0]:
-                with contextlib.suppress(LaunchError):  # died while stopping: killed anyway
-                    self._take(m)
+        self._drain(alive)
         for m in self.members:
             ray.kill(m.handle, no_restart=True)
             if m.log_file is not None:
                 m.log_file.close()
+        self.healer.shutdown(wait=False, cancel_futures=True)
         for group in self.groups:
             remove_placement_group(group)
         ray.shutdown()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " ".join(lines[:3])[:600] if lines else type(e).__name__
-
-
-def _cause(e: BaseException) -> str:
-    cause = getattr(e, "cause", None)
-    return str(cause) if cause is not None else _first_line(e)
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        return f"signal {signal.Signals(-code).name}"
-    return f"code {code}"
 
 
 def launch(target_name: str, argv: list[str]) -> int:

@@ -13,12 +13,32 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from areal_like.api.config import SGLangServerConfig
+from areal_like.utils.launcher_state import write_atomic
 from areal_like.utils.network import bindable, find_free_port
+
+PORT_FREE_WITHIN_S = 30.0
+
+
+def _with_cwd_on_path(env: dict[str, str]) -> dict[str, str]:
+    """The actor's folder first on the trainer's path: the user's modules (tasks, rewards
+    named in config) import as on the driver (a Ray Job's working_dir is unpacked per node)."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def _wait_bindable(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not bindable(host, port, reuse_addr=True):  # SGLang's server sets it
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 class ProcessActor:
@@ -30,10 +50,14 @@ class ProcessActor:
         self.name = name
         self.ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
-        if not Path(cwd).is_dir():
+        if ray.get_runtime_context().runtime_env.working_dir():
+            pass  # a Ray Job's working_dir: Ray unpacked it on this node and started us in it
+        elif not Path(cwd).is_dir():
             raise RuntimeError(f"{name}: the working directory {cwd} does not exist on node "
-                               f"{self.ip}: install the project at the same path on every node")
-        os.chdir(cwd)
+                               f"{self.ip}: install the project at the same path on every node, "
+                               f"or submit the run as a Ray Job with --working-dir")
+        else:
+            os.chdir(cwd)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"{name}.log"
@@ -56,12 +80,17 @@ class ProcessActor:
         return port
 
     def start_server(self, model_path: str, config: SGLangServerConfig,
-                     api_key: Optional[str]) -> str:
+                     api_key: Optional[str], address: str = "") -> str:
         """Start one SGLang server bound to this node's address; its `host:port` once healthy
-        (SGLangServerError with its log tail otherwise)."""
+        (SGLangServerError with its log tail otherwise). `address`: the one a restarted server
+        had; kept when it is on this node and its port frees within `PORT_FREE_WITHIN_S` (the
+        dead server's processes may still hold it), so clients find it where it was."""
         from engines.sglang_server import SGLangFleet
 
+        host, _, port = address.rpartition(":")
+        keep = host == self.ip and _wait_bindable(self.ip, int(port), PORT_FREE_WITHIN_S)
         fleet = SGLangFleet(model_path, replace(config, n_servers=1), host=self.ip,
+                            base_port=int(port) if keep else None,
                             api_key=api_key, log_dir=self.log_dir / self.name)
         fleet.start()
         self.fleet, self.process, self.log_path = fleet, fleet.processes[0], fleet.log_paths[0]
@@ -76,9 +105,13 @@ class ProcessActor:
             log.flush()
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(os.environ, **env), start_new_session=True,
+                env=_with_cwd_on_path(dict(os.environ, **env)), start_new_session=True,
                 preexec_fn=die_with_parent(os.getpid()))
         return self.process.pid
+
+    def write_text(self, path: str, text: str) -> None:
+        """Replace a file on this node at once (what the launcher tells rank 0 here)."""
+        write_atomic(path, text)
 
     def poll(self, offset: int, limit: int = 1 << 20) -> tuple[Optional[int], bytes]:
         """(the process's exit code or None while it runs, its log from `offset`)."""

@@ -24,6 +24,7 @@ from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
+from areal_like.utils.launcher_state import launcher_metrics
 from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp.packing import shard_batch
@@ -115,6 +116,7 @@ class RunContext:
         metrics["timeperf/startup" if step == 0 else "timeperf/step"] = now - self._step_start
         self._step_start = now
         if self.metrics is not None:
+            metrics.update(launcher_metrics())  # restart counts, under the Ray launcher
             self.metrics.log(step, metrics)
         return metrics
 

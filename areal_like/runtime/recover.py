@@ -11,6 +11,7 @@ from areal_like.runtime.context import RunContext
 from areal_like.runtime.rollout_process import RolloutProcess
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
+from areal_like.utils.launcher_state import trainer_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
         return 0
     path = ckpt.latest()
     if path is None:
+        if trainer_attempt() > 0:  # restarted before any checkpoint: the fleet holds weights
+            # of the dead trainer's steps; it must serve the start's weights as version 0
+            push_weights(engine, rollout, engine.get_version(), run.weights_dir,
+                         collective_timeout_s=run.config.actor.collective_timeout,
+                         broadcaster=broadcaster, in_memory=in_memory)
         return 0
     state = ckpt.load(path, engine)
     version = engine.get_version()

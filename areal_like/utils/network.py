@@ -26,8 +26,12 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def bindable(host: str, port: int) -> bool:
+def bindable(host: str, port: int, reuse_addr: bool = False) -> bool:
+    """Whether `port` can be bound on `host` now; `reuse_addr`: as a server that sets
+    SO_REUSEADDR would (connections of a dead server in TIME_WAIT do not count)."""
     with socket.socket() as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
@@ -42,7 +43,7 @@ from areal_like.launcher.target import (
     resolve_target,
     trainer_error,
 )
-from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV
+from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV, write_atomic
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import interface_of
 from areal_like.utils.progress import LIVE_BAR_ENV
@@ -69,6 +70,7 @@ class RayJob:
         self.echo = True
         self.trainer_restarts = 0
         self.healer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ray-heal")
+        self.actors_lock = threading.Lock()
 
     @property
     def node_dir(self) -> str:
@@ -166,7 +168,7 @@ class RayJob:
             [sys.executable, *argv], self._env(t, r, rank0.node["ip"], port)))
             for r, t in enumerate(self.trainers)], 60, "start its trainer")
         for t, pid in zip(self.trainers, pids, strict=True):
-            t.pid = pid
+            t.pid, t.last_answer = pid, time.monotonic()
         self._write_actors()
 
     def _tell_rank0(self) -> None:
@@ -184,8 +186,9 @@ class RayJob:
         self._gather(calls, 60, "write what the launcher tells rank 0")
 
     def _write_actors(self) -> None:
-        (self.log_dir / "actors.json").write_text(json.dumps(
-            [m.record() for m in self.members], indent=1))
+        with self.actors_lock:  # server restarts write it from their threads
+            write_atomic(self.log_dir / "actors.json",
+                         json.dumps([m.record() for m in self.members], indent=1))
 
     def _env(self, trainer: Member, rank: int, master: str, port: int) -> dict[str, str]:
         same_node = [m for m in self.trainers if m.node["node_id"] == trainer.node["node_id"]]
@@ -334,7 +337,7 @@ class RayJob:
             config.model.path, config.server, config.rollout.api_key, s.address))],
             config.server.startup_timeout + 60, "restart its server")[0]
         s.pid = self._gather([(s, s.handle.child_pids.remote())], 60, "report its pid")[0][0]
-        s.failure = ""
+        s.failure, s.last_answer = "", time.monotonic()  # silent while it restarted
         self._write_actors()
         self._try_to_tell_rank0()  # a new address joins the trainer's client through the file
         return (f"{s.where()} is serving again at {s.address}, "
@@ -401,14 +404,20 @@ class RayJob:
                      + f"; restarting the {len(self.trainers)} trainer rank(s) from the last "
                      f"checkpoint (restart {self.trainer_restarts} of {limit}, "
                      f"launcher.max_trainer_restarts)")
-        alive = [t for t in self.trainers if not t.dead]
-        stops = [t.handle.stop.remote(STOP_TIMEOUT / 2) for t in alive]
-        if stops:  # an actor on a lost node Ray has not noticed yet does not answer
-            ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT)
-        self._drain(alive)
+        # every rank, whatever is known of its actor (a stop to a dead one just fails); an
+        # actor on a lost node Ray has not noticed yet does not answer: bounded
+        stops = [t.handle.stop.remote(STOP_TIMEOUT / 2) for t in self.trainers]
+        ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT)
+        self._drain([t for t in self.trainers if not t.dead])
+        hung = {t.name: t.node.get("actor_pid") for t in self.trainers
+                if not t.dead and t.failure.startswith("has not answered")}
         for t in self.trainers:
-            self._await_actor(t)  # those that died are restarted by Ray
+            if t.name in hung:  # alive but hung: Ray restarts it once killed
+                ray.kill(t.handle, no_restart=False)
+        for t in self.trainers:
+            self._await_actor(t, hung.get(t.name))  # those that died are restarted by Ray
             t.failure = ""
+            t.restarts += 1
         self._settle_fleet()
         self._start_trainers()
         CONSOLE.line(f"[launcher] trainer gang started again, {time.monotonic() - failed_at:.1f} s "
@@ -438,7 +447,7 @@ class RayJob:
         """Copy the log lines the members wrote last (while stopping)."""
         import ray
 
-        members = [m for m in members if not m.dead]
+        members = [m for m in members if not m.dead and m.healing is None]
         for m in members:
             m.pending = m.handle.poll.remote(m.offset) if m.pending is None else m.pending
         if members:
@@ -454,9 +463,7 @@ class RayJob:
 
         self.echo = False
         CONSOLE.close()
-        for m in self.members:  # a restart in flight ends when its actor is killed below
-            if m.healing is not None:
-                m.healing.cancel()
+        # a restart in flight ends when its actor is killed below (its thread's calls fail)
         alive = [m for m in self.members if not m.dead]
         stops = [m.handle.stop.remote(STOP_TIMEOUT / 2) for m in alive]
         if stops:

@@ -213,24 +213,23 @@ def test_a_script_without_its_config_is_refused(tmp_path):
 def test_ray_disk_weights_need_the_servers_beside_rank_0_or_a_shared_dir(transport, shared_dir,
                                                                          refused):
     """Placement check of the Ray launcher (nodes as Ray reports them; no cluster needed)."""
-    from areal_like.launcher.ray import RayJob
-    from areal_like.launcher.ray_member import Member as _Member
-    from areal_like.launcher.target import LaunchError, TrainTarget
+    from areal_like.launcher.ray_cluster import check_weight_path
+    from areal_like.launcher.ray_member import Member
+    from areal_like.launcher.target import LaunchError
     from recipes.configs import GRPOConfig
 
     config = GRPOConfig()
     config.rollout.weight_transport, config.launcher.shared_dir = transport, shared_dir
-    job = RayJob(TrainTarget("recipe grpo", [], Path("x.yaml"), [], config, True))
     members = []
     for name, ip in (("server_0", "10.0.0.2"), ("server_1", "10.0.0.1"), ("trainer_0", "10.0.0.1")):
-        members.append(_Member(name, name.split("_")[0], None, Path(f"{name}.log")))
+        members.append(Member(name, name.split("_")[0], None, Path(f"{name}.log")))
         members[-1].node = {"ip": ip, "node_id": f"id-{ip}", "hostname": f"host-{ip}"}
     if refused:
         with pytest.raises(LaunchError, match=r"server_0 \(node 10.0.0.2, host host-10.0.0.2.*"
                                               r"rollout.weight_transport=distributed.*shared_dir"):
-            job._check_weight_path(members[:2], members[2])
+            check_weight_path(config, members[:2], members[2])
     else:
-        job._check_weight_path(members[:2], members[2])
+        check_weight_path(config, members[:2], members[2])
 
 
 def test_a_missing_teacher_stops_the_launch_before_any_server_starts(tmp_path, tiny_model_dir):

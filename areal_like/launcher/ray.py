@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from areal_like.launcher.console import Console, TidyLog
-from areal_like.launcher.ray_cluster import connect, plan, reserve
+from areal_like.launcher.ray_cluster import check_weight_path, connect, plan, reserve
 from areal_like.launcher.ray_member import Member, cause, exit_text, first_line
 from areal_like.launcher.target import (
     LaunchError,
@@ -129,7 +129,7 @@ class RayJob:
                              launcher.placement_timeout, "start")
         for member, node in zip(self.members, nodes, strict=True):
             member.node = node
-        self._check_weight_path(self.servers, self.trainers[0])
+        check_weight_path(self.config, self.servers, self.trainers[0])
         if self.servers:
             CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
                          f"server(s) on {config.model.path}")
@@ -148,7 +148,7 @@ class RayJob:
         """Start every trainer rank as one torch.distributed job (after a restart: resuming
         from the last checkpoint, with the fleet's current addresses)."""
         config, rank0 = self.config, self.trainers[0]
-        self._check_weight_path(self.servers, rank0)
+        check_weight_path(config, self.servers, rank0)
         port = self._gather([(rank0, rank0.handle.rendezvous_port.remote(
             config.launcher.master_port))], 60, "reserve the rendezvous port")[0]
         extra = []
@@ -211,18 +211,6 @@ class RayJob:
             if interface:
                 env["GLOO_SOCKET_IFNAME"] = interface
         return env
-
-    def _check_weight_path(self, servers: list[Member], rank0: Member) -> None:
-        config = self.config
-        if config.rollout.weight_transport != "disk" or config.launcher.shared_dir:
-            return
-        away = [s.where() for s in servers if s.node["node_id"] != rank0.node["node_id"]]
-        if away:
-            raise LaunchError(
-                f"{', '.join(away)} {'is' if len(away) == 1 else 'are'} not on the node of "
-                f"{rank0.where()}, so cannot read the weights it writes to disk: set "
-                f"rollout.weight_transport=distributed, or launcher.shared_dir=<a folder every "
-                f"node mounts at the same path>")
 
     def _gather(self, calls: list[tuple[Member, Any]], timeout: float, what: str) -> list[Any]:
         """The results of one call per member, or LaunchError naming the member that failed."""

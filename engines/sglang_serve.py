@@ -11,14 +11,13 @@ restarting any that dies.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 from areal_like.api.config import BACKENDS, SGLangServerConfig
+from areal_like.utils.atomic_file import write_atomic
 from engines.sglang_server import SGLangFleet, SGLangServerError
 from engines.sglang_supervisor import FleetDownError, FleetSupervisor
 
@@ -75,9 +74,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for addr in fleet.addresses:
             print(addr, flush=True)
         if args.addrs_file:
-            tmp = Path(f"{args.addrs_file}.tmp")
-            tmp.write_text("".join(f"{a}\n" for a in fleet.addresses))
-            os.replace(tmp, args.addrs_file)
+            write_atomic(args.addrs_file, "".join(f"{a}\n" for a in fleet.addresses))
         # a dead server is restarted; the others keep serving
         supervisor = FleetSupervisor(fleet, config.max_restarts, args.min_servers,
                                      prefix="[serve]")

@@ -12,12 +12,12 @@ import pytest
 from areal_like.api.config import CheckpointConfig
 from areal_like.runtime import recover
 from areal_like.runtime.checkpoint import Checkpointer
+from areal_like.utils.atomic_file import write_atomic
 from areal_like.utils.launcher_state import (
     ATTEMPT_ENV,
     STATE_ENV,
     launcher_metrics,
     trainer_attempt,
-    write_atomic,
 )
 
 

@@ -43,7 +43,8 @@ from areal_like.launcher.target import (
     resolve_target,
     trainer_error,
 )
-from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV, write_atomic
+from areal_like.utils.atomic_file import write_atomic
+from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import interface_of
 from areal_like.utils.progress import LIVE_BAR_ENV

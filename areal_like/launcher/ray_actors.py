@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from areal_like.api.config import SGLangServerConfig
-from areal_like.utils.launcher_state import write_atomic
+from areal_like.utils.atomic_file import write_atomic
 from areal_like.utils.network import bindable, find_free_port
 
 PORT_FREE_WITHIN_S = 30.0

@@ -6,7 +6,6 @@ complete one (written last, atomically, so a run killed mid-save resumes from th
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from areal_like.api import SaveLoadMeta, TrainEngine
 from areal_like.api.config import CheckpointConfig
+from areal_like.utils.atomic_file import write_atomic
 
 
 class Checkpointer:
@@ -38,9 +38,7 @@ class Checkpointer:
             state = {"step": step, "python_rng": random.getstate(),
                      "numpy_rng": np.random.get_state(), **run_state}
             torch.save(state, path / "run_state.pt")
-            tmp = self.dir / "latest.tmp"
-            tmp.write_text(path.name)
-            os.replace(tmp, self.dir / "latest")
+            write_atomic(self.dir / "latest", path.name)
             self._prune(keep=self.config.keep_last)
         if dist.is_initialized():
             dist.barrier()

@@ -15,15 +15,6 @@ STATE_ENV = "AREAL_LIKE_LAUNCHER_STATE"
 ATTEMPT_ENV = "AREAL_LIKE_TRAINER_ATTEMPT"  # 0: the first start; n: the n-th restart
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Replace the file at once (rank 0 never reads half of it)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".{target.name}.{os.getpid()}")
-    scratch.write_text(text)
-    scratch.replace(target)
-
-
 def launcher_metrics() -> dict[str, float]:
     """`launcher/<count>` for every count in the launcher's state file ({} without one)."""
     path = os.environ.get(STATE_ENV)

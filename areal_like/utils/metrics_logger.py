@@ -13,6 +13,7 @@ from typing import Any, Optional
 from tqdm import tqdm
 
 from areal_like.api.config import LoggingConfig
+from areal_like.utils.atomic_file import write_atomic
 
 
 def run_dir(config: LoggingConfig) -> Path:
@@ -132,9 +133,7 @@ def truncate_jsonl(path: Path, keep_through: int) -> None:
     if not path.exists():
         return
     kept = [r for r in read_jsonl(path) if r["step"] <= keep_through]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in kept))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -259,6 +259,8 @@ class RemoteInferenceEngine(InferenceEngine):
                 min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
                 seed=seed,  # a continuation draws what the uninterrupted request would have
             )
+            if req.image_data:
+                payload = self.api.add_images(payload, req.image_data)
             addr, reply = await self._post_generate(payload, route_key, seg_rid,
                                                     self.api.parse_generate_reply)
             if ttft is None:

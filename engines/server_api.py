@@ -47,6 +47,12 @@ class ServerAPI(abc.ABC):
                          rid: str, max_new_tokens: int, min_new_tokens: int,
                          seed: Optional[int] = None) -> dict[str, Any]: ...
 
+    def add_images(self, payload: dict[str, Any], image_data: list[str]) -> dict[str, Any]:
+        """`payload` with the prompt's images (base64 PNGs, one per image pad token)."""
+        raise ValueError(f"the {self.name} backend does not take images in generation "
+                         f"requests yet ({len(image_data)} image(s) given); serve a "
+                         "vision-language model with rollout.backend=sglang")
+
     @abc.abstractmethod
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply: ...
 
@@ -152,6 +158,11 @@ class SGLangAPI(ServerAPI):
                          rid: str, max_new_tokens: int, min_new_tokens: int,
                          seed: Optional[int] = None) -> dict[str, Any]:
         return generate_payload(input_ids, gconfig, rid, max_new_tokens, min_new_tokens, seed)
+
+    def add_images(self, payload: dict[str, Any], image_data: list[str]) -> dict[str, Any]:
+        # SGLang's processor expands each image pad of `input_ids` itself; ids sent already
+        # expanded hang the request in SGLang 0.5.23 (see areal_like/data/vision.py).
+        return {**payload, "image_data": list(image_data)}
 
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:
         return parse_generate_reply(data, server, rid)

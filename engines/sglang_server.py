@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import signal
@@ -116,10 +117,29 @@ def build_server_command(
         cmd += ["--enable-deterministic-inference"]
     if config.lora_rank > 0:
         cmd += lora_server_args(config)
+    cmd += vision_server_args(model_path)
     if api_key:
         cmd += ["--api-key", api_key]
     cmd += [str(a) for a in config.extra_args]
     return cmd
+
+
+def vision_server_args(model_path: str) -> list[str]:
+    """For a vision-language folder: resize images as the folder's image processor does.
+
+    SGLang replaces a Qwen2-VL processor's `size` (its pixel budget) with the released
+    checkpoints' (up to 1003520 pixels) whatever the folder says, so a large image would get
+    more tokens on the server than in the trainer's processor (areal_like.data.vision); its
+    per-request image options put the folder's own budget back."""
+    folder = Path(model_path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        processor = json.loads((folder / "preprocessor_config.json").read_text())
+    except FileNotFoundError:
+        return []
+    if "vision_config" not in config or "size" not in processor:
+        return []
+    return ["--mm-process-config", json.dumps({"image": {"size": processor["size"]}})]
 
 
 def lora_server_args(config: SGLangServerConfig) -> list[str]:
@@ -154,6 +174,10 @@ def server_env(config: SGLangServerConfig, index: int = 0) -> dict[str, str]:
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1",
                SGLANG_HEALTH_CHECK_TIMEOUT=str(config.health_generate_timeout))
+    # SGLang caches each image's vision-tower output by the image's content and keeps it across
+    # weight updates: after an update, an image seen before was embedded by the old tower (0.07
+    # off in log-probability on the tiny Qwen2-VL). RL shows the same images every epoch.
+    env["SGLANG_VLM_CACHE_SIZE_MB"] = "0"
     if config.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env["AREAL_LIKE_SGLANG_FORK"] = "1" if config.fork_children else "0"  # see the shim

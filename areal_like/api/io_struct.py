@@ -66,6 +66,8 @@ class ModelRequest:
 
     `seed` fixes the sampling; leave it None inside workflows: the executor then derives it
     from the run seed and the episode (see `areal_like.api.seeding`).
+    `image_data`: the prompt's images as base64 PNGs, one per image pad token in `input_ids`
+    (`areal_like.data.vision.VisionProcessor` builds both).
     """
 
     input_ids: List[int]
@@ -73,6 +75,7 @@ class ModelRequest:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict[str, Any] = field(default_factory=dict)
     seed: Optional[int] = None
+    image_data: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         ids = self.input_ids
@@ -89,6 +92,12 @@ class ModelRequest:
                     else f"list whose item {bad} is {ids[bad]!r}")
             raise TypeError(f"ModelRequest(rid={self.rid!r}): input_ids must be a list of int "
                             f"token ids; got a {what}")
+        bad_image = next((i for i, d in enumerate(self.image_data) if not isinstance(d, str)),
+                         None)
+        if bad_image is not None:
+            raise TypeError(f"ModelRequest(rid={self.rid!r}): image_data[{bad_image}] is a "
+                            f"{type(self.image_data[bad_image]).__name__}; expected a base64 "
+                            f"string (areal_like.data.vision.encode_image)")
 
     def copy(self, **changes: Any) -> ModelRequest:
         return dataclasses.replace(self, **changes)

@@ -114,14 +114,14 @@ def build_config(size: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
         max_position_embeddings=1024,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        bos_token_id=_token_id(tokenizer, PAD_TOKEN),
-        eos_token_id=_token_id(tokenizer, IM_END),
-        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
+        bos_token_id=token_id(tokenizer, PAD_TOKEN),
+        eos_token_id=token_id(tokenizer, IM_END),
+        pad_token_id=token_id(tokenizer, PAD_TOKEN),
         **legacy,
     )
 
 
-def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
     token_id = tokenizer.convert_tokens_to_ids(token)
     assert isinstance(token_id, int), f"{token!r} is not one token of the tiny tokenizer"
     return token_id

@@ -21,6 +21,11 @@ after one of these modules is imported:
   `--sleep-on-idle`, instead of polling them in a busy loop that takes a whole core.
 - `sglang.srt.lora.layers`, `sglang.srt.lora.backend.torch_backend` (CPU engine): LoRA
   serving without pinned memory, see `areal_like_sglang_lora.py`.
+
+and one hook right *before* a module runs:
+
+- `sglang.srt.models.qwen3_5` (CPU engine): stand-ins for the compiled CPU ops it looks up at
+  import, so SGLang's Qwen-VL image processor registers, see `areal_like_sglang_vision.py`.
 """
 
 from __future__ import annotations
@@ -127,9 +132,16 @@ def _paused_scheduler_waits(scheduler: ModuleType) -> None:
     scheduler.Scheduler._record_scheduler_state_for_paused_engine = record_paused_then_wait
 
 
+def _qwen3_5_cpu_op_stand_ins(qwen3_5: ModuleType) -> None:
+    import areal_like_sglang_vision
+
+    areal_like_sglang_vision.define_qwen3_5_cpu_op_stand_ins(qwen3_5)
+
+
 _HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torchvision.extension": define_missing_torchvision_ops,
 }
+_BEFORE_HOOKS: dict[str, Callable[[ModuleType], None]] = {}
 if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     _HOOKS["sglang.srt.arg_groups.choices"] = _allow_deterministic_torch_native
     _HOOKS["sglang.srt.batch_invariant_ops"] = _cpu_batch_invariant_mode
@@ -142,31 +154,39 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     _HOOKS["sglang.srt.lora.backend.torch_backend"] = _unpinned_lora
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # SGLangServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
+    _BEFORE_HOOKS["sglang.srt.models.qwen3_5"] = _qwen3_5_cpu_op_stand_ins
+
+
+def _no_hook(module: ModuleType) -> None:
+    pass
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader, hook: Callable[[ModuleType], None]) -> None:
+    def __init__(self, wrapped: importlib.abc.Loader, before: Callable[[ModuleType], None],
+                 after: Callable[[ModuleType], None]) -> None:
         self._wrapped = wrapped
-        self._hook = hook
+        self._before = before
+        self._after = after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
         return self._wrapped.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        self._before(module)
         self._wrapped.exec_module(module)
-        self._hook(module)
+        self._after(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        hook = _HOOKS.get(fullname)
-        if hook is None:
+        before, after = _BEFORE_HOOKS.get(fullname), _HOOKS.get(fullname)
+        if before is None and after is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, hook)
+            spec.loader = _Loader(spec.loader, before or _no_hook, after or _no_hook)
         return spec
 
 

@@ -1,0 +1,192 @@
+"""Vision-language models: the tiny Qwen2-VL, prompts with images, and a real SGLang server
+serving it with images (log-probabilities against an HF float64 forward of the same weights on
+the same pixels, before and after a weight update that changes only the vision tower)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from sglang_helpers import LOGPROB_ATOL
+
+from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
+from areal_like.data.vision import ImageInputError, VisionProcessor, VisionPrompt, load_image
+
+QUESTION = "How many shapes are there?"
+
+
+@pytest.fixture(scope="module")
+def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from areal_like.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vl_dir: Path) -> VisionProcessor:
+    return VisionProcessor(tiny_vl_dir)
+
+
+def _image(width: int, height: int, seed: int) -> Image.Image:
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (height, width, 3), generator=gen, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+def _messages(n_images: int = 1) -> list[dict[str, Any]]:
+    parts = [{"type": "image"}] * n_images + [{"type": "text", "text": QUESTION}]
+    return [{"role": "user", "content": parts}]
+
+
+# ---- prompts with images (no server) -----------------------------------------------------------
+def test_an_image_reads_the_same_from_pil_path_and_bytes(tmp_path):
+    image = _image(60, 40, seed=0)
+    image.save(tmp_path / "a.png")
+    as_bytes = (tmp_path / "a.png").read_bytes()
+    loaded = [load_image(x) for x in (image, tmp_path / "a.png", str(tmp_path / "a.png"),
+                                      as_bytes)]
+    assert all(x.mode == "RGB" and x.tobytes() == image.tobytes() for x in loaded)
+    with pytest.raises(ImageInputError, match="missing.png.*does not exist"):
+        load_image(tmp_path / "missing.png", "dataset row 3")
+    with pytest.raises(ImageInputError, match="image 1: 5 bytes is not a readable image"):
+        load_image(b"\x89PNGx", "image 1")
+    with pytest.raises(ImageInputError, match="expected a PIL image, a path or bytes, got int"):
+        load_image(7)  # type: ignore[arg-type]
+
+
+def test_each_image_pad_expands_to_its_images_tokens(processor):
+    # 56 x 56 -> 4 x 4 patches -> 4 tokens; 84 x 56 -> 4 x 6 -> 6; 300 x 200 is resized into
+    # the processor's pixel budget (84 x 112 -> 6 x 8 patches -> 12 tokens)
+    images = [_image(56, 56, 1), _image(84, 56, 2), _image(300, 200, 3)]
+    prompt = processor.prompt(_messages(3), images)
+    pad = processor.image_token_id
+    assert prompt.input_ids.count(pad) == 3 and len(prompt.image_data) == 3
+    assert prompt.image_grid_thw.tolist() == [[1, 4, 4], [1, 4, 6], [1, 6, 8]]
+    assert prompt.pixel_values.shape == (16 + 24 + 48, 3 * 2 * 14 * 14)
+    assert prompt.expanded_ids.count(pad) == 4 + 6 + 12
+    # outside the pads, the expanded prompt is the prompt
+    assert [t for t in prompt.expanded_ids if t != pad] == [t for t in prompt.input_ids
+                                                            if t != pad]
+    # the base64 PNGs decode to exactly the pixels that were processed: a fitting image as
+    # it was, a larger one already resized, so that the server does not resample it again
+    decoded = [Image.open(io.BytesIO(base64.b64decode(d))) for d in prompt.image_data]
+    assert decoded[1].tobytes() == images[1].tobytes()
+    assert decoded[2].size == (112, 84)
+    assert processor.prompt_from_ids(prompt.input_ids, decoded).pixel_values.equal(
+        prompt.pixel_values)
+
+
+def test_image_counts_that_do_not_match_are_named(processor):
+    with pytest.raises(ValueError, match="1 image part.*2 image"):
+        processor.prompt(_messages(1), [_image(56, 56, 1), _image(56, 56, 2)])
+    ids = processor.prompt(_messages(1), [_image(56, 56, 1)]).input_ids
+    with pytest.raises(ValueError, match="1 image pad token.*0 image"):
+        processor.prompt_from_ids(ids, [])
+    with pytest.raises(TypeError, match=r"image_data\[0\] is a bytes; expected a base64"):
+        ModelRequest(input_ids=ids, image_data=[b"png"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="not a vision-language model folder"):
+        from areal_like.models.tiny import build_tiny_model
+
+        VisionProcessor(build_tiny_model(Path(processor.tokenizer.name_or_path).parent / "text"))
+
+
+def test_the_vllm_backend_refuses_images_by_name():
+    from engines.server_apis import server_api
+
+    with pytest.raises(ValueError, match="vLLM backend does not take images"):
+        server_api("vllm", "").add_images({}, ["aGk="])
+
+
+# ---- a real SGLang server -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vl_server(tiny_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from conftest import SGLANG_TEST_API_KEY
+    from sglang_helpers import require_sglang_venv
+
+    from areal_like.api.config import SGLangServerConfig
+    from engines.sglang_server import SGLangFleet
+
+    require_sglang_venv()
+    config = SGLangServerConfig(n_servers=1, max_total_tokens=8192)
+    with SGLangFleet(tiny_vl_dir, config, api_key=SGLANG_TEST_API_KEY,
+                     log_dir=tmp_path_factory.mktemp("vl_logs")) as fleet:
+        yield fleet
+
+
+def _reference_logprobs(model_dir: Path, prompt: VisionPrompt, output: list[int],
+                        image_token_id: int) -> torch.Tensor:
+    """float64 log p(output[i] | prompt, output[:i]) from HF's Qwen2-VL on the same pixels."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
+    ids = torch.tensor([prompt.expanded_ids + output])
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids, pixel_values=prompt.pixel_values.double(),
+                              image_grid_thw=prompt.image_grid_thw,
+                              mm_token_type_ids=(ids == image_token_id).long()).logits[0]
+    logprobs = torch.log_softmax(logits[len(prompt.expanded_ids) - 1:-1], dim=-1)
+    return logprobs.gather(-1, torch.tensor(output)[:, None])[:, 0]
+
+
+def _vision_tower_perturbed(src: Path, dst: Path, scale: float = 0.5) -> Path:
+    """`src` with noise added to the vision tower's weights only."""
+    shutil.copytree(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    gen = torch.Generator().manual_seed(7)
+    changed = {name: t + scale * torch.randn(t.shape, generator=gen)
+               if name.startswith("visual.") else t for name, t in tensors.items()}
+    save_file(changed, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_the_server_serves_images_like_hf_before_and_after_a_vision_tower_update(
+        vl_server, tiny_vl_dir, processor, tmp_path):
+    from sglang_helpers import fleet_engine
+
+    pad = processor.image_token_id
+    prompts = [processor.prompt(_messages(1), [_image(56, 56, 11)]),
+               processor.prompt(_messages(1), [_image(300, 200, 12)]),
+               processor.prompt(_messages(2), [_image(84, 56, 13), _image(56, 112, 14)])]
+    g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
+    engine = fleet_engine(vl_server)
+
+    def generate() -> list[Any]:
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(engine.agenerate(ModelRequest(
+                input_ids=p.input_ids, image_data=p.image_data, gconfig=g, seed=100 + i))
+                for i, p in enumerate(prompts)))
+        return asyncio.run(run())
+
+    def max_error(replies: list[Any], model_dir: Path) -> float:
+        return max(float((torch.tensor(r.output_logprobs, dtype=torch.float64)
+                          - _reference_logprobs(model_dir, p, r.output_tokens, pad)).abs().max())
+                   for p, r in zip(prompts, replies, strict=True))
+
+    try:
+        before = generate()
+        assert all(r.output_len == 8 and set(r.output_versions) == {0} for r in before)
+        assert max_error(before, tiny_vl_dir) < LOGPROB_ATOL
+        # the comparison sees the image: the same tokens under another image disagree
+        swapped = processor.prompt(_messages(1), [_image(56, 56, 99)])
+        wrong = _reference_logprobs(tiny_vl_dir, swapped, before[0].output_tokens, pad)
+        assert float((torch.tensor(before[0].output_logprobs) - wrong).abs().max()) > 1e-3
+
+        updated = _vision_tower_perturbed(tiny_vl_dir, tmp_path / "v1")
+        engine.update_weights(WeightUpdateMeta(version=1, path=str(updated)))
+        after = generate()
+        assert all(set(r.output_versions) == {1} for r in after)
+        assert max_error(after, updated) < LOGPROB_ATOL
+        # only the vision tower changed, and what the server computes changed with it
+        assert max_error(after, tiny_vl_dir) > 1e-3
+    finally:
+        engine.destroy()

@@ -66,6 +66,7 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
+from engines.fsdp.vision import is_vision_language, vision_model_kwargs, with_dummy_image
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class FSDPEngine(TrainEngine):
         self._owns_group = False
         self._version = 0
         self._pad_token_id = 0
+        self._vision_language = False  # images in micro-batches (engines/fsdp/vision.py)
+        self._served_names: Optional[list[str]] = None
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, addr: Optional[str] = None,
@@ -112,6 +115,7 @@ class FSDPEngine(TrainEngine):
                                         _DTYPES[cfg.model.dtype],
                                         choose_attn_implementation(self.device))
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self._vision_language = is_vision_language(model.config)
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -184,10 +188,15 @@ class FSDPEngine(TrainEngine):
                            "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
 
     def _logits(self, mb: TensorDict) -> torch.Tensor:
-        out = self.model(input_ids=mb["input_ids"][None], position_ids=mb["position_ids"][None],
-                         attention_mask=None, use_cache=False,
-                         **packed_model_kwargs(mb["cu_seqlens"]))
-        logits = out.logits[0]
+        n_tokens = mb["input_ids"].shape[0]
+        if self._vision_language:  # the vision tower runs on every rank (engines/fsdp/vision.py)
+            mb = with_dummy_image(mb, self.model.config)
+            inputs = vision_model_kwargs(self.model, mb)
+        else:
+            inputs = {"position_ids": mb["position_ids"][None]}
+        out = self.model(input_ids=mb["input_ids"][None], attention_mask=None, use_cache=False,
+                         **inputs, **packed_model_kwargs(mb["cu_seqlens"]))
+        logits = out.logits[0, :n_tokens]
         return logits.squeeze(-1) if self.config.model.is_critic else logits
 
     def _weights(self, mbs: list[Optional[TensorDict]],
@@ -413,7 +422,11 @@ class FSDPEngine(TrainEngine):
         if self.lora_enabled:
             raise ValueError("a LoRA engine sends its adapter (adapter_weights), not weight "
                              "buckets of the whole model")
-        return list(self.model.named_parameters())  # tied weights once, as in the HF folder
+        if self._served_names is None:  # the HF folder's names, which servers load by
+            self._served_names = ckpt.checkpoint_names(
+                self.model, [name for name, _ in self.model.named_parameters()])
+        params = [p for _, p in self.model.named_parameters()]  # tied weights once, as saved
+        return list(zip(self._served_names, params, strict=True))
 
     def weight_specs(self) -> list[ParamSpec]:
         self._require_initialized()

@@ -7,18 +7,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import torch
+import vision_worker as VW
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from sglang_helpers import LOGPROB_ATOL
+from tensordict import TensorDict
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
-from areal_like.data.vision import ImageInputError, VisionProcessor, VisionPrompt, load_image
+from areal_like.data.vision import (
+    ImageInputError,
+    VisionProcessor,
+    VisionPrompt,
+    load_image,
+)
 
 QUESTION = "How many shapes are there?"
 
@@ -190,3 +200,147 @@ def test_the_server_serves_images_like_hf_before_and_after_a_vision_tower_update
         assert max_error(after, tiny_vl_dir) > 1e-3
     finally:
         engine.destroy()
+
+
+# ---- the FSDP2 engine on images (one rank, in this process) -------------------------------------
+def _reference_step(model_dir: Path, batch: TensorDict, prompts: list[VisionPrompt],
+                    image_token_id: int) -> dict[str, Any]:
+    """HF Qwen2-VL in float64, one row at a time: each row's next-token log-probs, the
+    token-mean NLL over all loss tokens, and the weights after one step on it (clipped to norm
+    1, AdamW with the worker's lr and eps)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
+    total, count, per_row = torch.zeros((), dtype=torch.float64), 0, []
+    for row, prompt in enumerate(prompts):
+        n = int(batch["attention_mask"][row].sum())
+        ids = batch["input_ids"][row, :n][None]
+        images = {"pixel_values": prompt.pixel_values.double(),
+                  "image_grid_thw": prompt.image_grid_thw} if prompt.image_data else {}
+        logits = model(input_ids=ids, mm_token_type_ids=(ids == image_token_id).long(),
+                       **images).logits[0]
+        logp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+        per_row.append(logp.detach())
+        mask = batch["loss_mask"][row, 1:n].bool()
+        total, count = total - logp[mask].sum(), count + int(mask.sum())
+    loss = total / count
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW(params.values(), lr=VW.LR, eps=VW.EPS, weight_decay=0.0)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+    opt.step()
+    return {"logprobs": per_row, "loss": loss.item(),
+            "weights": {k: v.detach() for k, v in params.items()}}
+
+
+def _assert_like_reference(reference: dict[str, Any], logprobs: list[torch.Tensor], loss: float,
+                           weights: dict[str, torch.Tensor], model_dir: Path) -> None:
+    for row, (got, expected) in enumerate(zip(logprobs, reference["logprobs"], strict=True)):
+        assert (got[:len(expected)].double() - expected).abs().max() < 1e-5, row
+    assert loss == pytest.approx(reference["loss"], abs=1e-5)
+    assert weights.keys() == reference["weights"].keys()
+    assert all((weights[k].double() - v).abs().max() < 1e-6
+               for k, v in reference["weights"].items())
+    # every tensor of the vision tower got a gradient and moved (measured: 1.2e-5 to 6.6e-4)
+    from transformers import Qwen2VLForConditionalGeneration
+
+    initial = Qwen2VLForConditionalGeneration.from_pretrained(model_dir).state_dict()
+    vision = [k for k in weights if ".visual." in k]
+    assert vision and min(float((weights[k] - initial[k]).abs().max()) for k in vision) > 1e-6
+
+
+def test_the_engine_packs_images_and_trains_the_vision_tower_like_hf_float64(tiny_vl_dir,
+                                                                            processor):
+    from areal_like.api.config import MicroBatchSpec
+    from engines import FSDPEngine
+
+    batch, prompts = VW.image_batch(processor)
+    # two micro-batches: two rows (with their images) pack into one
+    engine = FSDPEngine(VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=128,
+                                                                   n_mbs=2)))
+    engine.initialize()
+    try:
+        logprobs = engine.forward(batch)
+        stats = engine.train_batch(batch, VW.mean_nll, VW.n_loss_tokens)
+        weights = {k: v.full_tensor() for k, v in engine.model.state_dict().items()}
+    finally:
+        engine.destroy()
+    reference = _reference_step(tiny_vl_dir, batch, prompts, processor.image_token_id)
+    _assert_like_reference(reference, list(logprobs), stats["loss"], weights, tiny_vl_dir)
+
+
+@pytest.mark.torchrun
+@pytest.mark.e2e
+def test_two_ranks_one_without_images_train_like_hf_float64(tiny_vl_dir, processor, tmp_path):
+    from areal_like.utils.network import find_free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
+           str(Path(__file__).with_name("vision_worker.py")),
+           "--model", str(tiny_vl_dir), "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    run = torch.load(tmp_path / "results.pt", weights_only=False)
+    assert run["world_size"] == 2
+    by_rank = [torch.load(tmp_path / f"logprobs_rank{r}.pt") for r in (0, 1)]
+    logprobs = [by_rank[r][i] for r, rows in enumerate(VW.RANK_ROWS) for i in range(len(rows))]
+    assert [row for rows in VW.RANK_ROWS for row in rows] == [0, 1, 2]
+    batch, prompts = VW.image_batch(processor)
+    reference = _reference_step(tiny_vl_dir, batch, prompts, processor.image_token_id)
+    _assert_like_reference(reference, logprobs, run["loss"], run["weights"], tiny_vl_dir)
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_group(
+        vl_server, tiny_vl_dir, processor, tmp_path):
+    from conftest import SGLANG_TEST_API_KEY
+    from sglang_helpers import fleet_version, make_engine
+
+    from areal_like.api.config import MicroBatchSpec
+    from areal_like.api.io_struct import SaveLoadMeta
+    from areal_like.runtime.weight_broadcast import WeightBroadcaster
+    from engines import FSDPEngine
+
+    trainer = FSDPEngine(VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=128)))
+    trainer.initialize()
+    client = make_engine(vl_server.addresses, SGLANG_TEST_API_KEY,
+                         weight_transport="distributed", weight_bucket_mb=0.25)
+    client.set_version(fleet_version(vl_server.addresses, SGLANG_TEST_API_KEY))
+    broadcaster = WeightBroadcaster(client.config)
+    batch, _ = VW.image_batch(processor)
+    prompts = [processor.prompt(_messages(1), [_image(56, 56, 31)]),
+               processor.prompt(_messages(2), [_image(112, 56, 32), _image(56, 56, 33)])]
+    g = GenerationHyperparameters(max_new_tokens=6, temperature=1.0)
+    try:
+        for transport in ("disk", "distributed"):
+            trainer.train_batch(batch, VW.mean_nll, VW.n_loss_tokens)  # the tower moves
+            version = client.get_version() + 1
+            if transport == "disk":
+                meta = WeightUpdateMeta(version=version, path=str(tmp_path / f"v{version}"))
+                trainer.update_weights(meta)
+                client.update_weights(meta)
+                trainer.set_version(version)
+            else:
+                assert broadcaster.push(trainer, client, version)["weight_sync/buckets"] > 1
+            exported = tmp_path / f"reference{version}"
+            trainer.save(SaveLoadMeta(path=str(exported), weight_format="hf"))
+
+            async def run() -> list[Any]:
+                return await asyncio.gather(*(client.agenerate(ModelRequest(
+                    input_ids=p.input_ids, image_data=p.image_data, gconfig=g, seed=7 + i))
+                    for i, p in enumerate(prompts)))
+
+            for prompt, reply in zip(prompts, asyncio.run(run()), strict=True):
+                assert set(reply.output_versions) == {version}, transport
+                expected = _reference_logprobs(exported, prompt, reply.output_tokens,
+                                               processor.image_token_id)
+                error = (torch.tensor(reply.output_logprobs, dtype=torch.float64) - expected)
+                assert float(error.abs().max()) < LOGPROB_ATOL, transport
+    finally:
+        client.run_coroutine(client.weight_group.dissolve(), 60)
+        broadcaster.close()
+        client.destroy()
+        trainer.destroy()

@@ -148,3 +148,11 @@ class VisionProcessor:
     def _patch_dim(self) -> int:
         p = self.image_processor
         return 3 * int(p.temporal_patch_size) * int(p.patch_size) ** 2
+
+
+def image_tensors(prompt: VisionPrompt) -> dict[str, torch.Tensor]:
+    """The images of one trajectory row, as batch keys: `pixel_values` [1, n_patches, D] and
+    `image_grid_thw` [1, n_images, 3] (`utils.batching.concat_padded` pads rows together with
+    zeros, and the trainer's packing drops the zero rows again)."""
+    return {"pixel_values": prompt.pixel_values[None],
+            "image_grid_thw": prompt.image_grid_thw[None]}

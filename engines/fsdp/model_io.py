@@ -22,15 +22,20 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForTokenClassification,
     PreTrainedModel,
 )
+
+from engines.fsdp.vision import attn_implementations, is_vision_language
 
 # Files copied next to exported weights so that the folder is a complete HF model folder.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
     "chat_template.json",
+    # a vision-language model's image processor: the folder serves images too
+    "preprocessor_config.json", "processor_config.json",
 )
 
 
@@ -43,6 +48,12 @@ def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"ModelConfig.path={path!r} is not an HF model folder "
                                 f"(no config.json)")
+    if is_vision_language(AutoConfig.from_pretrained(path)):
+        if is_critic:
+            raise ValueError(f"ModelConfig.path={path!r} is a vision-language model: a critic "
+                             f"(value head) on it is not supported yet")
+        return AutoModelForImageTextToText.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementations(attn_implementation))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         if is_critic:
@@ -52,6 +63,22 @@ def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
                 path, config=config, dtype=dtype, attn_implementation=attn_implementation)
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                     attn_implementation=attn_implementation)
+
+
+def checkpoint_names(model: PreTrainedModel, names: list[str]) -> list[str]:
+    """Each parameter name as the model's HF folder spells it: transformers renames some on
+    load and back on save (Qwen2-VL: `model.visual.*` <-> `visual.*`, `model.language_model.*`
+    <-> `model.*`), and a server loads weights under the folder's names."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    saved = []
+    for name in names:
+        reverted = list(revert_weight_conversion(model, {name: torch.empty(0)}))
+        if len(reverted) != 1:
+            raise ValueError(f"parameter {name!r} is saved as {reverted}: only one-to-one "
+                             f"renamings can be broadcast")
+        saved.append(reverted[0])
+    return saved
 
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -12,6 +12,12 @@ A *packed micro-batch* is a TensorDict with batch_size [] holding a subset of th
 - `position_ids` int64 [T], restarting at 0 for every sequence.
 Non-tensor entries of the batch are not carried into micro-batches.
 
+Images (vision-language models) are per-image keys, packed by name: `image_grid_thw`
+[B, I, 3] holds each row's images' (t, h, w) patch grids, zero rows after its last image, and
+`pixel_values` [B, P, D] their patches in order, zeros after the last; packed, they become the
+concatenation of the rows' real images [n_images, 3] and patches [n_patches, D], as the model
+takes them.
+
 All functions here are pure and single-process; the engine adds the cross-rank agreement.
 """
 
@@ -25,6 +31,7 @@ import torch
 from tensordict import TensorDict
 
 RESERVED_KEYS = ("cu_seqlens", "position_ids")
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 def sequence_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -65,6 +72,8 @@ def split_keys(batch: TensorDict) -> tuple[list[str], list[str]]:
         )
     per_token, per_seq = [], []
     for key, value in batch.items():
+        if key in IMAGE_KEYS:
+            continue
         if isinstance(value, TensorDict):
             raise ValueError(f"batch key {key!r} is a nested TensorDict; flatten it first")
         if not isinstance(value, torch.Tensor):
@@ -103,10 +112,33 @@ def pack_sequences(batch: TensorDict, indices: Sequence[int]) -> TensorDict:
         out[key] = value[rows.to(value.device), cols.to(value.device)]
     for key in per_seq:
         out[key] = batch[key][idx.to(batch[key].device)]
+    if "image_grid_thw" in batch.keys():
+        out.update(_pack_images(batch, idx))
     device = batch["input_ids"].device
     out["cu_seqlens"] = cu.to(device)
     out["position_ids"] = position_ids.to(device)
     return TensorDict(out, batch_size=[])
+
+
+def _pack_images(batch: TensorDict, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    if "pixel_values" not in batch.keys():
+        raise KeyError("batch has 'image_grid_thw' but no 'pixel_values'")
+    grids, pixels = batch["image_grid_thw"], batch["pixel_values"]
+    if grids.dim() != 3 or grids.shape[-1] != 3 or pixels.dim() != 3:
+        raise ValueError(f"'image_grid_thw' must be [B, I, 3] and 'pixel_values' [B, P, D]; got "
+                         f"{tuple(grids.shape)} and {tuple(pixels.shape)}")
+    kept_grids, kept_pixels = [], []
+    for row in idx.tolist():
+        patches = grids[row].prod(-1)
+        real = patches > 0
+        n_images, n_patches = int(real.sum()), int(patches.sum())
+        if not bool(real[:n_images].all()) or n_patches > pixels.shape[1]:
+            raise ValueError(f"row {row}: 'image_grid_thw' {grids[row].tolist()} does not list its "
+                             f"images first, or needs more than the {pixels.shape[1]} patch rows "
+                             f"of 'pixel_values'")
+        kept_grids.append(grids[row, :n_images])
+        kept_pixels.append(pixels[row, :n_patches])
+    return {"image_grid_thw": torch.cat(kept_grids), "pixel_values": torch.cat(kept_pixels)}
 
 
 def unpack_to_padded(per_seq_values: Sequence[torch.Tensor],

@@ -344,3 +344,45 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
         broadcaster.close()
         client.destroy()
         trainer.destroy()
+
+
+# ---- the synthetic visual task ------------------------------------------------------------------
+def _count_blobs(png: bytes, question: str) -> int:
+    from areal_like.data.shapes import COLOURS
+
+    colour = COLOURS[question.split()[2]]
+    image = load_image(png)
+    todo = {(x, y) for x in range(image.width) for y in range(image.height)
+            if image.getpixel((x, y)) == colour}
+    blobs = 0
+    while todo:
+        blobs += 1
+        stack = [todo.pop()]
+        while stack:
+            x, y = stack.pop()
+            for near in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
+                if near in todo:
+                    todo.remove(near)
+                    stack.append(near)
+    return blobs
+
+
+def test_the_shapes_task_is_deterministic_disjoint_and_verified_exactly(processor):
+    from areal_like.data.shapes import load_shapes, make_item, shapes_reward
+
+    train, held_out = load_shapes(64, 32, seed=5)
+    again, _ = load_shapes(64, 0, seed=5)
+    assert train["image"] == again["image"] and train["answer"] == again["answer"]
+    pixels = {load_image(b).tobytes() for b in train["image"]}
+    assert not pixels & {load_image(b).tobytes() for b in held_out["image"]}
+    assert set(train["answer"]) <= {"0", "1", "2", "3", "4"} and len(set(train["answer"])) >= 4
+    # the answer is what the picture shows: the connected blobs of the asked colour's pixels
+    for i in range(32):
+        assert str(_count_blobs(train[i]["image"], train[i]["question"])) == train[i]["answer"]
+    item = make_item(5, 0)
+    assert item["answer"] == train[0]["answer"]
+    prompt = processor.prompt(_messages(1), [item["image"]])
+    assert prompt.image_grid_thw.tolist() == [[1, 4, 4]]  # 56 x 56: four image tokens
+    assert shapes_reward("2 shapes", "2") == 1.0
+    assert shapes_reward("there are 3, not 2", "2") == 0.0
+    assert shapes_reward("none", "0") == 0.0

@@ -281,7 +281,9 @@ class RemoteInferenceEngine(InferenceEngine):
             output_versions=versions, stop_reason=cast(StopReason, stop_reason),  # checked there
             latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
             metadata={"server": addr, "segments": segment + 1,
-                      "num_retractions": reply.meta_info.get("num_retractions", 0)},
+                      "num_retractions": reply.meta_info.get("num_retractions", 0),
+                      # the last segment's prompt as the server counted it (images expanded)
+                      "prompt_tokens": reply.meta_info.get("prompt_tokens")},
         )
 
     # ---- retries ------------------------------------------------------------

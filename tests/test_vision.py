@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from sglang_helpers import LOGPROB_ATOL
 from tensordict import TensorDict
 
+from areal_like.api.config import DatasetConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.data.vision import (
     ImageInputError,
@@ -368,21 +369,72 @@ def _count_blobs(png: bytes, question: str) -> int:
 
 
 def test_the_shapes_task_is_deterministic_disjoint_and_verified_exactly(processor):
-    from areal_like.data.shapes import load_shapes, make_item, shapes_reward
+    from areal_like.data.tasks import build_task
 
-    train, held_out = load_shapes(64, 32, seed=5)
-    again, _ = load_shapes(64, 0, seed=5)
-    assert train["image"] == again["image"] and train["answer"] == again["answer"]
-    pixels = {load_image(b).tobytes() for b in train["image"]}
-    assert not pixels & {load_image(b).tobytes() for b in held_out["image"]}
+    config = DatasetConfig(type="shapes", size=64, split="train", seed=5)
+    task = build_task(config)
+    train, again = task.dataset, build_task(config).dataset
+    test = build_task(DatasetConfig(type="shapes", size=32, split="test", seed=5)).dataset
+    assert train["images"] == again["images"] and train["answer"] == again["answer"]
+    pixels = {load_image(row[0]).tobytes() for row in train["images"]}
+    assert not pixels & {load_image(row[0]).tobytes() for row in test["images"]}
     assert set(train["answer"]) <= {"0", "1", "2", "3", "4"} and len(set(train["answer"])) >= 4
     # the answer is what the picture shows: the connected blobs of the asked colour's pixels
-    for i in range(32):
-        assert str(_count_blobs(train[i]["image"], train[i]["question"])) == train[i]["answer"]
-    item = make_item(5, 0)
-    assert item["answer"] == train[0]["answer"]
-    prompt = processor.prompt(_messages(1), [item["image"]])
+    for row in list(train)[:32]:
+        question = row["messages"][0]["content"][1]["text"]
+        assert str(_count_blobs(row["images"][0], question)) == row["answer"]
+    prompt = processor.prompt(train[0]["messages"], train[0]["images"])
     assert prompt.image_grid_thw.tolist() == [[1, 4, 4]]  # 56 x 56: four image tokens
-    assert shapes_reward("2 shapes", "2") == 1.0
-    assert shapes_reward("there are 3, not 2", "2") == 0.0
-    assert shapes_reward("none", "0") == 0.0
+    assert task.reward_fn("", train[0]["answer"], answer=train[0]["answer"]) == 1.0
+    assert task.reward_fn("", "4 or 3", answer="3") == 0.0
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_shapes_episodes_cross_the_rollout_process_and_train_on_what_the_server_saw(
+        vl_server, tiny_vl_dir):
+    from conftest import SGLANG_TEST_API_KEY
+    from sglang_helpers import fleet_version
+
+    from areal_like.api.config import MicroBatchSpec, RewardConfig, RolloutConfig
+    from areal_like.data.shapes import load_shapes
+    from areal_like.rewards import exact_match_reward
+    from areal_like.runtime.rollout_process import RolloutProcess
+    from areal_like.runtime.rollout_service import RolloutSetup
+    from engines import FSDPEngine
+    from workflows import VisionRLVRWorkflow
+
+    config = RolloutConfig(server_addrs=list(vl_server.addresses), api_key=SGLANG_TEST_API_KEY,
+                           seed=3, consumer_batch_size=2)
+    process = RolloutProcess(RolloutSetup(rollout=config, reward=RewardConfig(max_workers=1)))
+    process.initialize()
+    trainer = FSDPEngine(VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=256)))
+    try:
+        # the fleet back on the folder's weights, which the trainer starts from
+        version = fleet_version(vl_server.addresses, SGLANG_TEST_API_KEY) + 1
+        process.set_version(version - 1)
+        process.update_weights(WeightUpdateMeta.from_disk(str(tiny_vl_dir), version))
+        items = list(load_shapes(4, "train", seed=11))
+        workflow = VisionRLVRWorkflow(exact_match_reward, GenerationHyperparameters(
+            n_samples=2, max_new_tokens=4, temperature=1.0), str(tiny_vl_dir))
+        batch = process.prepare_batch([items[:2], items[2:]], workflow, timeout=300)
+        assert batch.batch_size[0] == 4  # 2 groups x 2 samples, one picture per group
+        assert batch["pixel_values"].is_shared()  # images through shared memory too
+        assert batch["image_grid_thw"].tolist() == [[[1, 4, 4]]] * 4
+        assert batch["pixel_values"].shape == (4, 16, 3 * 2 * 14 * 14)
+        groups = batch["group_id"].tolist()
+        assert groups[0] == groups[1] != groups[2] == groups[3]
+        assert torch.equal(batch["pixel_values"][0], batch["pixel_values"][1])
+        assert not torch.equal(batch["pixel_values"][1], batch["pixel_values"][2])
+        assert set(batch["versions"][batch["loss_mask"]].tolist()) == {version}
+        # the trainer, on the same weights, gives the sampled tokens the server's log-probs:
+        # the same pixels, image tokens and positions on both sides
+        trainer.initialize()
+        recomputed = trainer.forward(batch)
+        mask = torch.zeros_like(batch["loss_mask"])
+        mask[:, :-1] = batch["loss_mask"][:, 1:]  # forward's log-prob at t is for token t + 1
+        gap = (recomputed[mask] - batch["logprobs"][batch["loss_mask"]]).abs().max()
+        assert float(gap) < LOGPROB_ATOL
+    finally:
+        trainer.destroy()
+        process.destroy()

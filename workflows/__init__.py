@@ -1,5 +1,5 @@
-"""Rollout workflows: RLVR, ReMax (greedy vs sample), multi-turn, tool-using agents, agents
-written for the OpenAI client."""
+"""Rollout workflows: RLVR (with images too), ReMax (greedy vs sample), multi-turn,
+tool-using agents, agents written for the OpenAI client."""
 
 import importlib
 from typing import Any
@@ -10,6 +10,7 @@ from workflows.remax import ReMaxWorkflow
 from workflows.rlvr import RLVRWorkflow
 from workflows.tool_agent import ToolAgentWorkflow
 from workflows.tools import ToolCall, ToolRegistry, ToolResult, parse_tool_calls
+from workflows.vision_rlvr import VisionRLVRWorkflow
 
 __all__ = [
     "ArealOpenAI",
@@ -23,6 +24,7 @@ __all__ = [
     "ToolCall",
     "ToolRegistry",
     "ToolResult",
+    "VisionRLVRWorkflow",
     "make_memory_episodes",
     "parse_tool_calls",
 ]

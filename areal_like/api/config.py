@@ -295,9 +295,9 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         own = bool(IMPORT_PATH.match(self.type))
-        ok = self.type in ("addition", "gsm8k", "memory_agent", "memory_agent_demos") or own
+        ok = self.type in OWN_TASK_PARAMETERS or own
         _check("DatasetConfig", "type", ok, self.type,
-               "'addition', 'gsm8k', 'memory_agent', 'memory_agent_demos', "
+               ", ".join(repr(t) for t in OWN_TASK_PARAMETERS) + ", "
                "'reasoning_gym:<task name>' or the "
                "import path of your own task function, 'my_pkg.tasks:make_task'")
         _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),

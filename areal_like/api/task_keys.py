@@ -6,8 +6,9 @@ import difflib
 from typing import Any
 
 ADDITION_DEFAULTS = {"num_digits": 2, "worked_fraction": 0.0}
+# the built-in task types (`DatasetConfig.type`) and their generator parameters
 OWN_TASK_PARAMETERS = {"addition": tuple(ADDITION_DEFAULTS), "gsm8k": (),
-                       "memory_agent": (), "memory_agent_demos": ()}
+                       "memory_agent": (), "memory_agent_demos": (), "shapes": ()}
 # dataset fields read by one task type only (its generator parameters live in task_kwargs)
 TYPE_FIELDS = {"path": "gsm8k"}
 

@@ -10,6 +10,16 @@ REQUIRED_KEYS = TOKEN_KEYS + ("rewards",)
 # the behaviour policy's log-probs: checked when present; an algorithm that needs them (off-
 # policy corrections: decoupled PPO, or PPO without recomputed old log-probs) says so itself
 BEHAVIOUR_LOGPROBS = "logprobs"
+# a vision-language model's images, per row (see engines/fsdp/packing.py for the layout)
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
+
+def model_inputs(batch: TensorDict) -> dict[str, torch.Tensor]:
+    """What a trainer's forward reads besides the loss's keys: the tokens, their mask and the
+    row's images where the batch has them. Actors that build a new batch for the engine keep
+    these."""
+    keys = ("input_ids", "attention_mask", *[k for k in IMAGE_KEYS if k in batch.keys()])
+    return {key: batch[key] for key in keys}
 
 
 class TrajectoryError(ValueError):

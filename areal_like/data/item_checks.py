@@ -24,9 +24,13 @@ def required_reward_keys(reward_fn: Callable[..., Any]) -> list[str]:
 
 
 def prompt_text(messages: Any) -> str:
-    """The content of the last user message of a chat prompt ("" when there is none)."""
+    """The text of the last user message of a chat prompt ("" when there is none); of a
+    message made of parts (text and images), its text parts joined."""
     users = [m for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"]
     content = users[-1].get("content") if users else None
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content
+                       if isinstance(part, dict) and part.get("type") == "text")
     return content if isinstance(content, str) else ""
 
 

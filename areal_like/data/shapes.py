@@ -2,9 +2,9 @@
 
 Each item is a 56 x 56 picture (4 image tokens for the tiny Qwen2-VL) with 1-4 filled shapes
 (square, circle, triangle) in up to three colours on a white background, and a question:
-"How many red shapes?" The answer is a digit (0-4); the verifier takes the first number of the
-completion and compares exactly. Items are a pure function of (seed, index), and the held-out
-split draws from a disjoint seed stream and drops any image that also occurs in training, so
+"How many red shapes?" The answer is a digit (0-4), checked by `exact_match_reward`. Items are a
+pure function of (seed, index); a picture belongs to the test split when a hash of its pixels
+is 0 mod 5, else to train, so the splits never share a picture whatever their sizes and
 held-out accuracy measures seeing, not remembering.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import re
 from typing import Any
 
 from datasets import Dataset
@@ -24,7 +23,6 @@ SHAPES = ("square", "circle", "triangle")
 SIZE = 56
 CELL = SIZE // 2  # a 2 x 2 grid: shapes never overlap
 MAX_SHAPES = 4
-HELD_OUT_SEED_OFFSET = 1_000_003  # the held-out split's seeds never meet the training ones
 
 
 def _draw(draw: ImageDraw.ImageDraw, shape: str, cell: int, colour: tuple[int, int, int],
@@ -59,33 +57,26 @@ def make_item(seed: int, index: int) -> dict[str, Any]:
             "answer": str(colours.count(asked))}
 
 
-def _image_hash(item: dict[str, Any]) -> str:
-    return hashlib.sha256(Image.open(io.BytesIO(item["image"])).tobytes()).hexdigest()
+def _in_test_split(png: bytes) -> bool:
+    pixels = Image.open(io.BytesIO(png)).tobytes()
+    return int.from_bytes(hashlib.sha256(pixels).digest()[:8], "little") % 5 == 0
 
 
-def load_shapes(n_train: int, n_held_out: int, seed: int = 1) -> tuple[Dataset, Dataset]:
-    """(train, held-out) datasets with columns image (PNG bytes), question, answer."""
-    if n_train < 1 or n_held_out < 0:
-        raise ValueError(f"shapes: n_train={n_train} must be >= 1 and n_held_out={n_held_out} "
-                         f">= 0")
-    train = [make_item(seed, i) for i in range(n_train)]
-    seen = {_image_hash(item) for item in train}
-    held_out: list[dict[str, Any]] = []
+def load_shapes(size: int, split: str = "train", seed: int = 1) -> Dataset:
+    """`size` items of one split with `id`, `messages` (an image part and the question),
+    `images` ([PNG bytes]) and `answer`."""
+    if split not in ("train", "test"):
+        raise ValueError(f"shapes: split={split!r}; expected 'train' or 'test'")
+    if size < 1:
+        raise ValueError(f"shapes: size={size}; expected >= 1")
+    rows: list[dict[str, Any]] = []
     index = 0
-    while len(held_out) < n_held_out:
-        item = make_item(seed + HELD_OUT_SEED_OFFSET, index)
+    while len(rows) < size:
+        item = make_item(seed, index)
+        if _in_test_split(item["image"]) == (split == "test"):
+            content = [{"type": "image"}, {"type": "text", "text": item["question"]}]
+            rows.append({"id": f"shapes-{seed}-{index}", "images": [item["image"]],
+                         "messages": [{"role": "user", "content": content}],
+                         "answer": item["answer"]})
         index += 1
-        if _image_hash(item) not in seen:
-            held_out.append(item)
-    columns = ("image", "question", "answer")
-    return (Dataset.from_dict({c: [item[c] for item in train] for c in columns}),
-            Dataset.from_dict({c: [item[c] for item in held_out] for c in columns}))
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def shapes_reward(completion: str, answer: str) -> float:
-    """1.0 when the completion's first number is the answer, else 0.0 (no number: 0.0)."""
-    found = _NUMBER.search(completion)
-    return 1.0 if found is not None and found.group() == answer else 0.0
+    return Dataset.from_list(rows)

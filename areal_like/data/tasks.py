@@ -16,6 +16,7 @@ from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.item_checks import check_items
 from areal_like.data.memory_episodes import load_memory_demos, load_memory_episodes
 from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
+from areal_like.data.shapes import load_shapes
 from areal_like.utils.imports import load_object
 
 RewardFn = Callable[..., float]
@@ -91,6 +92,9 @@ def _build(config: DatasetConfig) -> Task:
         if not config.path:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
         return Task(load_gsm8k(config.path, config.size), rewards.math_verify_reward)
+    if config.type == "shapes":  # images: the vision-language workflow (docs/vision.md)
+        return Task(load_shapes(config.size, config.split, config.seed),
+                    rewards.exact_match_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)
     if config.type == "memory_agent_demos":  # SFT: the memory agent's tool-call format

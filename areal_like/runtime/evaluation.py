@@ -80,23 +80,26 @@ class Evaluator:
 
     `draw_seeds` takes the episodes' seeds from the executor (in a fixed order, so a run
     repeats exactly); `arun` then runs the episodes on the rollout loop, where it can run
-    beside training rollouts (`RolloutController.run_at_version`)."""
+    beside training rollouts (`RolloutController.run_at_version`). Episodes run `workflow`,
+    else `rlvr_class` (an `RLVRWorkflow` or a subclass, e.g. the one for images) with a
+    greedy and a sampling `gconfig`."""
 
     def __init__(self, items: list[dict[str, Any]], reward_fn: Callable[..., Any],
                  tokenizer: PreTrainedTokenizerBase, gconfig: GenerationHyperparameters,
                  pass_k: int = 1, temperature: float = 1.0,
                  reward_executor: RewardExecutor | None = None,
-                 workflow: RolloutWorkflow | None = None, pass_n: int = 0) -> None:
+                 workflow: RolloutWorkflow | None = None, pass_n: int = 0,
+                 rlvr_class: type[RLVRWorkflow] = RLVRWorkflow) -> None:
         self.items = items
-        self.greedy = workflow or RLVRWorkflow(reward_fn, gconfig.new(greedy=True, n_samples=1),
-                                               tokenizer, reward_executor)
+        self.greedy = workflow or rlvr_class(reward_fn, gconfig.new(greedy=True, n_samples=1),
+                                             tokenizer, reward_executor)
         self.pass_k, self.pass_n = pass_k, pass_n or pass_k
         self.sampled = None
         if pass_k > 1:
-            self.sampled = RLVRWorkflow(reward_fn, gconfig.new(n_samples=self.pass_n,
-                                                               greedy=False,
-                                                               temperature=temperature),
-                                        tokenizer, reward_executor)
+            self.sampled = rlvr_class(reward_fn, gconfig.new(n_samples=self.pass_n,
+                                                             greedy=False,
+                                                             temperature=temperature),
+                                      tokenizer, reward_executor)
 
     def draw_seeds(self, rollout: Any) -> list[list[int]]:
         """One seed per item and workflow (greedy, then sampled), from `rollout.episode_seed`."""

@@ -20,7 +20,7 @@ from areal_like.data.tasks import build_task, load_user_task
 from areal_like.utils.imports import load_object
 
 DATASETS = ("train_dataset", "valid_dataset")
-GENERATED = ("addition", "memory_agent", "memory_agent_demos")
+GENERATED = ("addition", "memory_agent", "memory_agent_demos", "shapes")
 REASONING_GYM = "reasoning_gym:"  # a task type, though it looks like an import path
 
 

@@ -47,6 +47,7 @@ from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
 from areal_like.utils.progress import progress
 from engines import FSDPEngine
+from workflows.rlvr import RLVRWorkflow
 
 CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step",
            "timeperf/startup"]
@@ -125,9 +126,13 @@ class RLSetup:
         seed = config.seed if config.rollout.seed is None else config.rollout.seed
         evaluator = None
         if self.eval_items:
+            # an RLVR workflow of rollout.workflow (e.g. with images) evaluates too
+            trained = self._workflow_class(RLVRWorkflow)
             evaluator = Evaluator(self.eval_items, self.valid.reward_fn, self.tokenizer,
                                   config.gconfig, ev.pass_k, ev.temperature,
-                                  workflow=eval_workflow, pass_n=ev.pass_n)
+                                  workflow=eval_workflow, pass_n=ev.pass_n,
+                                  rlvr_class=trained if issubclass(trained, RLVRWorkflow)
+                                  else RLVRWorkflow)
         checks = [(f"{name} (type={getattr(config, name).type})", task.reward_fn,
                    task.dataset[0] if len(task.dataset) else None)
                   for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid))]
@@ -188,9 +193,12 @@ class RLSetup:
     def make_workflow(self, default: type) -> RolloutWorkflow:
         """The recipe's workflow, or the class `rollout.workflow` names, built as
         cls(reward_fn, gconfig, tokenizer)."""
+        return self._workflow_class(default)(self.task.reward_fn, self.config.gconfig,
+                                             self.tokenizer)
+
+    def _workflow_class(self, default: type) -> type:
         path = self.config.rollout.workflow
-        cls = load_object(path, "rollout.workflow") if path else default
-        return cls(self.task.reward_fn, self.config.gconfig, self.tokenizer)
+        return load_object(path, "rollout.workflow") if path else default
 
     def timing(self, name: str) -> contextlib.AbstractContextManager[None]:
         return self.run.timing(name)

@@ -30,8 +30,9 @@ from typing import Optional
 import torch
 from tensordict import TensorDict
 
+from areal_like.api.trajectory import IMAGE_KEYS
+
 RESERVED_KEYS = ("cu_seqlens", "position_ids")
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 
 
 def sequence_lengths(attention_mask: torch.Tensor) -> torch.Tensor:

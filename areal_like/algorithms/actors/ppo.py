@@ -59,6 +59,7 @@ from areal_like.algorithms.registry import (
 from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
+from areal_like.api.trajectory import model_inputs
 
 
 def _distributed() -> bool:
@@ -294,7 +295,7 @@ class PPOActor:
         """The prepared batch: what the loss reads, masked to the trained tokens."""
         mask, zero = aligned.mask, aligned.zero
         prepared = {
-            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            **model_inputs(batch),
             "loss_mask": mask, "old_logp": aligned.old,
             "advantages": torch.where(mask, adv.float(), zero),
         }

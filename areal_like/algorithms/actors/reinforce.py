@@ -37,6 +37,7 @@ from areal_like.algorithms.functional import masked_mean, shift_to_next_token
 from areal_like.algorithms.rewards import shape_rewards
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
+from areal_like.api.trajectory import model_inputs
 from areal_like.utils.packed_logprobs import next_token_logprobs
 
 
@@ -76,7 +77,7 @@ class ReinforceActor:
             self.tracker.denominator(n_seqs=torch.ones_like(token_mask[:, 0]))
             self.tracker.stat(denominator="n_seqs", reward=reward.float(), advantage=advantages)
         return TensorDict({
-            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            **model_inputs(batch),
             "loss_mask": mask,
             "advantages": advantages[:, None] * mask,  # one advantage for every token
         }, batch_size=batch.batch_size, device=batch.device)

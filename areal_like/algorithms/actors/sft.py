@@ -16,6 +16,7 @@ from areal_like.algorithms.actors.loss_fns import make_sft_loss_fn
 from areal_like.algorithms.aggregation import loss_weight
 from areal_like.algorithms.functional import shift_to_next_token
 from areal_like.api.engine_api import TrainEngine
+from areal_like.api.trajectory import model_inputs
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 
@@ -31,7 +32,7 @@ class SFTActor:
         """Only the keys the loss needs, with loss_mask in next-token alignment."""
         require_keys(batch, SFT_KEYS, "SFTActor")
         return TensorDict({
-            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            **model_inputs(batch),
             "loss_mask": shift_to_next_token(batch["loss_mask"].bool()),
         }, batch_size=batch.batch_size, device=batch.device)
 

@@ -1,0 +1,67 @@
+"""RLVR on prompts with images (vision-language models, docs/vision.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+from tensordict import TensorDict
+from transformers import PreTrainedTokenizerBase
+
+from areal_like.api import GenerationHyperparameters, InferenceEngine, ModelRequest, ModelResponse
+from areal_like.data.vision import VisionProcessor, VisionPrompt, image_tensors
+from areal_like.rewards.reward_executor import RewardExecutor
+from areal_like.utils.chat import decode_text
+from workflows.common import stable_id
+from workflows.rlvr import RLVRWorkflow
+
+
+class VisionRLVRWorkflow(RLVRWorkflow):
+    """RLVR where `data["messages"]` has image parts (`{"type": "image"}`) standing for
+    `data["images"]` (PIL images, paths or encoded bytes), in order.
+
+    The server gets the images and prompt ids with one image pad per image; the trajectory
+    holds the prompt as the model reads it (pads expanded) and the images as `pixel_values`
+    / `image_grid_thw` rows (`areal_like.data.vision`). `tokenizer` may be a path or a
+    tokenizer loaded from the model folder: the image processor is read from that folder.
+    """
+
+    def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
+                 tokenizer: PreTrainedTokenizerBase | str,
+                 reward_executor: Optional[RewardExecutor] = None) -> None:
+        path = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
+        self.processor = VisionProcessor(path)
+        super().__init__(reward_fn, gconfig, self.processor.tokenizer, reward_executor)
+
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
+        if "images" not in data:
+            raise KeyError(f"VisionRLVRWorkflow: data item has no 'images'; keys: {sorted(data)}")
+        prompt = self.processor.prompt(data["messages"], data["images"])
+        single = self.gconfig.new(n_samples=1)
+        responses = list(await asyncio.gather(*[
+            engine.agenerate(ModelRequest(input_ids=prompt.input_ids,
+                                          image_data=prompt.image_data, gconfig=single))
+            for _ in range(self.gconfig.n_samples)]))
+        for response in responses:
+            _check_server_counted(prompt, response)
+        text = decode_text(self.tokenizer, prompt.input_ids)
+        rewards = await self.score(text, responses,
+                                   {k: v for k, v in data.items() if k != "images"})
+        images = image_tensors(prompt)
+        return self.group_trajectory(
+            prompt.expanded_ids, responses, rewards, stable_id(data.get("id", text)),
+            **{key: [value] * len(responses) for key, value in images.items()})
+
+
+def _check_server_counted(prompt: VisionPrompt, response: ModelResponse) -> None:
+    """The server expanded the images into as many tokens as the trainer will see: otherwise
+    its log-probs belong to other positions (e.g. a server started with another pixel
+    budget)."""
+    counted = response.metadata.get("prompt_tokens")
+    if counted is None or response.metadata.get("segments", 1) != 1:
+        return  # a continued request counts its earlier output in its prompt
+    if counted != len(prompt.expanded_ids):
+        raise ValueError(f"server {response.metadata.get('server')} read the prompt as "
+                         f"{counted} tokens with its images, the trainer as "
+                         f"{len(prompt.expanded_ids)} (image grids "
+                         f"{prompt.image_grid_thw.tolist()}): the two resize images differently")

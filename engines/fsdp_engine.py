@@ -461,7 +461,8 @@ class FSDPEngine(TrainEngine):
             tok_dir = self.config.model.tokenizer_path or self.config.model.path
             hf_model = self.model.get_base_model() if self.lora_enabled else self.model
             ckpt.write_hf_folder(hf_model, state_dict, path, tokenizer=tokenizer,
-                                 copy_tokenizer_from=tok_dir if copy_tokenizer else None)
+                                 copy_tokenizer_from=tok_dir if copy_tokenizer else None,
+                                 processor_from=self.config.model.path)
         del state_dict
         dist.barrier()
 

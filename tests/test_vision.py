@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -328,6 +329,10 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
                 assert broadcaster.push(trainer, client, version)["weight_sync/buckets"] > 1
             exported = tmp_path / f"reference{version}"
             trainer.save(SaveLoadMeta(path=str(exported), weight_format="hf"))
+            # a folder a server starts from: the flat config SGLang reads, the image processor
+            config = json.loads((exported / "config.json").read_text())
+            assert config["vision_config"]["in_chans"] == 3 and "rope_scaling" in config
+            assert (exported / "preprocessor_config.json").is_file()
 
             async def run() -> list[Any]:
                 return await asyncio.gather(*(client.agenerate(ModelRequest(
@@ -368,6 +373,28 @@ def _count_blobs(png: bytes, question: str) -> int:
     return blobs
 
 
+def _colour_of(png: bytes, kind: str) -> str:
+    """The colour of the one shape of `kind`: told apart by how much of its box it fills
+    (square 1, circle ~0.79, triangle ~0.5)."""
+    from areal_like.data.shapes import CELL, COLOURS
+
+    image = load_image(png)
+    found = {}
+    for cx in (0, 1):
+        for cy in (0, 1):
+            pixels = [image.getpixel((x, y)) for x in range(cx * CELL, (cx + 1) * CELL)
+                      for y in range(cy * CELL, (cy + 1) * CELL)]
+            for name, rgb in COLOURS.items():
+                xs = [i for i, p in enumerate(pixels) if p == rgb]
+                if xs:
+                    cols = {i // CELL for i in xs}
+                    rows = {i % CELL for i in xs}
+                    fill = len(xs) / (len(cols) * len(rows))
+                    found[min(("square", abs(fill - 1)), ("circle", abs(fill - 0.79)),
+                              ("triangle", abs(fill - 0.5)), key=lambda t: t[1])[0]] = name
+    return found[kind]
+
+
 def test_the_shapes_task_is_deterministic_disjoint_and_verified_exactly(processor):
     from areal_like.data.tasks import build_task
 
@@ -378,15 +405,24 @@ def test_the_shapes_task_is_deterministic_disjoint_and_verified_exactly(processo
     assert train["images"] == again["images"] and train["answer"] == again["answer"]
     pixels = {load_image(row[0]).tobytes() for row in train["images"]}
     assert not pixels & {load_image(row[0]).tobytes() for row in test["images"]}
-    assert set(train["answer"]) <= {"0", "1", "2", "3", "4"} and len(set(train["answer"])) >= 4
-    # the answer is what the picture shows: the connected blobs of the asked colour's pixels
+    assert set(train["answer"]) == {"red", "green", "blue"}
+    # each answer is what the picture shows
     for row in list(train)[:32]:
+        kind = row["messages"][0]["content"][1]["text"].split()[-1].rstrip("?")
+        assert _colour_of(row["images"][0], kind) == row["answer"]
+    counting = build_task(DatasetConfig(type="shapes", size=32, seed=5,
+                                        task_kwargs={"question": "count"})).dataset
+    assert set(counting["answer"]) <= {"0", "1", "2", "3", "4"}
+    assert len(set(counting["answer"])) >= 4
+    for row in counting:
         question = row["messages"][0]["content"][1]["text"]
         assert str(_count_blobs(row["images"][0], question)) == row["answer"]
     prompt = processor.prompt(train[0]["messages"], train[0]["images"])
     assert prompt.image_grid_thw.tolist() == [[1, 4, 4]]  # 56 x 56: four image tokens
     assert task.reward_fn("", train[0]["answer"], answer=train[0]["answer"]) == 1.0
-    assert task.reward_fn("", "4 or 3", answer="3") == 0.0
+    assert task.reward_fn("", "red or blue", answer="red") == 0.0
+    with pytest.raises(ValueError, match="question='size'"):
+        build_task(DatasetConfig(type="shapes", size=4, task_kwargs={"question": "size"}))
 
 
 @pytest.mark.sglang
@@ -438,3 +474,24 @@ def test_shapes_episodes_cross_the_rollout_process_and_train_on_what_the_server_
     finally:
         trainer.destroy()
         process.destroy()
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_grpo_recipe_trains_on_the_shapes_task_with_images(vl_server, tiny_vl_dir, tmp_path):
+    from test_recipes import SMALL, _run_recipe
+
+    records = _run_recipe(
+        "grpo", vl_server, tiny_vl_dir, tmp_path, *SMALL, "gconfig.n_samples=4",
+        "train_dataset.type=shapes", "valid_dataset.type=shapes", "valid_dataset.split=test",
+        "rollout.workflow=workflows.vision_rlvr:VisionRLVRWorkflow")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    last = records[-1]
+    assert last["update_successful"] == 1.0 and last["rollout/version"] >= 1
+    # evaluation ran the trained workflow class, with the items' images, on every item
+    assert records[0]["eval/n"] == last["eval/n"] == 4.0
+    assert records[0]["eval/reward_failed"] == 0.0
+    # the pushed weights are a folder a server starts from (flat config, image processor)
+    (pushed,) = tmp_path.glob("*/trial0/weights/v2")
+    assert json.loads((pushed / "config.json").read_text())["vision_config"]["in_chans"] == 3
+    assert (pushed / "preprocessor_config.json").is_file()

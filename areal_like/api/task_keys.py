@@ -6,9 +6,11 @@ import difflib
 from typing import Any
 
 ADDITION_DEFAULTS = {"num_digits": 2, "worked_fraction": 0.0}
+SHAPES_DEFAULTS = {"question": "colour"}
 # the built-in task types (`DatasetConfig.type`) and their generator parameters
 OWN_TASK_PARAMETERS = {"addition": tuple(ADDITION_DEFAULTS), "gsm8k": (),
-                       "memory_agent": (), "memory_agent_demos": (), "shapes": ()}
+                       "memory_agent": (), "memory_agent_demos": (),
+                       "shapes": tuple(SHAPES_DEFAULTS)}
 # dataset fields read by one task type only (its generator parameters live in task_kwargs)
 TYPE_FIELDS = {"path": "gsm8k"}
 

@@ -1,11 +1,16 @@
-"""A synthetic visual task: count the shapes of one colour in a small generated image.
+"""A synthetic visual task: small generated pictures of coloured shapes, and a question.
 
-Each item is a 56 x 56 picture (4 image tokens for the tiny Qwen2-VL) with 1-4 filled shapes
-(square, circle, triangle) in up to three colours on a white background, and a question:
-"How many red shapes?" The answer is a digit (0-4), checked by `exact_match_reward`. Items are a
-pure function of (seed, index); a picture belongs to the test split when a hash of its pixels
-is 0 mod 5, else to train, so the splits never share a picture whatever their sizes and
-held-out accuracy measures seeing, not remembering.
+Each item is a 56 x 56 picture (4 image tokens for the tiny Qwen2-VL: one per quarter, and
+each shape sits in a quarter of its own) of filled squares, circles and triangles in red, green
+or blue on white. Two kinds of question (`question`):
+- "colour" (default): 1-3 shapes of different kinds, "What colour is the circle?"; the answer
+  is a colour name (a third by guessing);
+- "count": 1-4 shapes, "How many red shapes?"; the answer is a digit 0-4 (harder: the tiny
+  model needs ~1200 SFT steps to leave the prior, measured in docs/vision.md).
+Answers are checked by `exact_match_reward`. Items are a pure function of (seed, index); a
+picture belongs to the test split when a hash of its pixels is 0 mod 5, else to train, so the
+splits never share a picture whatever their sizes: held-out accuracy measures seeing, not
+remembering.
 """
 
 from __future__ import annotations
@@ -40,19 +45,32 @@ def _draw(draw: ImageDraw.ImageDraw, shape: str, cell: int, colour: tuple[int, i
                      fill=colour)
 
 
-def make_item(seed: int, index: int) -> dict[str, Any]:
+QUESTIONS = ("colour", "count")
+
+
+def make_item(seed: int, index: int, question: str = "colour") -> dict[str, Any]:
     """One item: PNG bytes of the picture, the question and the answer."""
+    if question not in QUESTIONS:
+        raise ValueError(f"shapes: question={question!r}; expected one of {QUESTIONS}")
     rng = random.Random(seed * 1_000_000_007 + index)
     image = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
     draw = ImageDraw.Draw(image)
-    n_shapes = rng.randint(1, MAX_SHAPES)
-    colours = [rng.choice(list(COLOURS)) for _ in range(n_shapes)]
-    for cell, colour in zip(rng.sample(range(4), n_shapes), colours, strict=True):
-        _draw(draw, rng.choice(SHAPES), cell, COLOURS[colour], rng)
-    # mostly a colour that is there, so that answers spread over 0-4 instead of piling on 0
-    asked = rng.choice(colours) if rng.random() < 0.75 else rng.choice(list(COLOURS))
+    if question == "colour":  # shapes of different kinds, so "the circle" is one shape
+        kinds = rng.sample(SHAPES, rng.randint(1, len(SHAPES)))
+    else:
+        kinds = [rng.choice(SHAPES) for _ in range(rng.randint(1, MAX_SHAPES))]
+    colours = [rng.choice(list(COLOURS)) for _ in kinds]
+    for cell, kind, colour in zip(rng.sample(range(4), len(kinds)), kinds, colours,
+                                  strict=True):
+        _draw(draw, kind, cell, COLOURS[colour], rng)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
+    if question == "colour":
+        which = rng.randrange(len(kinds))
+        return {"image": buffer.getvalue(), "question": f"What colour is the {kinds[which]}?",
+                "answer": colours[which]}
+    # mostly a colour that is there, so that answers spread over 0-4 instead of piling on 0
+    asked = rng.choice(colours) if rng.random() < 0.75 else rng.choice(list(COLOURS))
     return {"image": buffer.getvalue(), "question": f"How many {asked} shapes?",
             "answer": str(colours.count(asked))}
 
@@ -62,7 +80,8 @@ def _in_test_split(png: bytes) -> bool:
     return int.from_bytes(hashlib.sha256(pixels).digest()[:8], "little") % 5 == 0
 
 
-def load_shapes(size: int, split: str = "train", seed: int = 1) -> Dataset:
+def load_shapes(size: int, split: str = "train", seed: int = 1,
+                question: str = "colour") -> Dataset:
     """`size` items of one split with `id`, `messages` (an image part and the question),
     `images` ([PNG bytes]) and `answer`."""
     if split not in ("train", "test"):
@@ -72,7 +91,7 @@ def load_shapes(size: int, split: str = "train", seed: int = 1) -> Dataset:
     rows: list[dict[str, Any]] = []
     index = 0
     while len(rows) < size:
-        item = make_item(seed, index)
+        item = make_item(seed, index, question)
         if _in_test_split(item["image"]) == (split == "test"):
             content = [{"type": "image"}, {"type": "text", "text": item["question"]}]
             rows.append({"id": f"shapes-{seed}-{index}", "images": [item["image"]],

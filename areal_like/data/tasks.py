@@ -10,7 +10,7 @@ from datasets import Dataset
 
 from areal_like import rewards
 from areal_like.api.config import DatasetConfig
-from areal_like.api.task_keys import ADDITION_DEFAULTS, unknown_parameters
+from areal_like.api.task_keys import ADDITION_DEFAULTS, SHAPES_DEFAULTS, unknown_parameters
 from areal_like.data.addition import load_addition
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.item_checks import check_items
@@ -93,7 +93,8 @@ def _build(config: DatasetConfig) -> Task:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
         return Task(load_gsm8k(config.path, config.size), rewards.math_verify_reward)
     if config.type == "shapes":  # images: the vision-language workflow (docs/vision.md)
-        return Task(load_shapes(config.size, config.split, config.seed),
+        question = {**SHAPES_DEFAULTS, **config.task_kwargs}["question"]
+        return Task(load_shapes(config.size, config.split, config.seed, question),
                     rewards.exact_match_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)

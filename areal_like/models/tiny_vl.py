@@ -12,10 +12,8 @@ folder is a standard HF folder: `AutoModelForImageTextToText`, `AutoTokenizer`,
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import (
@@ -25,6 +23,7 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
+from areal_like.models.qwen2_vl_config import write_flat_config
 from areal_like.models.tiny import IM_START, SIZES, build_tokenizer, token_id
 
 VISION_START = "<|vision_start|>"
@@ -82,25 +81,6 @@ def build_vl_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2VLConfig:
                          vision_end_token_id=ids[VISION_END], tie_word_embeddings=False)
 
 
-def _write_flat_config(out: Path) -> None:
-    """Rewrite config.json in Qwen2-VL's original (flat) layout, as released checkpoints have
-    it: SGLang's Qwen2-VL reads the language model's keys, `rope_scaling` and the vision
-    tower's `in_chans` at the top level; transformers 5 reads the same file back into
-    `text_config`."""
-    path = out / "config.json"
-    config: dict[str, Any] = json.loads(path.read_text())
-    text = config.pop("text_config")
-    rope = text.pop("rope_parameters")
-    for key in ("model_type", "layer_types", "dtype", "transformers_version"):
-        text.pop(key, None)
-    config.update(text)
-    config["rope_theta"] = rope["rope_theta"]
-    config["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
-    config["torch_dtype"] = "float32"
-    config["vision_config"]["in_chans"] = config["vision_config"]["in_channels"]
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
 def build_tiny_vl_model(out: str | Path, seed: int = 1) -> Path:
     """Write tokenizer + image processor + randomly initialised Qwen2-VL to `out`."""
     out = Path(out)
@@ -112,7 +92,7 @@ def build_tiny_vl_model(out: str | Path, seed: int = 1) -> Path:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
-    _write_flat_config(out)
+    write_flat_config(out)
     tokenizer.save_pretrained(out)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
                                                patch_size=PATCH_SIZE, merge_size=MERGE_SIZE)

@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from areal_like.models.qwen2_vl_config import write_flat_config
 from engines.fsdp.vision import attn_implementations, is_vision_language
 
 # Files copied next to exported weights so that the folder is a complete HF model folder.
@@ -34,9 +35,10 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
     "chat_template.json",
-    # a vision-language model's image processor: the folder serves images too
-    "preprocessor_config.json", "processor_config.json",
 )
+# A vision-language model's image processor, copied from the source folder into every export:
+# the folder then serves images too.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
@@ -90,16 +92,23 @@ def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def write_hf_folder(model: Any, state_dict: dict[str, torch.Tensor], path: str,
-                    tokenizer: Any = None, copy_tokenizer_from: Optional[str] = None) -> None:
-    """Rank 0 only: safetensors + config (+ tokenizer) at `path`."""
+                    tokenizer: Any = None, copy_tokenizer_from: Optional[str] = None,
+                    processor_from: Optional[str] = None) -> None:
+    """Rank 0 only: safetensors + config (+ tokenizer, given or copied; + the image
+    processor of a vision-language model folder `processor_from`) at `path`."""
     os.makedirs(path, exist_ok=True)
     # transformers 5 empties the dict it is given: hand it a shallow copy.
     model.save_pretrained(path, state_dict=dict(state_dict), safe_serialization=True)
+    write_flat_config(path)  # a Qwen2-VL folder SGLang can start from
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
-    elif copy_tokenizer_from:
-        for name in TOKENIZER_FILES:
-            src = os.path.join(copy_tokenizer_from, name)
+    copies = ((None if tokenizer is not None else copy_tokenizer_from, TOKENIZER_FILES),
+              (processor_from, PROCESSOR_FILES))
+    for source, names in copies:
+        if not source:
+            continue
+        for name in names:
+            src = os.path.join(source, name)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(path, name))
 

@@ -7,9 +7,6 @@ One launch of tests/fsdp_worker.py runs every scenario; each test checks one of 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,28 +14,16 @@ import fsdp_worker as W
 import pytest
 import torch
 from safetensors.torch import load_file
+from torchrun_helpers import run_worker
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
-from areal_like.utils.network import find_free_port
-
 pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
-LAUNCH_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fsdp_worker")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
-           str(Path(__file__).with_name("fsdp_worker.py")),
-           "--model", str(tiny_model_dir), "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}\n"
-                    f"{proc.stderr[-6000:]}")
-    res = torch.load(out / "results.pt", weights_only=False)
+    res = run_worker("fsdp_worker.py", tiny_model_dir, out)
     res["out"], res["model_dir"] = out, tiny_model_dir
     return res
 

@@ -19,6 +19,7 @@ import torch
 from conftest import SGLANG_TEST_API_KEY
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from tensordict import TensorDict
+from torchrun_helpers import LAUNCH_TIMEOUT_S, run_worker
 from transformers import AutoModelForCausalLM
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, SaveLoadMeta
@@ -31,10 +32,8 @@ from areal_like.api.config import (
 from areal_like.api.io_struct import AdapterWeights
 from areal_like.api.lora_config import DECODER_LINEAR_MODULES, LoRAConfig
 from areal_like.runtime.weight_sync import push_weights
-from areal_like.utils.network import find_free_port
 from engines import FSDPEngine
 
-LAUNCH_TIMEOUT_S = 600
 PROMPTS = [[5, 17, 33, 60], [70, 81, 99, 120, 7], [11, 12], [200, 3, 44]]
 
 
@@ -146,19 +145,7 @@ def test_the_shipped_lora_recipe_serves_what_it_trains():
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                  ) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("lora_worker")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
-           str(Path(__file__).with_name("lora_worker.py")),
-           "--model", str(tiny_model_dir), "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}\n"
-                    f"{proc.stderr[-6000:]}")
-    return torch.load(out / "results.pt", weights_only=False)
+    return run_worker("lora_worker.py", tiny_model_dir, tmp_path_factory.mktemp("lora_worker"))
 
 
 def _reference_adapters(model_dir: Path, initial: dict[str, torch.Tensor],

@@ -8,10 +8,7 @@ import asyncio
 import base64
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -274,17 +271,9 @@ def test_the_engine_packs_images_and_trains_the_vision_tower_like_hf_float64(tin
 @pytest.mark.torchrun
 @pytest.mark.e2e
 def test_two_ranks_one_without_images_train_like_hf_float64(tiny_vl_dir, processor, tmp_path):
-    from areal_like.utils.network import find_free_port
+    from torchrun_helpers import run_worker
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
-           str(Path(__file__).with_name("vision_worker.py")),
-           "--model", str(tiny_vl_dir), "--out", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    run = torch.load(tmp_path / "results.pt", weights_only=False)
+    run = run_worker("vision_worker.py", tiny_vl_dir, tmp_path)
     assert run["world_size"] == 2
     by_rank = [torch.load(tmp_path / f"logprobs_rank{r}.pt") for r in (0, 1)]
     logprobs = [by_rank[r][i] for r, rows in enumerate(VW.RANK_ROWS) for i in range(len(rows))]

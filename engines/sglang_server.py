@@ -135,9 +135,10 @@ def vision_server_args(model_path: str) -> list[str]:
     try:
         config = json.loads((folder / "config.json").read_text())
         processor = json.loads((folder / "preprocessor_config.json").read_text())
-    except FileNotFoundError:
+    except (OSError, ValueError):  # no such files, or broken ones: the server names them
         return []
-    if "vision_config" not in config or "size" not in processor:
+    if not isinstance(config, dict) or not isinstance(processor, dict) \
+            or "vision_config" not in config or "size" not in processor:
         return []
     return ["--mm-process-config", json.dumps({"image": {"size": processor["size"]}})]
 

@@ -8,8 +8,8 @@ in RL. Images are prepared (`VisionProcessor.prompt`) before the clock starts; t
 prefix cache is flushed before every run; kinds alternate over `--rounds` rounds; the table
 gives the median requests/s and generated tokens/s, and each kind's ratio to text only.
 
-    python benchmarks/vision_rollout.py [--requests 64] [--new-tokens 16] [--concurrency 32]
-                                        [--rounds 3]
+    python -m benchmarks.vision_rollout [--requests 64] [--new-tokens 16] [--concurrency 32]
+                                         [--rounds 3]
 """
 
 from __future__ import annotations

@@ -484,3 +484,24 @@ def test_grpo_recipe_trains_on_the_shapes_task_with_images(vl_server, tiny_vl_di
     (pushed,) = tmp_path.glob("*/trial0/weights/v2")
     assert json.loads((pushed / "config.json").read_text())["vision_config"]["in_chans"] == 3
     assert (pushed / "preprocessor_config.json").is_file()
+
+
+def test_a_completion_ends_at_a_vision_token_which_is_left_out(processor, tiny_vl_dir):
+    from areal_like.api.io_struct import ModelResponse
+    from areal_like.rewards import exact_match_reward
+    from workflows.vision_rlvr import VisionRLVRWorkflow, without_vision_tail
+
+    ids = processor.vision_token_ids
+    assert processor.image_token_id in ids and len(ids) == 4
+    workflow = VisionRLVRWorkflow(exact_match_reward, GenerationHyperparameters(),
+                                  str(tiny_vl_dir))
+    assert set(ids) <= set(workflow.gconfig.stop_token_ids)  # with EOS
+    sampled = ModelResponse(input_tokens=[1, 2], output_tokens=[7, 8, processor.image_token_id],
+                            output_logprobs=[-0.1, -0.2, -5.0], output_versions=[3, 3, 3])
+    kept = without_vision_tail(sampled, ids)
+    assert (kept.output_tokens, kept.output_logprobs, kept.output_versions) == (
+        [7, 8], [-0.1, -0.2], [3, 3])
+    assert kept.stop_reason == "length"  # counted as truncated
+    finished = ModelResponse(input_tokens=[1, 2], output_tokens=[7, 2],
+                             output_logprobs=[-0.1, -0.2], output_versions=[3, 3])
+    assert without_vision_tail(finished, ids) is finished

@@ -85,6 +85,12 @@ class VisionProcessor:
             raise ValueError(f"{path}/config.json has no image_token_id: not a vision-language "
                              f"model folder (model_type={config.get('model_type')!r})")
         self.image_token_id = int(config["image_token_id"])
+        # tokens that mean images to the model: a completion must not hold them (the model
+        # would read a generated pad as a place for image features that do not exist)
+        self.vision_token_ids = tuple(sorted({
+            int(config[key]) for key in ("image_token_id", "video_token_id",
+                                         "vision_start_token_id", "vision_end_token_id")
+            if config.get(key) is not None}))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         self.merge_size = int(self.image_processor.merge_size)

@@ -29,8 +29,6 @@ from areal_like.data.vision import (
     load_image,
 )
 
-QUESTION = "How many shapes are there?"
-
 
 @pytest.fixture(scope="module")
 def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -44,20 +42,9 @@ def processor(tiny_vl_dir: Path) -> VisionProcessor:
     return VisionProcessor(tiny_vl_dir)
 
 
-def _image(width: int, height: int, seed: int) -> Image.Image:
-    gen = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (height, width, 3), generator=gen, dtype=torch.uint8)
-    return Image.fromarray(pixels.numpy())
-
-
-def _messages(n_images: int = 1) -> list[dict[str, Any]]:
-    parts = [{"type": "image"}] * n_images + [{"type": "text", "text": QUESTION}]
-    return [{"role": "user", "content": parts}]
-
-
 # ---- prompts with images (no server) -----------------------------------------------------------
 def test_an_image_reads_the_same_from_pil_path_and_bytes(tmp_path):
-    image = _image(60, 40, seed=0)
+    image = VW.noise_image(60, 40, seed=0)
     image.save(tmp_path / "a.png")
     as_bytes = (tmp_path / "a.png").read_bytes()
     loaded = [load_image(x) for x in (image, tmp_path / "a.png", str(tmp_path / "a.png"),
@@ -74,8 +61,8 @@ def test_an_image_reads_the_same_from_pil_path_and_bytes(tmp_path):
 def test_each_image_pad_expands_to_its_images_tokens(processor):
     # 56 x 56 -> 4 x 4 patches -> 4 tokens; 84 x 56 -> 4 x 6 -> 6; 300 x 200 is resized into
     # the processor's pixel budget (84 x 112 -> 6 x 8 patches -> 12 tokens)
-    images = [_image(56, 56, 1), _image(84, 56, 2), _image(300, 200, 3)]
-    prompt = processor.prompt(_messages(3), images)
+    images = [VW.noise_image(56, 56, 1), VW.noise_image(84, 56, 2), VW.noise_image(300, 200, 3)]
+    prompt = processor.prompt(VW.messages(3), images)
     pad = processor.image_token_id
     assert prompt.input_ids.count(pad) == 3 and len(prompt.image_data) == 3
     assert prompt.image_grid_thw.tolist() == [[1, 4, 4], [1, 4, 6], [1, 6, 8]]
@@ -95,8 +82,8 @@ def test_each_image_pad_expands_to_its_images_tokens(processor):
 
 def test_image_counts_that_do_not_match_are_named(processor):
     with pytest.raises(ValueError, match="1 image part.*2 image"):
-        processor.prompt(_messages(1), [_image(56, 56, 1), _image(56, 56, 2)])
-    ids = processor.prompt(_messages(1), [_image(56, 56, 1)]).input_ids
+        processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 1), VW.noise_image(56, 56, 2)])
+    ids = processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 1)]).input_ids
     with pytest.raises(ValueError, match="1 image pad token.*0 image"):
         processor.prompt_from_ids(ids, [])
     with pytest.raises(TypeError, match=r"image_data\[0\] is a bytes; expected a base64"):
@@ -163,9 +150,9 @@ def test_the_server_serves_images_like_hf_before_and_after_a_vision_tower_update
     from sglang_helpers import fleet_engine
 
     pad = processor.image_token_id
-    prompts = [processor.prompt(_messages(1), [_image(56, 56, 11)]),
-               processor.prompt(_messages(1), [_image(300, 200, 12)]),
-               processor.prompt(_messages(2), [_image(84, 56, 13), _image(56, 112, 14)])]
+    prompts = [processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 11)]),
+               processor.prompt(VW.messages(1), [VW.noise_image(300, 200, 12)]),
+               processor.prompt(VW.messages(2), [VW.noise_image(84, 56, 13), VW.noise_image(56, 112, 14)])]
     g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
     engine = fleet_engine(vl_server)
 
@@ -186,7 +173,7 @@ def test_the_server_serves_images_like_hf_before_and_after_a_vision_tower_update
         assert all(r.output_len == 8 and set(r.output_versions) == {0} for r in before)
         assert max_error(before, tiny_vl_dir) < LOGPROB_ATOL
         # the comparison sees the image: the same tokens under another image disagree
-        swapped = processor.prompt(_messages(1), [_image(56, 56, 99)])
+        swapped = processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 99)])
         wrong = _reference_logprobs(tiny_vl_dir, swapped, before[0].output_tokens, pad)
         assert float((torch.tensor(before[0].output_logprobs) - wrong).abs().max()) > 1e-3
 
@@ -302,8 +289,8 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
     client.set_version(fleet_version(vl_server.addresses, SGLANG_TEST_API_KEY))
     broadcaster = WeightBroadcaster(client.config)
     batch, _ = VW.image_batch(processor)
-    prompts = [processor.prompt(_messages(1), [_image(56, 56, 31)]),
-               processor.prompt(_messages(2), [_image(112, 56, 32), _image(56, 56, 33)])]
+    prompts = [processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 31)]),
+               processor.prompt(VW.messages(2), [VW.noise_image(112, 56, 32), VW.noise_image(56, 56, 33)])]
     g = GenerationHyperparameters(max_new_tokens=6, temperature=1.0)
     try:
         for transport in ("disk", "distributed"):

@@ -66,7 +66,13 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
-from engines.fsdp.vision import is_vision_language, vision_model_kwargs, with_dummy_image
+from engines.fsdp.vision import (
+    freeze_vision_tower,
+    is_vision_language,
+    require_vision_language,
+    vision_model_kwargs,
+    with_dummy_image,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +110,8 @@ class FSDPEngine(TrainEngine):
                         "%d)", total_steps, cfg.total_train_steps)
         if not cfg.model.path:
             raise ValueError("TrainEngineConfig.model.path is empty: set it to an HF model folder")
+        if cfg.freeze_vision_tower:  # before the process group exists: nothing to tear down
+            require_vision_language(cfg.model.path, "TrainEngineConfig.freeze_vision_tower")
         silence_library_progress_bars()  # no "Writing model shards" bar on every export
         self.device, backend = resolve_device_and_backend(cfg.backend)
         self._owns_group = ensure_process_group(backend, self.device,
@@ -116,6 +124,9 @@ class FSDPEngine(TrainEngine):
                                         choose_attn_implementation(self.device))
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._vision_language = is_vision_language(model.config)
+        if cfg.freeze_vision_tower:
+            frozen = freeze_vision_tower(model)
+            logger.info("vision tower frozen: %d parameters take no gradient", frozen)
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "

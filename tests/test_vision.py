@@ -190,13 +190,15 @@ def test_the_server_serves_images_like_hf_before_and_after_a_vision_tower_update
 
 # ---- the FSDP2 engine on images (one rank, in this process) -------------------------------------
 def _reference_step(model_dir: Path, batch: TensorDict, prompts: list[VisionPrompt],
-                    image_token_id: int) -> dict[str, Any]:
+                    image_token_id: int, freeze_vision: bool = False) -> dict[str, Any]:
     """HF Qwen2-VL in float64, one row at a time: each row's next-token log-probs, the
     token-mean NLL over all loss tokens, and the weights after one step on it (clipped to norm
-    1, AdamW with the worker's lr and eps)."""
+    1, AdamW with the worker's lr and eps; over the language half only with `freeze_vision`)."""
     from transformers import Qwen2VLForConditionalGeneration
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
+    if freeze_vision:
+        model.model.visual.requires_grad_(False)
     total, count, per_row = torch.zeros((), dtype=torch.float64), 0, []
     for row, prompt in enumerate(prompts):
         n = int(batch["attention_mask"][row].sum())
@@ -211,9 +213,10 @@ def _reference_step(model_dir: Path, batch: TensorDict, prompts: list[VisionProm
         total, count = total - logp[mask].sum(), count + int(mask.sum())
     loss = total / count
     params = dict(model.named_parameters())
-    opt = torch.optim.AdamW(params.values(), lr=VW.LR, eps=VW.EPS, weight_decay=0.0)
+    trained = [p for p in params.values() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=VW.LR, eps=VW.EPS, weight_decay=0.0)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+    torch.nn.utils.clip_grad_norm_(trained, 1.0)
     opt.step()
     return {"logprobs": per_row, "loss": loss.item(),
             "weights": {k: v.detach() for k, v in params.items()}}
@@ -253,6 +256,88 @@ def test_the_engine_packs_images_and_trains_the_vision_tower_like_hf_float64(tin
         engine.destroy()
     reference = _reference_step(tiny_vl_dir, batch, prompts, processor.image_token_id)
     _assert_like_reference(reference, list(logprobs), stats["loss"], weights, tiny_vl_dir)
+
+
+def test_a_frozen_vision_tower_stays_put_while_the_language_half_trains_like_hf(
+        tiny_vl_dir, processor, tiny_model_dir):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from areal_like.api.config import MicroBatchSpec
+    from engines import FSDPEngine
+
+    batch, prompts = VW.image_batch(processor)
+    config = VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=128))
+    config.freeze_vision_tower = True
+    engine = FSDPEngine(config)
+    engine.initialize()
+    try:
+        stats = engine.train_batch(batch, VW.mean_nll, VW.n_loss_tokens)
+        weights = {k: v.full_tensor() for k, v in engine.model.state_dict().items()}
+    finally:
+        engine.destroy()
+    reference = _reference_step(tiny_vl_dir, batch, prompts, processor.image_token_id,
+                                freeze_vision=True)
+    assert stats["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+    assert all((weights[k].double() - v).abs().max() < 1e-6
+               for k, v in reference["weights"].items())
+    initial = Qwen2VLForConditionalGeneration.from_pretrained(tiny_vl_dir).state_dict()
+    vision = [k for k in weights if ".visual." in k]
+    assert vision and all(torch.equal(weights[k], initial[k]) for k in vision)
+    assert any(not torch.equal(weights[k], initial[k]) for k in weights if k not in vision)
+    # a text model has no vision tower: the key is named, not ignored
+    config.model.path = str(tiny_model_dir)
+    with pytest.raises(ValueError, match="freeze_vision_tower.*not a vision-language model"):
+        FSDPEngine(config).initialize()
+
+
+def _values_loss(values: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+    return ((values.squeeze(-1) - 1.0) ** 2).mean()
+
+
+def test_a_value_head_on_the_vlm_reads_the_images_and_trains_like_hf_float64(tiny_vl_dir,
+                                                                              processor):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from areal_like.api.config import MicroBatchSpec
+    from engines import FSDPEngine
+
+    batch, prompts = VW.image_batch(processor)
+    config = VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=128, n_mbs=2))
+    config.model.is_critic = True
+    engine = FSDPEngine(config)
+    engine.initialize()
+    try:
+        head = {k: v.full_tensor().clone() for k, v in engine.model.lm_head.state_dict().items()}
+        values = engine.forward(batch)
+        engine.train_batch(batch, _values_loss, lambda mb: float(mb["input_ids"].shape[0]))
+        weights = {k: v.full_tensor() for k, v in engine.model.state_dict().items()}
+    finally:
+        engine.destroy()
+    assert head["weight"].shape == (1, 128) and head["weight"].std() > 0
+    # reference: HF in float64 with the engine's initial head in place of the LM head
+    model = Qwen2VLForConditionalGeneration.from_pretrained(tiny_vl_dir, dtype=torch.float64)
+    model.lm_head = torch.nn.Linear(128, 1, dtype=torch.float64)
+    model.lm_head.load_state_dict({k: v.double() for k, v in head.items()})
+    per_row = []
+    for row, prompt in enumerate(prompts):
+        n = int(batch["attention_mask"][row].sum())
+        ids = batch["input_ids"][row, :n][None]
+        images = {"pixel_values": prompt.pixel_values.double(),
+                  "image_grid_thw": prompt.image_grid_thw} if prompt.image_data else {}
+        out = model(input_ids=ids, mm_token_type_ids=(ids == processor.image_token_id).long(),
+                    **images).logits[0, :, 0]
+        assert (values[row, :n].double() - out).abs().max() < 1e-5, row
+        per_row.append(out)
+    # one step on the squared error to 1.0, averaged over every token of the batch
+    opt = torch.optim.AdamW(model.parameters(), lr=VW.LR, eps=VW.EPS, weight_decay=0.0)
+    loss = ((torch.cat(per_row) - 1.0) ** 2).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    moved = model.state_dict()
+    assert weights.keys() == moved.keys()
+    assert all((weights[k].double() - v).abs().max() < 1e-6 for k, v in moved.items())
+    assert (weights["lm_head.weight"] - head["weight"]).abs().max() > 1e-6
 
 
 @pytest.mark.torchrun

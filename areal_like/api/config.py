@@ -103,6 +103,8 @@ class TrainEngineConfig:
     collective_timeout: float = 600.0
     total_train_steps: int = 0  # for LR schedules; 0: set by the recipe
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters only
+    # a VLM's vision tower (patch embedding, blocks, merger) takes no gradient
+    freeze_vision_tower: bool = False
 
     def __post_init__(self) -> None:
         for key in ("param_dtype", "reduce_dtype"):

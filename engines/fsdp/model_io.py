@@ -43,21 +43,23 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
                   attn_implementation: str) -> PreTrainedModel:
-    """An HF causal LM, or (critic) the same backbone with a 1-output token-classification head.
+    """An HF causal LM or VLM, or (critic) the same backbone with a 1-output head (a
+    token-classification head; on a VLM, in place of the LM head).
 
     The critic head of a causal-LM folder is freshly initialised under a fixed seed, so every
     rank builds the same head; the global RNG state is left untouched."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"ModelConfig.path={path!r} is not an HF model folder "
                                 f"(no config.json)")
-    if is_vision_language(AutoConfig.from_pretrained(path)):
-        if is_critic:
-            raise ValueError(f"ModelConfig.path={path!r} is a vision-language model: a critic "
-                             f"(value head) on it is not supported yet")
-        return AutoModelForImageTextToText.from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementations(attn_implementation))
+    vision_language = is_vision_language(AutoConfig.from_pretrained(path))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
+        if vision_language:  # a critic: the LM head becomes the value head
+            model = AutoModelForImageTextToText.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementations(attn_implementation))
+            if is_critic:
+                model.lm_head = _value_head(model.config.get_text_config(), dtype)
+            return model
         if is_critic:
             config = AutoConfig.from_pretrained(path, num_labels=1)
             config.classifier_dropout = 0.0  # values must be deterministic in train mode
@@ -65,6 +67,14 @@ def load_hf_model(path: str, is_critic: bool, dtype: torch.dtype,
                 path, config=config, dtype=dtype, attn_implementation=attn_implementation)
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
                                                     attn_implementation=attn_implementation)
+
+
+def _value_head(text_config: Any, dtype: torch.dtype) -> torch.nn.Linear:
+    """hidden -> 1, initialised as transformers initialises a token-classification head."""
+    head = torch.nn.Linear(text_config.hidden_size, 1, dtype=dtype)
+    torch.nn.init.normal_(head.weight, std=getattr(text_config, "initializer_range", 0.02))
+    torch.nn.init.zeros_(head.bias)
+    return head
 
 
 def checkpoint_names(model: PreTrainedModel, names: list[str]) -> list[str]:

@@ -28,6 +28,24 @@ def is_vision_language(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+def require_vision_language(path: str, key: str) -> None:
+    from transformers import AutoConfig
+
+    if not is_vision_language(AutoConfig.from_pretrained(path)):
+        raise ValueError(f"{key}=true but {path} is not a vision-language model")
+
+
+def freeze_vision_tower(model: Any) -> int:
+    """Stop gradients into the vision tower (patch embedding, blocks and merger); returns the
+    number of frozen parameters. The language model and its head still train."""
+    tower = getattr(getattr(model, "model", None), "visual", None)
+    if tower is None:
+        raise ValueError(f"freeze_vision_tower: {type(model).__name__} has no `model.visual` "
+                         f"module to freeze")
+    tower.requires_grad_(False)
+    return sum(p.numel() for p in tower.parameters())
+
+
 def attn_implementations(text: str) -> dict[str, str]:
     return {"": text, "text_config": text, "vision_config": "sdpa"}
 

@@ -29,8 +29,8 @@ from PIL import Image  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
-from areal_like.data.vision import VisionProcessor, VisionPrompt  # noqa: E402
 from areal_like.models.tiny_vl import build_tiny_vl_model  # noqa: E402
+from areal_like.models.vision import VisionProcessor, VisionPrompt  # noqa: E402
 from benchmarks.rollout_throughput import bounded_gather, flush_cache  # noqa: E402
 from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
 from engines.sglang_server import SGLangFleet  # noqa: E402

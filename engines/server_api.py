@@ -161,7 +161,7 @@ class SGLangAPI(ServerAPI):
 
     def add_images(self, payload: dict[str, Any], image_data: list[str]) -> dict[str, Any]:
         # SGLang's processor expands each image pad of `input_ids` itself; ids sent already
-        # expanded hang the request in SGLang 0.5.23 (see areal_like/data/vision.py).
+        # expanded hang the request in SGLang 0.5.23 (see areal_like/models/vision.py).
         return {**payload, "image_data": list(image_data)}
 
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:

@@ -129,7 +129,7 @@ def vision_server_args(model_path: str) -> list[str]:
 
     SGLang replaces a Qwen2-VL processor's `size` (its pixel budget) with the released
     checkpoints' (up to 1003520 pixels) whatever the folder says, so a large image would get
-    more tokens on the server than in the trainer's processor (areal_like.data.vision); its
+    more tokens on the server than in the trainer's processor (areal_like.models.vision); its
     per-request image options put the folder's own budget back."""
     folder = Path(model_path)
     try:

@@ -32,10 +32,11 @@ def main(argv: list[str] | None = None) -> None:
                 config.prm.model_path, port=config.prm.port,
                 startup_timeout=config.prm.startup_timeout, log_path=rl.run.dir / "prm.log")).url
         prm = PRMClient(url, config.prm.timeout) if rl.run.is_main else None
-        workflow = PRMWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, prm,
-                               config.prm.step_delimiter, config.prm.empty_reward,
-                               config.prm.average_steps, config.prm.outcome_coef,
-                               config.prm.score_offset)
+        # rollout.workflow may name a subclass (workflows.vision_prm:VisionPRMWorkflow)
+        workflow = rl.workflow_class(PRMWorkflow)(
+            rl.task.reward_fn, config.gconfig, rl.tokenizer, prm, config.prm.step_delimiter,
+            config.prm.empty_reward, config.prm.average_steps, config.prm.outcome_coef,
+            config.prm.score_offset)
 
         def train_step(batch: TensorDict) -> dict[str, float]:
             batch["prox_logp"] = actor.compute_logp(batch)

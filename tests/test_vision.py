@@ -22,7 +22,7 @@ from tensordict import TensorDict
 
 from areal_like.api.config import DatasetConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
-from areal_like.data.vision import (
+from areal_like.models.vision import (
     ImageInputError,
     VisionProcessor,
     VisionPrompt,
@@ -556,6 +556,37 @@ def test_grpo_recipe_trains_on_the_shapes_task_with_images(vl_server, tiny_vl_di
     (pushed,) = tmp_path.glob("*/trial0/weights/v2")
     assert json.loads((pushed / "config.json").read_text())["vision_config"]["in_chans"] == 3
     assert (pushed / "preprocessor_config.json").is_file()
+
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+def test_ppo_on_step_rewards_of_a_prm_that_sees_the_picture(vl_server, tiny_vl_dir, tmp_path):
+    from test_prm_recipe import PRM_ARGS
+    from test_recipes import _run_recipe
+
+    from areal_like.rewards.vision_prm import build_vision_prm
+
+    prm_dir = build_vision_prm(tmp_path / "prm", tiny_vl_dir, seed=2)
+    records = _run_recipe(
+        "ppo_prm", vl_server, tiny_vl_dir, tmp_path / "logs", *PRM_ARGS,
+        f"prm.model_path={prm_dir}", "rollout.workflow=workflows.vision_prm:VisionPRMWorkflow",
+        "train_dataset.type=shapes", "+train_dataset.task_kwargs.question=count",
+        "valid_dataset.type=shapes", "+valid_dataset.task_kwargs.question=count",
+        "valid_dataset.split=test", "actor.freeze_vision_tower=true",
+        "critic.freeze_vision_tower=true")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    last = records[-1]
+    assert last["update_successful"] == 1.0 and last["rollout/version"] >= 1
+    # the value head trained on the pictures' rows; evaluation ran the RLVR class with images
+    assert "critic/loss" in last and records[0]["eval/n"] == 4.0
+    assert records[0]["eval/reward_failed"] == 0.0
+    # PRM step rewards (score - 0.5 per step, at most 8 steps), never the verifier's 0/1. The
+    # service answers 400 to a prompt with an image pad and no image (test_vision_prm.py), so
+    # the steps were scored with the pictures.
+    for r in records[1:]:
+        assert -4.0 <= r["actor/task_reward/avg"] <= 4.0
+        assert r["actor/task_reward/avg"] != round(r["actor/task_reward/avg"])
+        assert r["rollout/failed_reward_total"] == 0.0
 
 
 def test_a_completion_ends_at_a_vision_token_which_is_left_out(processor, tiny_vl_dir):

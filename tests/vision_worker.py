@@ -17,7 +17,7 @@ from PIL import Image
 from tensordict import TensorDict
 
 from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, TrainEngineConfig
-from areal_like.data.vision import VisionProcessor, VisionPrompt, image_tensors
+from areal_like.models.vision import VisionProcessor, VisionPrompt, image_tensors
 from areal_like.utils.batching import concat_padded
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
 from engines.fsdp.model_io import gather_full_state_dict

@@ -47,6 +47,8 @@ class PRMWorkflow(RLVRWorkflow):
     verifier, which held-out evaluation uses. `prm` may be None only where no episode runs
     (trainer ranks other than 0)."""
 
+    evaluation_class: type[RLVRWorkflow] = RLVRWorkflow  # held-out runs need no PRM
+
     def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str, prm: Optional[PRMClient],
                  step_delimiter: str = "\n", empty_reward: float = 0.0,
@@ -82,8 +84,10 @@ class PRMWorkflow(RLVRWorkflow):
         rewards, n_steps = dense
         return rewards[:-1] + [rewards[-1] + self.outcome_coef * outcome], n_steps
 
-    async def step_rewards(self, prompt: str, resp: ModelResponse) -> tuple[list[float], int]:
-        """(per-completion-token rewards: each step's PRM score on its last token, steps)."""
+    async def step_rewards(self, prompt: str, resp: ModelResponse,
+                           images: Optional[list[str]] = None) -> tuple[list[float], int]:
+        """(per-completion-token rewards: each step's PRM score on its last token, steps);
+        `images` (base64) go to a PRM that sees them."""
         steps, positions = step_end_tokens(self.tokenizer, resp.output_tokens,
                                            self.step_delimiter)
         if not steps:
@@ -92,15 +96,16 @@ class PRMWorkflow(RLVRWorkflow):
         if self.prm is None:
             raise RuntimeError("PRMWorkflow was built without a PRMClient (prm=None); pass "
                                "one where episodes run")
-        scores = [x - self.score_offset for x in await self.prm.score(prompt, steps)]
+        scores = [x - self.score_offset for x in await self.prm.score(prompt, steps, images)]
         if self.average_steps:
             scores = [x / len(steps) for x in scores]
         return place_step_rewards(resp.output_len, positions, scores), len(steps)
 
     def rows(self, input_ids: list[int], responses: list[ModelResponse],
-             dense: list[tuple[list[float], int] | RewardFailure], group_id: int
-             ) -> TensorDict:
-        """The validated group; with failed rows, GroupRewardFailure carrying the others."""
+             dense: list[tuple[list[float], int] | RewardFailure], group_id: int,
+             extras: Optional[dict[str, torch.Tensor]] = None) -> TensorDict:
+        """The validated group (`extras`: [1, ...] tensors every row carries, e.g. images);
+        with failed rows, GroupRewardFailure carrying the others."""
         failures = [d for d in dense if isinstance(d, RewardFailure)]
         keep = [i for i, d in enumerate(dense) if not isinstance(d, RewardFailure)]
         rows = []
@@ -111,7 +116,8 @@ class PRMWorkflow(RLVRWorkflow):
             assert not isinstance(kept, RewardFailure)
             token_rewards, n_steps = kept
             td = builder.to_tensordict(0.0, group_id=group_id, n_steps=n_steps,
-                                       truncated=int(responses[i].stop_reason == "length"))
+                                       truncated=int(responses[i].stop_reason == "length"),
+                                       **(extras or {}))
             td["rewards"] = torch.tensor([[0.0] * len(input_ids) + token_rewards],
                                          dtype=torch.float32)
             rows.append(td)

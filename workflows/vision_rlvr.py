@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, ModelRequest, ModelResponse
-from areal_like.data.vision import VisionProcessor, VisionPrompt, image_tensors
+from areal_like.models.vision import VisionProcessor, VisionPrompt, image_tensors
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils.chat import decode_text
 from workflows.common import stable_id
@@ -23,7 +23,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
 
     The server gets the images and prompt ids with one image pad per image; the trajectory
     holds the prompt as the model reads it (pads expanded) and the images as `pixel_values`
-    / `image_grid_thw` rows (`areal_like.data.vision`). `tokenizer` may be a path or a
+    / `image_grid_thw` rows (`areal_like.models.vision`). `tokenizer` may be a path or a
     tokenizer loaded from the model folder: the image processor is read from that folder.
 
     A completion ends at a vision token (`<|image_pad|>`, `<|vision_start|>`, ...: stop
@@ -35,24 +35,13 @@ class VisionRLVRWorkflow(RLVRWorkflow):
     def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str,
                  reward_executor: Optional[RewardExecutor] = None) -> None:
-        path = tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path
-        self.processor = VisionProcessor(path)
-        stops = [t for t in self.processor.vision_token_ids if t not in gconfig.stop_token_ids]
-        super().__init__(reward_fn, gconfig.new(stop_token_ids=[*gconfig.stop_token_ids, *stops]),
+        self.processor = vision_processor(tokenizer)
+        super().__init__(reward_fn, with_vision_stops(gconfig, self.processor),
                          self.processor.tokenizer, reward_executor)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
-        if "images" not in data:
-            raise KeyError(f"VisionRLVRWorkflow: data item has no 'images'; keys: {sorted(data)}")
-        prompt = self.processor.prompt(data["messages"], data["images"])
-        single = self.gconfig.new(n_samples=1)
-        responses = list(await asyncio.gather(*[
-            engine.agenerate(ModelRequest(input_ids=prompt.input_ids,
-                                          image_data=prompt.image_data, gconfig=single))
-            for _ in range(self.gconfig.n_samples)]))
-        for response in responses:
-            _check_server_counted(prompt, response)
-        responses = [without_vision_tail(r, self.processor.vision_token_ids) for r in responses]
+        prompt = item_prompt(self.processor, data, type(self).__name__)
+        responses = await sample_with_images(engine, prompt, self.gconfig, self.processor)
         text = decode_text(self.tokenizer, prompt.input_ids)
         rewards = await self.score(text, responses,
                                    {k: v for k, v in data.items() if k != "images"})
@@ -60,6 +49,39 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         return self.group_trajectory(
             prompt.expanded_ids, responses, rewards, stable_id(data.get("id", text)),
             **{key: [value] * len(responses) for key, value in images.items()})
+
+
+def vision_processor(tokenizer: PreTrainedTokenizerBase | str) -> VisionProcessor:
+    """The processor of the model folder `tokenizer` is (or was loaded from)."""
+    return VisionProcessor(tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path)
+
+
+def with_vision_stops(gconfig: GenerationHyperparameters,
+                      processor: VisionProcessor) -> GenerationHyperparameters:
+    """`gconfig` with the vision tokens as stop tokens (see VisionRLVRWorkflow)."""
+    stops = [t for t in processor.vision_token_ids if t not in gconfig.stop_token_ids]
+    return gconfig.new(stop_token_ids=[*gconfig.stop_token_ids, *stops])
+
+
+def item_prompt(processor: VisionProcessor, data: dict[str, Any], workflow: str) -> VisionPrompt:
+    if "images" not in data:
+        raise KeyError(f"{workflow}: data item has no 'images'; keys: {sorted(data)}")
+    return processor.prompt(data["messages"], data["images"])
+
+
+async def sample_with_images(engine: InferenceEngine, prompt: VisionPrompt,
+                             gconfig: GenerationHyperparameters,
+                             processor: VisionProcessor) -> list[ModelResponse]:
+    """`gconfig.n_samples` completions of `prompt` with its images, each checked against the
+    trainer's token count and cut before a vision token."""
+    single = gconfig.new(n_samples=1)
+    responses = list(await asyncio.gather(*[
+        engine.agenerate(ModelRequest(input_ids=prompt.input_ids, image_data=prompt.image_data,
+                                      gconfig=single))
+        for _ in range(gconfig.n_samples)]))
+    for response in responses:
+        _check_server_counted(prompt, response)
+    return [without_vision_tail(r, processor.vision_token_ids) for r in responses]
 
 
 def _check_server_counted(prompt: VisionPrompt, response: ModelResponse) -> None:

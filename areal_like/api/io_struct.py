@@ -67,7 +67,7 @@ class ModelRequest:
     `seed` fixes the sampling; leave it None inside workflows: the executor then derives it
     from the run seed and the episode (see `areal_like.api.seeding`).
     `image_data`: the prompt's images as base64 PNGs, one per image pad token in `input_ids`
-    (`areal_like.data.vision.VisionProcessor` builds both).
+    (`areal_like.models.vision.VisionProcessor` builds both).
     """
 
     input_ids: List[int]
@@ -97,7 +97,7 @@ class ModelRequest:
         if bad_image is not None:
             raise TypeError(f"ModelRequest(rid={self.rid!r}): image_data[{bad_image}] is a "
                             f"{type(self.image_data[bad_image]).__name__}; expected a base64 "
-                            f"string (areal_like.data.vision.encode_image)")
+                            f"string (areal_like.models.vision.encode_image)")
 
     def copy(self, **changes: Any) -> ModelRequest:
         return dataclasses.replace(self, **changes)

@@ -6,7 +6,7 @@ import difflib
 from typing import Any
 
 ADDITION_DEFAULTS = {"num_digits": 2, "worked_fraction": 0.0}
-SHAPES_DEFAULTS = {"question": "colour"}
+SHAPES_DEFAULTS = {"question": "colour", "worked_fraction": 0.0}
 # the built-in task types (`DatasetConfig.type`) and their generator parameters
 OWN_TASK_PARAMETERS = {"addition": tuple(ADDITION_DEFAULTS), "gsm8k": (),
                        "memory_agent": (), "memory_agent_demos": (),

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
-from areal_like.data.vision import VisionProcessor, image_tensors
+from areal_like.models.vision import VisionProcessor, image_tensors
 from areal_like.utils.batching import concat_padded
 from areal_like.utils.chat import render_chat
 from areal_like.utils.packed_logprobs import next_token_labels

@@ -93,8 +93,9 @@ def _build(config: DatasetConfig) -> Task:
             raise ValueError("DatasetConfig.path must name a .jsonl/.parquet file for type=gsm8k")
         return Task(load_gsm8k(config.path, config.size), rewards.math_verify_reward)
     if config.type == "shapes":  # images: the vision-language workflow (docs/vision.md)
-        question = {**SHAPES_DEFAULTS, **config.task_kwargs}["question"]
-        return Task(load_shapes(config.size, config.split, config.seed, question),
+        params = {**SHAPES_DEFAULTS, **config.task_kwargs}
+        return Task(load_shapes(config.size, config.split, config.seed, params["question"],
+                                float(params["worked_fraction"])),
                     rewards.exact_match_reward)
     if config.type == "memory_agent":
         return Task(load_memory_episodes(config.size, config.split, config.seed), _own_reward)

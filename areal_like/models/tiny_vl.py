@@ -33,7 +33,7 @@ VIDEO_PAD = "<|video_pad|>"
 VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 
 # Qwen2-VL's chat format: an image part renders as <|vision_start|><|image_pad|><|vision_end|>;
-# the processor (or areal_like.data.vision) expands the one pad into the image's tokens.
+# the processor (or areal_like.models.vision) expands the one pad into the image's tokens.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"

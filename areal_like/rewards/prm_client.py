@@ -58,20 +58,25 @@ class PRMClient:
         for s in sessions:
             await s.close()
 
-    async def score(self, prompt: str, steps: list[str]) -> list[float]:
-        """Scores of `steps`; raises RewardFailure (counted) on any failure."""
+    async def score(self, prompt: str, steps: list[str],
+                    images: Optional[list[str]] = None) -> list[float]:
+        """Scores of `steps` (with the prompt's `images` as base64 strings, for a PRM that
+        sees them); raises RewardFailure (counted) on any failure."""
         try:
-            scores = await self._request(prompt, steps)
+            scores = await self._request(prompt, steps, images or [])
         except RewardFailure as failure:
             self.executor.record(self.name, failure)  # may raise RewardBudgetExceeded
             raise
         self.executor.record(self.name, None)
         return scores
 
-    async def _request(self, prompt: str, steps: list[str]) -> list[float]:
+    async def _request(self, prompt: str, steps: list[str], images: list[str]) -> list[float]:
+        body: dict[str, Any] = {"prompt": prompt, "steps": steps}
+        if images:
+            body["images"] = images
         try:
             async with self._session().post(
-                    f"{self.url}/score", json={"prompt": prompt, "steps": steps},
+                    f"{self.url}/score", json=body,
                     timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
                 text = await resp.text()
                 status = resp.status

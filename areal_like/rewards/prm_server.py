@@ -4,6 +4,8 @@
 
     GET  /health                                  -> {"status": "ok", "model": DIR}
     POST /score {"prompt": str, "steps": [str]}   -> {"scores": [float, ...]}  (one per step)
+         (a vision PRM folder, `rewards.vision_prm`: also "images": [base64 PNG/JPEG, ...],
+          one per image pad in the prompt)
 
 A score is p(label 1) at the step's last token (`prm_model.step_scores`). Malformed requests
 get 400 naming the bad field; a model that produces a non-finite score gets 500 (never a
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import concurrent.futures
 import json
 import logging
@@ -26,36 +30,54 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from aiohttp import web
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
+from areal_like.models.vision import ImageInputError
 from areal_like.rewards.prm_model import step_scores
+from areal_like.rewards.vision_prm import VisionPRM, is_vision_prm
 from areal_like.utils.network import find_free_port
 
 logger = logging.getLogger("areal_like.prm_server")
 
 
-def _parse(body: Any) -> tuple[str, list[str]]:
+def _parse(body: Any, sees_images: bool) -> tuple[str, list[str], list[bytes]]:
     if not isinstance(body, dict):
         raise ValueError(f"body must be a JSON object, got {type(body).__name__}")
-    prompt, steps = body.get("prompt"), body.get("steps")
+    prompt, steps, images = body.get("prompt"), body.get("steps"), body.get("images", [])
     if not isinstance(prompt, str):
         raise ValueError(f"'prompt' must be a string, got {type(prompt).__name__}")
     if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s
                                                            for s in steps):
         raise ValueError(f"'steps' must be a non-empty list of non-empty strings, got {steps!r}")
-    return prompt, steps
+    if images and not sees_images:
+        raise ValueError("'images' given, but this PRM reads text only")
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise ValueError("'images' must be a list of base64 strings")
+    try:
+        return prompt, steps, [base64.b64decode(i, validate=True) for i in images]
+    except binascii.Error as e:
+        raise ValueError(f"'images' holds a string that is not base64: {e}") from None
 
 
-def make_app(model_dir: str) -> web.Application:
+def _scorer(model_dir: str) -> tuple[Callable[[str, list[str], list[bytes]], list[float]], bool]:
+    """(score(prompt, steps, images), whether the PRM sees images) for a PRM folder."""
+    if is_vision_prm(model_dir):
+        prm = VisionPRM(model_dir).eval()
+        return lambda prompt, steps, images: prm.scores(prompt, images, steps), True
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
     if model.config.num_labels != 2:
         raise ValueError(f"PRM {model_dir}: num_labels={model.config.num_labels}; expected 2 "
                          "(label 1 = step correct)")
+    return lambda prompt, steps, _: step_scores(model, tokenizer, prompt, steps), False
+
+
+def make_app(model_dir: str) -> web.Application:
+    scorer, sees_images = _scorer(model_dir)
     worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prm")
 
     async def health(_: web.Request) -> web.Response:
@@ -63,11 +85,14 @@ def make_app(model_dir: str) -> web.Application:
 
     async def score(request: web.Request) -> web.Response:
         try:
-            prompt, steps = _parse(await request.json())
+            prompt, steps, images = _parse(await request.json(), sees_images)
         except (ValueError, json.JSONDecodeError) as e:
             return web.json_response({"error": f"bad request: {e}"}, status=400)
         loop = asyncio.get_running_loop()
-        scores = await loop.run_in_executor(worker, step_scores, model, tokenizer, prompt, steps)
+        try:
+            scores = await loop.run_in_executor(worker, scorer, prompt, steps, images)
+        except (ValueError, ImageInputError) as e:  # e.g. image pads and images disagree
+            return web.json_response({"error": f"bad request: {e}"}, status=400)
         bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
         if bad:
             return web.json_response({"error": f"model {model_dir} produced non-finite scores "
@@ -138,7 +163,8 @@ class PRMService:
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="PRM folder (token classification)")
+    parser.add_argument("--model", required=True,
+                        help="PRM folder (token classification, or a vision PRM)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8391)
     args = parser.parse_args(argv)

@@ -126,8 +126,10 @@ class RLSetup:
         seed = config.seed if config.rollout.seed is None else config.rollout.seed
         evaluator = None
         if self.eval_items:
-            # an RLVR workflow of rollout.workflow (e.g. with images) evaluates too
-            trained = self._workflow_class(RLVRWorkflow)
+            # an RLVR workflow of rollout.workflow (e.g. with images) evaluates too; one whose
+            # rewards need more (a PRM) names the RLVR class that evaluates for it
+            trained = self.workflow_class(RLVRWorkflow)
+            trained = getattr(trained, "evaluation_class", trained)
             evaluator = Evaluator(self.eval_items, self.valid.reward_fn, self.tokenizer,
                                   config.gconfig, ev.pass_k, ev.temperature,
                                   workflow=eval_workflow, pass_n=ev.pass_n,
@@ -193,10 +195,11 @@ class RLSetup:
     def make_workflow(self, default: type) -> RolloutWorkflow:
         """The recipe's workflow, or the class `rollout.workflow` names, built as
         cls(reward_fn, gconfig, tokenizer)."""
-        return self._workflow_class(default)(self.task.reward_fn, self.config.gconfig,
-                                             self.tokenizer)
+        return self.workflow_class(default)(self.task.reward_fn, self.config.gconfig,
+                                            self.tokenizer)
 
-    def _workflow_class(self, default: type) -> type:
+    def workflow_class(self, default: type) -> type:
+        """`default`, or the class `rollout.workflow` names."""
         path = self.config.rollout.workflow
         return load_object(path, "rollout.workflow") if path else default
 

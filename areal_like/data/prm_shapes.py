@@ -1,0 +1,113 @@
+"""Step-labelled worked counts on the shapes pictures, and a CLI that builds a vision PRM.
+
+    python -m areal_like.data.prm_shapes --init-from runs/sft_count/trial0/final \
+        --out .cache/models/shapes-prm --steps 400
+
+Each example is a count item's chat prompt with its picture and a worked answer cut into
+steps at "; " (`shapes.worked_count`: every shape in reading order, then "#### <count>").
+Labels come from the picture (`shapes.count_step_labels`, Math-Shepherd: 1 while every step
+so far is right). Besides the right answer, an example may have one changed step (another
+colour or kind, a shape left out or made up, a wrong count: what a policy gets wrong), or be
+`malformed`: the worked text cut at random places, all label 0 (against a policy that cuts
+its text into many short "steps" the PRM likes). Items come from the train split; the
+held-out check uses test pictures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from areal_like.data.shapes import (
+    COLOURS,
+    SHAPES,
+    STEP_DELIMITER,
+    count_step_labels,
+    load_shapes,
+    worked_count,
+)
+from areal_like.models.vision import VisionProcessor
+from areal_like.rewards.prm_steps import split_steps
+from areal_like.rewards.vision_prm import (
+    VisionPRM,
+    VisionPRMExample,
+    build_vision_prm,
+    step_accuracy,
+    train_vision_prm,
+)
+
+Shapes = list[tuple[str, str]]
+
+
+def _changed(shapes: Shapes, answer: str, rng: random.Random) -> tuple[Shapes, str]:
+    """The shapes and count of a worked answer with one mistake in it."""
+    shapes = list(shapes)
+    kind = rng.choice(["colour", "kind", "drop", "extra", "count"])
+    k = rng.randrange(len(shapes))
+    if kind == "colour":
+        shapes[k] = (rng.choice([c for c in COLOURS if c != shapes[k][0]]), shapes[k][1])
+    elif kind == "kind":
+        shapes[k] = (shapes[k][0], rng.choice([s for s in SHAPES if s != shapes[k][1]]))
+    elif kind == "drop" and len(shapes) > 1:
+        del shapes[k]
+    elif kind == "extra" and len(shapes) < 4:
+        shapes.insert(k, (rng.choice(list(COLOURS)), rng.choice(SHAPES)))
+    else:
+        return shapes, str(rng.choice([n for n in range(5) if str(n) != answer]))
+    return shapes, answer
+
+
+def _malformed(text: str, rng: random.Random) -> list[str]:
+    """`text` cut at 1-4 random places that are not step boundaries."""
+    inner = [i for i in range(1, len(text)) if not text[:i].endswith(STEP_DELIMITER)]
+    cuts = sorted(rng.sample(inner, rng.randint(1, 4)))
+    pieces = [text[a:b].strip() for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    return [p + STEP_DELIMITER for p in pieces[:-1] if p] + [pieces[-1] or "#"]
+
+
+def prm_examples(processor: VisionProcessor, n: int, split: str = "train", seed: int = 1,
+                 malformed: float = 0.2) -> list[VisionPRMExample]:
+    """`n` labelled examples: a `malformed` share, half of the others with one mistake."""
+    rng = random.Random(f"prm-shapes-{split}-{seed}")
+    out = []
+    for item in load_shapes(n, split, seed, question="count"):
+        prompt = str(processor.tokenizer.apply_chat_template(
+            item["messages"], tokenize=False, add_generation_prompt=True))
+        truth = [(c, k) for c, k in item["shapes"]]
+        if rng.random() < malformed:
+            steps = _malformed(worked_count(truth, item["answer"]), rng)
+            labels = [0] * len(steps)
+        else:
+            shapes, answer = ((truth, item["answer"]) if rng.random() < 0.5
+                              else _changed(truth, item["answer"], rng))
+            steps = split_steps(worked_count(shapes, answer), STEP_DELIMITER)
+            labels = count_step_labels(steps, truth, item["answer"])
+        out.append(VisionPRMExample(prompt, item["images"], steps, labels))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--init-from", required=True,
+                        help="VLM folder that starts the PRM (e.g. the policy's SFT warm start)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=400, help="training batches")
+    parser.add_argument("--examples", type=int, default=4000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    out = build_vision_prm(args.out, args.init_from, args.seed)
+    processor = VisionProcessor(out)
+    start = time.perf_counter()
+    stats = train_vision_prm(out, prm_examples(processor, args.examples, seed=args.seed),
+                             args.steps, seed=args.seed)
+    held_out = step_accuracy(VisionPRM(out).eval(),
+                             prm_examples(processor, 300, "test", args.seed))
+    print(f"vision PRM {out}: {stats['steps']:.0f} steps in {time.perf_counter() - start:.0f} s,"
+          f" last loss {stats['loss']:.3f}; held-out step accuracy {held_out['accuracy']:.3f} "
+          f"(label 0: {held_out['label0']:.3f}, label 1: {held_out['label1']:.3f}, "
+          f"{held_out['steps']} steps)")
+
+
+if __name__ == "__main__":
+    main()

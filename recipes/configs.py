@@ -38,7 +38,8 @@ class PRMConfig:
     """The process reward model: a service the recipe starts, or one already running."""
 
     url: str = ""  # http://host:port of a running PRM service; empty: start one from model_path
-    # PRM folder served by `python -m areal_like.rewards.prm_server` (token classification)
+    # PRM folder served by `python -m areal_like.rewards.prm_server` (token classification,
+    # or a vision PRM that also reads the prompt's images: areal_like.rewards.vision_prm)
     model_path: str = ".cache/models/addition-prm"
     port: int = 0  # port of the started service; 0: a free one (binds 127.0.0.1)
     step_delimiter: str = "; "  # text that ends a reasoning step (kept with the step)

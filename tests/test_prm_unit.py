@@ -214,7 +214,8 @@ class _FixedPRM:
     def __init__(self, scores: list[float]) -> None:
         self.scores = scores
 
-    async def score(self, prompt: str, steps: list[str]) -> list[float]:
+    async def score(self, prompt: str, steps: list[str],
+                    images: list[str] | None = None) -> list[float]:
         assert len(steps) == len(self.scores)
         return self.scores
 
@@ -239,3 +240,10 @@ async def test_average_steps_and_outcome_reward(tok):
     assert with_outcome[:-1] == rewards[:-1]
     failure = RewardFailure("right_if_42", "raised", "boom")
     assert averaged.add_outcome((rewards, n), failure) is failure
+    # a completion left with no token (a VLM's first sampled token was a vision token, cut
+    # off): nothing carries a reward and nothing trains; its row stays in the group
+    nothing = _resp([])
+    assert await averaged.step_rewards("p", nothing) == ([], 0)
+    assert averaged.add_outcome(([], 0), 1.0) == ([], 0)
+    group = averaged.rows([5, 6], [resp, nothing], [(rewards, n), ([], 0)], group_id=1)
+    assert group["loss_mask"][1].sum() == 0 and group["rewards"][1].abs().sum() == 0

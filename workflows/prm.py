@@ -82,12 +82,16 @@ class PRMWorkflow(RLVRWorkflow):
         if isinstance(outcome, RewardFailure):
             return outcome
         rewards, n_steps = dense
+        if not rewards:  # no completion token to carry it
+            return dense
         return rewards[:-1] + [rewards[-1] + self.outcome_coef * outcome], n_steps
 
     async def step_rewards(self, prompt: str, resp: ModelResponse,
                            images: Optional[list[str]] = None) -> tuple[list[float], int]:
         """(per-completion-token rewards: each step's PRM score on its last token, steps);
         `images` (base64) go to a PRM that sees them."""
+        if resp.output_len == 0:  # e.g. a VLM's only token, a vision token, was cut off
+            return [], 0
         steps, positions = step_end_tokens(self.tokenizer, resp.output_tokens,
                                            self.step_delimiter)
         if not steps:

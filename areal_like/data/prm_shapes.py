@@ -95,12 +95,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=400, help="training batches")
     parser.add_argument("--examples", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--train-vision-tower", action="store_true",
+                        help="train the vision tower too (default: frozen)")
     args = parser.parse_args(argv)
     out = build_vision_prm(args.out, args.init_from, args.seed)
     processor = VisionProcessor(out)
     start = time.perf_counter()
     stats = train_vision_prm(out, prm_examples(processor, args.examples, seed=args.seed),
-                             args.steps, seed=args.seed)
+                             args.steps, seed=args.seed,
+                             freeze_vision_tower=not args.train_vision_tower)
     held_out = step_accuracy(VisionPRM(out).eval(),
                              prm_examples(processor, 300, "test", args.seed))
     print(f"vision PRM {out}: {stats['steps']:.0f} steps in {time.perf_counter() - start:.0f} s,"

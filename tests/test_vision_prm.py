@@ -75,6 +75,18 @@ def test_prm_examples_follow_the_picture(prm_dir):
     assert 15 <= n_changed <= 50  # malformed (a fifth) and changed (half of the rest)
 
 
+def test_the_policys_own_samples_are_labelled_from_their_pictures(prm_dir):
+    from areal_like.data.prm_shapes import policy_examples
+
+    examples = policy_examples(str(prm_dir), 6, seed=1, max_new_tokens=12)
+    assert examples and all(e.prompt.count("<|image_pad|>") == 1 for e in examples)
+    for e in examples:  # a random model's text: labelled by the picture, mostly wrong
+        item = next(r for r in load_shapes(6, "train", 8, question="count")
+                    if r["images"] == e.images)
+        assert "".join(e.steps).strip() and e.labels == count_step_labels(
+            list(e.steps), [tuple(s) for s in item["shapes"]], item["answer"])
+
+
 def _loss(prm: VisionPRM, examples) -> float:
     total, count = 0.0, 0
     with torch.no_grad():

@@ -9,8 +9,10 @@ Labels come from the picture (`shapes.count_step_labels`, Math-Shepherd: 1 while
 so far is right). Besides the right answer, an example may have one changed step (another
 colour or kind, a shape left out or made up, a wrong count: what a policy gets wrong), or be
 `malformed`: the worked text cut at random places, all label 0 (against a policy that cuts
-its text into many short "steps" the PRM likes). Items come from the train split; the
-held-out check uses test pictures.
+its text into many short "steps" the PRM likes). With `--policy`, worked answers sampled from
+that model are added, labelled the same way (Math-Shepherd's data: the mistakes a policy
+really makes, which the made-up ones miss; docs/vision.md). Items come from the train split;
+the held-out check uses test pictures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+
+import torch
 
 from areal_like.data.shapes import (
     COLOURS,
@@ -36,6 +40,7 @@ from areal_like.rewards.vision_prm import (
     step_accuracy,
     train_vision_prm,
 )
+from areal_like.utils.chat import decode_text
 
 Shapes = list[tuple[str, str]]
 
@@ -87,6 +92,37 @@ def prm_examples(processor: VisionProcessor, n: int, split: str = "train", seed:
     return out
 
 
+@torch.no_grad()
+def policy_examples(policy: str, n: int, split: str = "train", seed: int = 1,
+                    max_new_tokens: int = 48) -> list[VisionPRMExample]:
+    """One worked answer sampled (temperature 1) from the VLM folder `policy` for each of
+    `n` count items, cut into steps and labelled from the picture."""
+    from transformers import AutoModelForImageTextToText
+
+    processor = VisionProcessor(policy)
+    model = AutoModelForImageTextToText.from_pretrained(policy).eval()
+    eos = processor.tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    out = []
+    for item in load_shapes(n, split, seed + 7, question="count"):  # other pictures
+        prompt = processor.prompt(item["messages"], item["images"])
+        ids = torch.tensor([prompt.expanded_ids])
+        sampled = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids),
+            mm_token_type_ids=(ids == processor.image_token_id).long(),
+            pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
+            max_new_tokens=max_new_tokens, do_sample=True, eos_token_id=eos, pad_token_id=eos)
+        text = decode_text(processor.tokenizer, sampled[0, ids.shape[1]:].tolist(),
+                           skip_special_tokens=True)
+        steps = split_steps(text, STEP_DELIMITER)
+        if steps:
+            labels = count_step_labels(steps, [(c, k) for c, k in item["shapes"]],
+                                       item["answer"])
+            out.append(VisionPRMExample(decode_text(processor.tokenizer, prompt.input_ids),
+                                        item["images"], steps, labels))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init-from", required=True,
@@ -95,13 +131,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=400, help="training batches")
     parser.add_argument("--examples", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--policy", default=None,
+                        help="VLM folder whose sampled worked answers join the training data")
+    parser.add_argument("--policy-samples", type=int, default=1000)
     parser.add_argument("--train-vision-tower", action="store_true",
                         help="train the vision tower too (default: frozen)")
     args = parser.parse_args(argv)
     out = build_vision_prm(args.out, args.init_from, args.seed)
     processor = VisionProcessor(out)
     start = time.perf_counter()
-    stats = train_vision_prm(out, prm_examples(processor, args.examples, seed=args.seed),
+    examples = prm_examples(processor, args.examples, seed=args.seed)
+    if args.policy:
+        examples += policy_examples(args.policy, args.policy_samples, seed=args.seed)
+    stats = train_vision_prm(out, examples,
                              args.steps, seed=args.seed,
                              freeze_vision_tower=not args.train_vision_tower)
     held_out = step_accuracy(VisionPRM(out).eval(),
@@ -110,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
           f" last loss {stats['loss']:.3f}; held-out step accuracy {held_out['accuracy']:.3f} "
           f"(label 0: {held_out['label0']:.3f}, label 1: {held_out['label1']:.3f}, "
           f"{held_out['steps']} steps)")
+    if args.policy:
+        sampled = step_accuracy(VisionPRM(out).eval(),
+                                policy_examples(args.policy, 200, "test", args.seed + 1))
+        print(f"  on the policy's own held-out samples: step accuracy {sampled['accuracy']:.3f}"
+              f" (label 0: {sampled['label0']:.3f}, label 1: {sampled['label1']:.3f}, "
+              f"{sampled['steps']} steps)")
 
 
 if __name__ == "__main__":

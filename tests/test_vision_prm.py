@@ -33,14 +33,14 @@ SHAPES = [("red", "square"), ("blue", "circle"), ("red", "triangle")]
 
 def test_worked_counts_are_labelled_step_by_step_from_the_picture():
     steps = split_steps(worked_count(SHAPES, "2"), STEP_DELIMITER)
-    assert steps == ["red square; ", "blue circle; ", "red triangle; ", "#### 2"]
+    assert steps == ["red; ", "blue; ", "red; ", "#### 2"]
     assert count_step_labels(steps, SHAPES, "2") == [1, 1, 1, 1]
     # Math-Shepherd: 0 from the first wrong step on, whatever follows
-    wrong_colour = ["red square; ", "green circle; ", "red triangle; ", "#### 2"]
+    wrong_colour = ["red; ", "green; ", "red; ", "#### 2"]
     assert count_step_labels(wrong_colour, SHAPES, "2") == [1, 0, 0, 0]
-    left_out = ["red square; ", "red triangle; ", "#### 2"]
+    left_out = ["red; ", "red; ", "#### 2"]
     assert count_step_labels(left_out, SHAPES, "2") == [1, 0, 0]
-    made_up = [*steps[:3], "blue square; ", "#### 2"]
+    made_up = [*steps[:3], "blue; ", "#### 2"]
     assert count_step_labels(made_up, SHAPES, "2") == [1, 1, 1, 0, 0]
     assert count_step_labels([*steps[:3], "#### 3"], SHAPES, "2") == [1, 1, 1, 0]
     assert count_step_labels(["#### 2"], SHAPES, "2") == [0]  # no shape listed

@@ -4,10 +4,11 @@
         --out .cache/models/shapes-prm --steps 400
 
 Each example is a count item's chat prompt with its picture and a worked answer cut into
-steps at "; " (`shapes.worked_count`: every shape in reading order, then "#### <count>").
+steps at "; " (`shapes.worked_count`: the colour of every shape in reading order, then
+"#### <count>").
 Labels come from the picture (`shapes.count_step_labels`, Math-Shepherd: 1 while every step
 so far is right). Besides the right answer, an example may have one changed step (another
-colour or kind, a shape left out or made up, a wrong count: what a policy gets wrong), or be
+colour, a shape left out or made up, a wrong count: what a policy gets wrong), or be
 `malformed`: the worked text cut at random places, all label 0 (against a policy that cuts
 its text into many short "steps" the PRM likes). With `--policy`, worked answers sampled from
 that model are added, labelled the same way (Math-Shepherd's data: the mistakes a policy
@@ -48,12 +49,10 @@ Shapes = list[tuple[str, str]]
 def _changed(shapes: Shapes, answer: str, rng: random.Random) -> tuple[Shapes, str]:
     """The shapes and count of a worked answer with one mistake in it."""
     shapes = list(shapes)
-    kind = rng.choice(["colour", "kind", "drop", "extra", "count"])
+    kind = rng.choice(["colour", "drop", "extra", "count"])
     k = rng.randrange(len(shapes))
     if kind == "colour":
         shapes[k] = (rng.choice([c for c in COLOURS if c != shapes[k][0]]), shapes[k][1])
-    elif kind == "kind":
-        shapes[k] = (shapes[k][0], rng.choice([s for s in SHAPES if s != shapes[k][1]]))
     elif kind == "drop" and len(shapes) > 1:
         del shapes[k]
     elif kind == "extra" and len(shapes) < 4:

@@ -7,8 +7,8 @@ or blue on white. Two kinds of question (`question`):
   is a colour name (a third by guessing);
 - "count": 1-4 shapes, "How many red shapes?"; the answer is a digit 0-4 (harder: the tiny
   model needs ~1200 SFT steps to leave the prior, measured in docs/vision.md).
-With `worked_fraction` > 0, that share of count items gets a worked `target` for SFT: every
-shape in reading order, then the count ("red square; blue circle; red triangle; #### 2"),
+With `worked_fraction` > 0, that share of count items gets a worked `target` for SFT: the
+colour of every shape in reading order, then the count ("red; blue; red; #### 2"),
 whose steps `count_step_labels` checks against the picture (process rewards, docs/vision.md).
 Answers are checked by `exact_match_reward`. Items are a pure function of (seed, index); a
 picture belongs to the test split when a hash of its pixels is 0 mod 5, else to train, so the
@@ -82,20 +82,22 @@ def make_item(seed: int, index: int, question: str = "colour") -> dict[str, Any]
 
 
 def worked_count(shapes: list[tuple[str, str]], answer: str) -> str:
-    """The worked answer of a count item: each shape in reading order, then the count."""
-    return "".join(f"{c} {k}{STEP_DELIMITER}" for c, k in shapes) + f"#### {answer}"
+    """The worked answer of a count item: the colour of each shape in reading order, then the
+    count. (Colours, not kinds: the tiny model's frozen tower tells colours apart but hardly
+    kinds, and neither the policy nor a PRM on that tower could check a kind; docs/vision.md.)"""
+    return "".join(f"{c}{STEP_DELIMITER}" for c, _ in shapes) + f"#### {answer}"
 
 
 def count_step_labels(steps: list[str], shapes: list[tuple[str, str]],
                       answer: str) -> list[int]:
     """Math-Shepherd labels of a worked count's steps: 1 while every step so far is right,
-    0 from the first wrong one on. Step k < len(shapes) must name shape k ("red square"),
+    0 from the first wrong one on. Step k < len(shapes) must name shape k's colour ("red"),
     the step after the last shape must be "#### <answer>"; any other step is wrong."""
     labels, right = [], True
     for k, step in enumerate(steps):
         text = step.removesuffix(STEP_DELIMITER).strip()
         if k < len(shapes):
-            right = right and text == " ".join(shapes[k])
+            right = right and text == shapes[k][0]
         else:
             right = right and k == len(shapes) and text == f"#### {answer}"
         labels.append(int(right))

@@ -87,8 +87,7 @@ class VisionPRM(torch.nn.Module):
         of each step's last token)."""
         tokenizer = self.processor.tokenizer
         ids, ends = encode_steps(tokenizer, prompt, steps)
-        n_prompt = len(ids) - sum(len(tokenizer.encode(s, add_special_tokens=False))
-                                  for s in steps)
+        n_prompt = len(tokenizer.encode(prompt, add_special_tokens=False))
         vision = self.processor.prompt_from_ids(ids[:n_prompt], images)
         shift = len(vision.expanded_ids) - n_prompt
         return vision, vision.expanded_ids + ids[n_prompt:], [e + shift for e in ends]

@@ -2,6 +2,7 @@
 
     python -m benchmarks.distill_vs_grpo [--steps 60] [--eval-every 10] [--seeds 1 2]
                                          [--start MODEL_DIR] [--levels 0.5 0.9]
+                                         [--distill-args KEY=VALUE ...]
 
 Needs the main job's files: the SFT warm start `.cache/models/addition-sft` (student and GRPO's
 start) and a teacher in `.cache/models/addition-teacher` (docs/algorithms.md). Each run goes
@@ -21,7 +22,7 @@ from pathlib import Path
 
 
 def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path,
-        reuse: bool = False, start: Path | None = None) -> Path:
+        reuse: bool = False, start: Path | None = None, extra: list[str] | None = None) -> Path:
     name = f"{recipe}_seed{seed}"
     metrics = log_dir / name / "trial0" / "metrics.jsonl"
     if reuse and metrics.exists() and steps in curve(metrics):
@@ -33,6 +34,7 @@ def run(recipe: str, seed: int, steps: int, eval_every: int, log_dir: Path,
            "logging.trial_name=trial0", "logging.plot=false"]
     if start is not None:
         cmd.append(f"model.path={start}")
+    cmd += extra or []
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -58,6 +60,18 @@ def at_time(points: dict[int, tuple[float, float]], t: float) -> float:
     return best[-1] if best else float("nan")
 
 
+def mean_over_time(points: dict[int, tuple[float, float]], start: float, end: float) -> float:
+    """Mean held-out accuracy over wall time [start, end] (the newest version's at each
+    moment; version 0's until the first later one): the area under the curve, over its
+    length."""
+    steps = sorted(points.values())
+    area = 0.0
+    for (when, acc), (nxt, _) in zip(steps, steps[1:] + [(end, 0.0)], strict=True):
+        lo = max(0.0 if when == steps[0][0] else when, start)
+        area += acc * max(min(nxt, end) - lo, 0.0)
+    return area / (end - start)
+
+
 def time_to(points: dict[int, tuple[float, float]], level: float) -> str:
     """Wall time (s) and version at which held-out accuracy first reached `level`."""
     for k, (when, acc) in points.items():
@@ -76,9 +90,12 @@ def main() -> None:
     parser.add_argument("--start", type=Path, default=None,
                         help="both runs' start (default: the recipes' model.path, the SFT start)")
     parser.add_argument("--levels", type=float, nargs="+", default=[0.9, 0.95, 0.98])
+    parser.add_argument("--distill-args", nargs="*", default=[],
+                        help="overrides for the distill runs only (e.g. algorithm.kl.discount=0)")
     args = parser.parse_args()
     curves = {(recipe, seed): curve(run(recipe, seed, args.steps, args.eval_every, args.log_dir,
-                                        args.reuse, args.start))
+                                        args.reuse, args.start,
+                                        args.distill_args if recipe == "distill" else []))
               for seed in args.seeds for recipe in ("grpo", "distill")}
     print("\n| seed | version | GRPO: accuracy (s) | distill: accuracy (s) |")
     print("|---|---|---|---|")
@@ -96,6 +113,14 @@ def main() -> None:
             t = end * frac
             g, d = at_time(grpo, t), at_time(distill, t)
             print(f"| {seed} | {t:.0f} | {g:.3f} | {d:.3f} | {d - g:+.3f} |")
+    print("\n| seed | over (s) | GRPO mean accuracy | distill mean accuracy | distill - GRPO |")
+    print("|---|---|---|---|---|")
+    for seed in args.seeds:
+        grpo, distill = curves[("grpo", seed)], curves[("distill", seed)]
+        end = min(max(t for t, _ in grpo.values()), max(t for t, _ in distill.values()))
+        for start in (0.0, end / 2):
+            g, d = mean_over_time(grpo, start, end), mean_over_time(distill, start, end)
+            print(f"| {seed} | {start:.0f}-{end:.0f} | {g:.3f} | {d:.3f} | {d - g:+.3f} |")
     print("\n| seed | reached | GRPO | distill |\n|---|---|---|---|")
     for seed in args.seeds:
         for level in args.levels:

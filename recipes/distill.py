@@ -5,9 +5,10 @@ scores every sampled token, and the per-token reverse KL is the reward (plus the
     torchrun -m recipes.distill rollout.server_addrs=[...] teacher.server_addrs=[...] ...
 
 Teacher and student share the tokenizer. The teacher takes the place of the KL reference:
-with the `distill` preset (GRPO on the task reward, kl.in_reward with the k1 estimator) every
-token t gets A_t = A_task - kl.coef * sum_{t' >= t} (log p_student - log p_teacher)_t', the
-per-token reward -(log p_student - log p_teacher) as a return, beside the task's advantage.
+with the `distill` preset (GRPO on the task reward, kl.in_reward with the k1 estimator,
+kl.discount 0) every token t gets A_t = A_task - kl.coef * (log p_student - log p_teacher)_t,
+its own per-token reward beside the task's advantage (kl.discount 1 would give it the sum over
+t' >= t instead: a return, which a shorter answer lowers).
 """
 
 from __future__ import annotations

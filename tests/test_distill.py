@@ -80,9 +80,11 @@ async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_d
     assert executor.n_calls == 3 + 3  # the verifier's and the teacher's calls, all counted
 
 
-def test_the_teacher_is_the_kl_reference_of_the_update():
+@pytest.mark.parametrize("kl_discount", [None, 0.0, 0.5])
+def test_the_teacher_is_the_kl_reference_of_the_update(kl_discount):
     """What the recipe gives the actor: per-token reward -coef x (log p_old - log p_teacher)
-    as a return, beside GRPO's task advantage (float64 reference written here)."""
+    as a return (kl.discount None: summed; 0: each token's own; 0.5: discounted), beside
+    GRPO's task advantage (float64 reference written here)."""
     from tensordict import TensorDict
 
     from areal_like.algorithms import PPOActor
@@ -107,7 +109,7 @@ def test_the_teacher_is_the_kl_reference_of_the_update():
                         "teacher_logprobs": teacher}, batch_size=[b])
     batch["ref_logp"] = shift_to_next_token(batch["teacher_logprobs"])
     coef = 0.5
-    config = algorithm_preset("distill", group_size=4, kl={"coef": coef},
+    config = algorithm_preset("distill", group_size=4, kl={"coef": coef, "discount": kl_discount},
                               off_policy={"decoupled": False, "recompute_logprob": False})
     out = PPOActor(_NoEngine(), config, ref_in_batch=True,
                    tracker=StatsTracker()).compute_advantages(batch)
@@ -117,7 +119,14 @@ def test_the_teacher_is_the_kl_reference_of_the_update():
     mask = shift_to_next_token(loss_mask).bool()
     kl = torch.where(mask, shift_to_next_token(behav).double()
                      - shift_to_next_token(teacher).double(), 0.0)
-    to_go = kl.flip(-1).cumsum(-1).flip(-1)  # sum over t' >= t
+    gamma = 1.0 if kl_discount is None else kl_discount
+    to_go = torch.zeros_like(kl)  # sum over t' >= t of gamma^(t' - t) kl_t', trained t' only
+    for i in range(b):
+        later = 0.0
+        for t in reversed(range(kl.shape[1])):
+            if mask[i, t]:
+                later = kl[i, t].item() + gamma * later
+                to_go[i, t] = later
     expected = torch.where(mask, task[:, None] - coef * to_go, 0.0)
     torch.testing.assert_close(out["advantages"].double(), expected, atol=1e-6, rtol=0)
 
@@ -168,3 +177,12 @@ def test_teacher_config_names_bad_values():
         DistillConfig()  # no KL weight: the teacher would be ignored
     with pytest.raises(ValueError, match="DistillConfig.use_ref_model=True"):
         DistillConfig(use_ref_model=True)
+    from areal_like.algorithms.actor_checks import check_actor_config
+    from areal_like.api.algorithm_config import KLConfig
+    from areal_like.api.algorithm_presets import algorithm_preset
+    with pytest.raises(ValueError, match="algorithm.kl.discount=1.5"):
+        KLConfig(coef=0.5, in_reward=True, discount=1.5)
+    with pytest.raises(ValueError, match="algorithm.kl.discount=0.0.*kl.in_reward"):
+        KLConfig(coef=0.5, discount=0.0)  # a loss-side KL has nothing to discount
+    with pytest.raises(ValueError, match="algorithm.kl.discount=0.0 is for outcome estimators"):
+        check_actor_config(algorithm_preset("reinforce_pp", kl={"discount": 0.0}), has_ref=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,8 +157,11 @@ def test_always_rejecting_filter_times_out_clearly(engine, tokenizer, rewards):
     workflow = RLVRWorkflow(exact_match_reward, GCONFIG.new(n_samples=1), tokenizer, rewards)
     for item in ITEMS[:3]:
         engine.executor.submit(item, workflow, should_accept=lambda td: False)
+    deadline = time.monotonic() + 120  # the three episodes' work, however slow the machine
+    while engine.executor.stats()["rejected"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     with pytest.raises(RolloutTimeoutError, match=r"rejected 3") as info:
-        engine.wait(1, timeout=20)
+        engine.wait(1, timeout=1)  # all three rejected: nothing can arrive
     assert "should_accept" in str(info.value)
 
 

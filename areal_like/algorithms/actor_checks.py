@@ -20,6 +20,12 @@ def check_actor_config(config: AlgorithmConfig, has_ref: bool) -> None:
         raise ValueError(f"algorithm.adv.discount={config.adv.discount} means nothing to "
                          f"algorithm.adv.estimator={config.adv.estimator!r} (it does not "
                          f"discount); set algorithm.adv.discount=1.0")
+    if config.kl.discount is not None \
+            and estimator_traits(config.adv.estimator).kl_placement != "outcome":
+        raise ValueError(f"algorithm.kl.discount={config.kl.discount} is for outcome "
+                         f"estimators (grpo, rloo, ...); algorithm.adv.estimator="
+                         f"{config.adv.estimator!r} takes the KL inside its token rewards and "
+                         f"discounts them by algorithm.adv.discount: leave kl.discount unset")
     get_policy_loss(config.loss.policy)
     if config.loss.policy == "gspo" and config.off_policy.correction in TOKEN_LEVEL:
         raise ValueError(f"algorithm.off_policy.correction={config.off_policy.correction!r} "

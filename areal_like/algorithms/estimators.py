@@ -29,7 +29,8 @@ token (gamma^k for k trained tokens after t, seed 002's returns of the shaped sc
 KL in the reward (kl.in_reward, kl.coef > 0), in the order OpenRLHF and LightRFT use: the
 outcome estimators (grpo, dr_grpo, rloo, remax, cpgd; `kl_placement="outcome"`) see the shaped
 outcome rewards only; the actor normalises their advantages and applies clip-filter weights,
-then adds the penalty's return-to-go  -kl.coef * sum_{t' >= t} adv.discount^(t'-t) KL_t'.
+then adds the penalty's return-to-go  -kl.coef * sum_{t' >= t} gamma_kl^(t'-t) KL_t',
+gamma_kl = kl.discount (unset: adv.discount; 0: each token's own KL).
 The token estimators (gae, reinforce, reinforce_pp) take the penalty inside r_t, which is
 their definition (REINFORCE++).
 

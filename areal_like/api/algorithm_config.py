@@ -10,7 +10,7 @@ its settings grouped by concern:
       norm:       {level, mean, std, leave_one_out, eps, running_decay}   # after the estimator
       loss:       {policy, agg_mode, agg_constant, eps_clip, eps_clip_high, c_clip, ...}
       off_policy: {decoupled, recompute_logprob, behav_imp_weight_cap}
-      kl:         {coef, target, horizon, estimator, in_reward}
+      kl:         {coef, target, horizon, estimator, in_reward, discount}
       shaping:    {scaling, bias, clip, overlong_penalty, overlong_tokens, ...}
       filters:    {dynamic_sampling, clip_filter_weight, ...}
       update:     {epochs, n_minibatches}
@@ -163,6 +163,10 @@ class KLConfig:
     horizon: int = 10000
     estimator: str = "k3"
     in_reward: bool = False  # fold the token KL into the reward instead of the loss
+    # discount of the in-reward penalty's return-to-go for outcome estimators; None: adv.discount.
+    # 0 gives each token its own KL only (on-policy distillation's per-token reward, as the
+    # Thinking Machines write-up uses): no summed future KL that a shorter answer would avoid
+    discount: Optional[float] = None
 
     def __post_init__(self) -> None:
         name = "algorithm.kl"
@@ -173,6 +177,10 @@ class KLConfig:
             _check(name, "coef", self.coef > 0, self.coef,
                    "> 0 with target set (the adaptive controller multiplies it)")
         _check(name, "horizon", self.horizon >= 1, self.horizon, ">= 1")
+        if self.discount is not None:
+            _check(name, "discount", 0.0 <= self.discount <= 1.0, self.discount, "in [0, 1]")
+            _check(name, "discount", self.in_reward, self.discount,
+                   "None unless kl.in_reward (it discounts the in-reward penalty)")
 
 
 @dataclass

@@ -21,7 +21,8 @@ In Python:
     cispo         grpo          cispo        token-mean           upper clip only (eps_h 0.28)
     cpgd          cpgd          cpgd         token-mean           policy-drift coef 0.1
     distill       grpo          ppo          seq-mean-token-mean  the teacher as KL reference:
-                                                                  kl.coef 0.5, in_reward, k1
+                                                                  kl.coef 1.0, in_reward, k1,
+                                                                  kl.discount 0 (per token)
 
 `reinforce_pp` sets kl.coef=0.01 with kl.in_reward: give PPOActor a reference engine, or
 override kl.coef=0. `dr_grpo` needs loss.agg_constant and `dapo` shaping.max_response_tokens
@@ -66,7 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
              "loss": {"policy": "cpgd", "agg_mode": "token-mean", "cpgd_drift_coef": 0.1}},
     "distill": {"adv": {"estimator": "grpo"},
                 "loss": {"policy": "ppo", "agg_mode": "seq-mean-token-mean"},
-                "kl": {"coef": 0.5, "in_reward": True, "estimator": "k1"}},
+                "kl": {"coef": 1.0, "in_reward": True, "estimator": "k1", "discount": 0.0}},
 }
 
 

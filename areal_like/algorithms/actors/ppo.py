@@ -286,8 +286,10 @@ class PPOActor:
         if token_kl is None or not self.config.kl.in_reward \
                 or self.traits.kl_placement != "outcome":
             return adv
+        kl = self.config.kl
+        discount = self.config.adv.discount if kl.discount is None else kl.discount
         return adv - self.kl_controller.value * discounted_returns(token_kl.double(), mask,
-                                                                   self.config.adv.discount)
+                                                                   discount)
 
     def _assemble(self, batch: TensorDict, aligned: _Aligned, adv: torch.Tensor,
                   returns: Optional[torch.Tensor],

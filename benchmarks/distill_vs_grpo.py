@@ -2,7 +2,7 @@
 
     python -m benchmarks.distill_vs_grpo [--steps 60] [--eval-every 10] [--seeds 1 2]
                                          [--start MODEL_DIR] [--levels 0.5 0.9]
-                                         [--distill-args KEY=VALUE ...]
+                                         [--distill-args KEY=VALUE ...] [--grpo-args ...]
 
 Needs the main job's files: the SFT warm start `.cache/models/addition-sft` (student and GRPO's
 start) and a teacher in `.cache/models/addition-teacher` (docs/algorithms.md). Each run goes
@@ -91,11 +91,14 @@ def main() -> None:
                         help="both runs' start (default: the recipes' model.path, the SFT start)")
     parser.add_argument("--levels", type=float, nargs="+", default=[0.9, 0.95, 0.98])
     parser.add_argument("--distill-args", nargs="*", default=[],
-                        help="overrides for the distill runs only (e.g. algorithm.kl.discount=0)")
+                        help="overrides for the distill runs only (e.g. gconfig.n_samples=4)")
+    parser.add_argument("--grpo-args", nargs="*", default=[],
+                        help="overrides for the GRPO runs only")
     args = parser.parse_args()
     curves = {(recipe, seed): curve(run(recipe, seed, args.steps, args.eval_every, args.log_dir,
                                         args.reuse, args.start,
-                                        args.distill_args if recipe == "distill" else []))
+                                        args.distill_args if recipe == "distill"
+                                        else args.grpo_args))
               for seed in args.seeds for recipe in ("grpo", "distill")}
     print("\n| seed | version | GRPO: accuracy (s) | distill: accuracy (s) |")
     print("|---|---|---|---|")

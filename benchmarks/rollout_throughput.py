@@ -12,7 +12,7 @@ rollout loop). The server's prefix cache is flushed before every run; clients al
 
     python benchmarks/rollout_throughput.py [--size 1m] [--requests 64] [--new-tokens 64]
                                             [--concurrency 32] [--rounds 3] [--addr HOST:PORT]
-                                            [--backend sglang|vllm]
+                                            [--backend sglang|vllm] [--server-arg=ARG ...]
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", choices=("sglang", "vllm"), default="sglang")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="an extra argument of the started server (repeatable)")
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -118,7 +120,7 @@ def main() -> None:
             model_dir = build_tiny_model(stack.enter_context(tempfile.TemporaryDirectory()),
                                          size=args.size, seed=1)
             fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(
-                backend=args.backend, n_servers=1)))
+                backend=args.backend, n_servers=1, extra_args=args.server_arg)))
             addr = fleet.addresses[0]
             from transformers import AutoConfig
 

@@ -79,9 +79,11 @@ class ServerAPI(abc.ABC):
             return "" if resp.status == 200 else f"HTTP {resp.status}"
 
     @abc.abstractmethod
-    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+    async def generates(self, session: aiohttp.ClientSession, addr: str,
+                        timeout: float) -> str:
         """'' when the server's scheduler makes progress (a busy server passes at once), else
-        why not. A paused server fails it: do not probe one."""
+        why not, within `timeout` s (where the server does not bound its probe itself). A
+        paused server fails it: do not probe one."""
 
     @abc.abstractmethod
     async def pause(self, session: aiohttp.ClientSession, addr: str, mode: str) -> None:
@@ -181,9 +183,11 @@ class SGLangAPI(ServerAPI):
     async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
         return await get_answers(session, addr, "/model_info", timeout)
 
-    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+    async def generates(self, session: aiohttp.ClientSession, addr: str,
+                        timeout: float) -> str:
         # /health_generate succeeds as soon as the server emits any output (its one-token
         # probe or another request's); it gives up by itself after health_generate_timeout
+        # (server.health_generate_timeout, the server's bound: `timeout` is not used here)
         try:
             async with session.get(f"http://{addr}/health_generate", timeout=aiohttp.ClientTimeout(
                     total=GENERATION_PROBE_TIMEOUT_S)) as resp:

@@ -195,7 +195,8 @@ class FleetMembership:
             if isinstance(error, asyncio.TimeoutError) and not self.paused:
                 async with self._require_lock():
                     if not self.paused and addr not in self.pool.out_of_service:
-                        why = await self.api.generates(self._session(), addr)
+                        why = await self.api.generates(
+                            self._session(), addr, self.config.generation_probe_timeout)
                         if why:
                             self._hung.add(addr)
                         return why
@@ -357,7 +358,8 @@ class FleetMembership:
             if addr in self._hung:
                 if self.paused:
                     continue  # a paused server cannot show that it generates
-                why = await self.api.generates(self._session(), addr)
+                why = await self.api.generates(self._session(), addr,
+                                               self.config.generation_probe_timeout)
                 if why:  # loading weights on it would hold the lock until the load timed out
                     self.pool.out_of_service[addr] = f"scheduler still not generating ({why})"
                     continue

@@ -34,9 +34,6 @@ from engines.sglang_http import (
 )
 from engines.sglang_protocol import GenerateReply, ScoreReply
 
-# one token: a server busy with other requests emits it within a step (SGLang's own probe
-# gives up after server.health_generate_timeout, also 20 s by default)
-PROBE_GENERATION_TIMEOUT_S = 20.0
 # what a pause does on vLLM for each RolloutConfig.pause_mode
 PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
 
@@ -98,13 +95,15 @@ class VLLMAPI(ServerAPI):
             return str(e)
         return "paused" if paused else ""
 
-    async def generates(self, session: aiohttp.ClientSession, addr: str) -> str:
+    async def generates(self, session: aiohttp.ClientSession, addr: str,
+                        timeout: float) -> str:
+        # one token: a server busy with other requests emits it within a step
         body = {"token_ids": [0], "request_id": "health-generate",
                 "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
         try:
             async with session.post(f"http://{addr}{self.generate_path}", json=body,
                                     timeout=aiohttp.ClientTimeout(
-                                        total=PROBE_GENERATION_TIMEOUT_S)) as resp:
+                                        total=timeout)) as resp:
                 return "" if resp.status == 200 else f"one-token probe: HTTP {resp.status}"
         except RETRYABLE as e:
             return f"one-token probe: {type(e).__name__}: {e}"

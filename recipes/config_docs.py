@@ -107,8 +107,9 @@ def field_comments(cls: type) -> tuple[Optional[str], dict[str, str]]:
         while line >= 1 and lines[line - 1].strip().startswith("#"):
             above.insert(0, comments[line])
             line -= 1
-        parts = above + ([comments[stmt.end_lineno]] if stmt.end_lineno in comments else [])
-        out[stmt.target.id] = "; ".join(parts)
+        parts = ([" ".join(above)] if above else []) + (
+            [comments[stmt.end_lineno]] if stmt.end_lineno in comments else [])
+        out[stmt.target.id] = "; ".join(parts)  # a comment block above is wrapped prose
     return ast.get_docstring(node), out
 
 

@@ -75,6 +75,7 @@ CONFIG_CASES = [
     ("rollout.max_head_offpolicyness=-1", "max_head_offpolicyness"),
     ("rollout.consumer_batch_size=0", "consumer_batch_size"),
     ("rollout.request_timeout=0", "request_timeout"),
+    ("rollout.generation_probe_timeout=0", "generation_probe_timeout"),
     ("rollout.server_addrs=[nohost]", "server_addrs"),
     ("rollout.queue_size=-2", "queue_size"),
     ("rollout.weight_transport=nfs", "weight_transport"),

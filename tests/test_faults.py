@@ -176,7 +176,8 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
     backend, spare = any_fleet.config.backend, any_spare
     survivor, victim = any_fleet.addresses[0], spare.addresses[0]
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
-                         health_check_interval=0.5, request_timeout=5.0, backend=backend)
+                         health_check_interval=0.5, request_timeout=5.0, backend=backend,
+                         generation_probe_timeout=5.0)  # vLLM's; the SGLang spare's is 5 s too
     root = spare.processes[0].pid  # its HTTP front end; under it the engine's processes
     stopped = [pid for pid in process_tree(root) if pid != root]
     assert stopped, "the server has no child processes to stop"
@@ -308,14 +309,15 @@ def test_last_server_dead_stops_with_a_clear_bounded_error(any_fleet, any_spare)
 # ---- servers that misbehave -----------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["garbage", "truncated", "http500",
-                                  pytest.param("silent", marks=pytest.mark.e2e),  # waits ~30 s
+                                  pytest.param("silent", marks=pytest.mark.e2e),  # waits ~10 s
                                   "impossible_logprobs"])
 def test_misbehaving_server_requests_are_retried_on_a_real_one(sglang_fleet, mode):
     bad = MisbehavingServer(mode)
     bad_addr, good = f"127.0.0.1:{bad.port}", sglang_fleet.addresses[0]
-    # 'silent' waits out request_timeout; a real 8-token reply needs far less
+    # 'silent' waits out request_timeout; a real 8-token reply takes well under a second, on
+    # a machine beside two busy processes too
     engine = make_engine([bad_addr, good], SGLANG_TEST_API_KEY, retry_backoff=0.05,
-                         request_timeout=30.0, request_retries=3)
+                         request_timeout=10.0, request_retries=3)
     engine.set_version(fleet_version([good], SGLANG_TEST_API_KEY))
     try:
         g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8, temperature=1.0)

@@ -204,6 +204,9 @@ class RolloutConfig:
     min_servers: int = 1
     server_down_timeout: float = 300.0
     health_check_interval: float = 2.0  # how often servers out of service are probed
+    # a vLLM server that emits no token of a one-token probe within this long is hung; an
+    # SGLang server bounds its own probe, server.health_generate_timeout
+    generation_probe_timeout: float = 20.0
     server_addrs_file: str = ""  # host:port per line, re-read: servers added there join
     # Niceness (0-19) of the rollout controller process and its reward workers (see
     # SGLangServerConfig.nice): a positive value yields the cores to the trainer first.
@@ -227,7 +230,7 @@ class RolloutConfig:
         _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
         _check("RolloutConfig", "workflow", not self.workflow or bool(IMPORT_PATH.match(
             self.workflow)), self.workflow, "empty or an import path like 'my_pkg.flows:Flow'")
-        for key in ("server_down_timeout", "health_check_interval"):
+        for key in ("server_down_timeout", "health_check_interval", "generation_probe_timeout"):
             _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
                    "> 0 seconds")
         _check("RolloutConfig", "max_head_offpolicyness", self.max_head_offpolicyness >= 0,

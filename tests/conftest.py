@@ -122,7 +122,7 @@ def require_venv(backend: str) -> None:
 
 
 # The shared vLLM servers skip torch.compile: ~7 s less per start (18.5 s against 25-26.5 s,
-# tiny 1m model, idle) for ~7 % fewer tokens/s (docs/benchmarks.md). Launcher and Ray runs of
+# tiny 1m model, idle) for 7-18 % fewer tokens/s (docs/benchmarks.md). Launcher and Ray runs of
 # the tests start vLLM as users do, compiled, so that path stays under test.
 VLLM_TEST_ARGS = ("--enforce-eager",)
 

@@ -51,6 +51,7 @@ from areal_like.api.io_struct import (
     ModelRequest,
     ModelResponse,
     StopReason,
+    TokenScores,
     WeightGroupLayout,
     WeightGroupSpec,
     WeightUpdateMeta,
@@ -292,28 +293,36 @@ class RemoteInferenceEngine(InferenceEngine):
         """One prefill batch on one server (nothing sampled; one request where the backend
         takes a batch, else one each, concurrently); routed, retried and version-checked like
         generation."""
+        return [s.logprobs for s in await self.ascore_top_batch(sequences, starts, 0, rid)]
+
+    async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
+                               rid: str = "score") -> list[TokenScores]:
+        """`ascore_batch`, and at every scored position the `top_k` most likely tokens."""
         if len(sequences) != len(starts) or not sequences:
             raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
                              f"expected as many, at least one")
         batches = ([(list(range(len(sequences))), rid)] if self.api.scores_in_one_request
                    else [([i], f"{rid}_{i}") for i in range(len(sequences))])
 
-        async def score(indices: list[int], name: str) -> list[list[float]]:
+        async def score(indices: list[int], name: str) -> list[TokenScores]:
             seqs = [list(sequences[i]) for i in indices]
             firsts = [starts[i] for i in indices]
-            payload = self.api.score_payload(seqs, firsts, name)
+            payload = self.api.score_payload(seqs, firsts, name, top_k)
 
             def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
-                return self.api.parse_score_reply(data, addr, sent_rid, seqs, firsts)
+                return self.api.parse_score_reply(data, addr, sent_rid, seqs, firsts, top_k)
 
             claimed = self.servers.claim_rid(name)
             try:
                 _, reply = await self._post_generate(payload, rid, claimed, parse)
             finally:
                 self.servers.release_rid(claimed)
-            return reply.logprobs
+            if not top_k:
+                return [TokenScores(lps) for lps in reply.logprobs]
+            return [TokenScores(*scored) for scored in zip(reply.logprobs, reply.top_ids,
+                                                           reply.top_logprobs, strict=True)]
 
-        async def score_all() -> list[list[float]]:
+        async def score_all() -> list[TokenScores]:
             parts = await asyncio.gather(*(score(ix, name) for ix, name in batches))
             return [lps for part in parts for lps in part]
 

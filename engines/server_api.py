@@ -58,11 +58,11 @@ class ServerAPI(abc.ABC):
 
     @abc.abstractmethod
     def score_payload(self, sequences: list[list[int]], starts: list[int],
-                      rid: str) -> dict[str, Any]: ...
+                      rid: str, top_k: int = 0) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
-                          starts: list[int]) -> ScoreReply: ...
+                          starts: list[int], top_k: int = 0) -> ScoreReply: ...
 
     @abc.abstractmethod
     def set_rid(self, payload: dict[str, Any], rid: str) -> None:
@@ -170,12 +170,12 @@ class SGLangAPI(ServerAPI):
         return parse_generate_reply(data, server, rid)
 
     def score_payload(self, sequences: list[list[int]], starts: list[int],
-                      rid: str) -> dict[str, Any]:
-        return score_payload(sequences, starts, rid)
+                      rid: str, top_k: int = 0) -> dict[str, Any]:
+        return score_payload(sequences, starts, rid, top_k)
 
     def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
-                          starts: list[int]) -> ScoreReply:
-        return parse_score_reply(data, server, rid, sequences, starts)
+                          starts: list[int], top_k: int = 0) -> ScoreReply:
+        return parse_score_reply(data, server, rid, sequences, starts, top_k)
 
     def set_rid(self, payload: dict[str, Any], rid: str) -> None:
         payload["rid"] = rid

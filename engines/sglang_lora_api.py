@@ -56,8 +56,8 @@ class SGLangLoRAAPI(SGLangAPI):
         return {**payload, "lora_path": self.adapter}
 
     def score_payload(self, sequences: list[list[int]], starts: list[int],
-                      rid: str) -> dict[str, Any]:
-        payload = super().score_payload(sequences, starts, rid)
+                      rid: str, top_k: int = 0) -> dict[str, Any]:
+        payload = super().score_payload(sequences, starts, rid, top_k)
         return {**payload, "lora_path": [self.adapter] * len(sequences)}
 
     async def load_from_disk(self, session: aiohttp.ClientSession, addr: str, path: str,

@@ -8,7 +8,7 @@ tokenizer never matters (servers run with --skip-tokenizer-init).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from areal_like.api.io_struct import GenerationHyperparameters
@@ -195,10 +195,12 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta)
 
 
-def score_payload(sequences: list[list[int]], starts: list[int], rid: str) -> dict[str, Any]:
+def score_payload(sequences: list[list[int]], starts: list[int], rid: str,
+                  top_k: int = 0) -> dict[str, Any]:
     """One prefill-only `/generate` for a batch of sequences: the reply holds, per sequence,
     log p(ids[t] | ids[:t]) for t >= start - 1 (SGLang reports the first position of the
-    range without a value). SGLang names the batch's requests `<rid>_<i>`."""
+    range without a value), and with `top_k` > 0 the k most likely tokens at each of those
+    positions. SGLang names the batch's requests `<rid>_<i>`."""
     if len(sequences) != len(starts) or not sequences:
         raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
                          f"expected as many, at least one")
@@ -206,7 +208,8 @@ def score_payload(sequences: list[list[int]], starts: list[int], rid: str) -> di
         if not 1 <= start < len(ids):
             raise ValueError(f"score: start={start} must be in [1, {len(ids)}) (the tokens "
                              f"scored need a prefix and must exist)")
-    return {
+    check_top_k(top_k)
+    payload = {
         "input_ids": [list(ids) for ids in sequences],
         "sampling_params": {"max_new_tokens": 0, "temperature": 1.0},
         "return_logprob": True,
@@ -214,30 +217,73 @@ def score_payload(sequences: list[list[int]], starts: list[int], rid: str) -> di
         "rid": rid,
         "stream": False,
     }
+    if top_k:
+        payload["top_logprobs_num"] = top_k
+    return payload
+
+
+def check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"score: top_k={top_k!r} must be an integer >= 0 (0: no top tokens)")
 
 
 @dataclass
 class ScoreReply:
-    """One scoring reply, checked: per sequence, the log-probs of ids[start:]."""
+    """One scoring reply, checked: per sequence, the log-probs of ids[start:]; with top_k,
+    per sequence and scored position the k most likely token ids and their log-probs (most
+    likely first; empty lists without top_k)."""
 
     logprobs: list[list[float]]
     versions: list[int]  # the served version, once per scored token
+    top_ids: list[list[list[int]]] = field(default_factory=list)
+    top_logprobs: list[list[list[float]]] = field(default_factory=list)
 
 
 def parse_score_reply(data: Any, server: str, rid: str, sequences: list[list[int]],
-                      starts: list[int]) -> ScoreReply:
+                      starts: list[int], top_k: int = 0) -> ScoreReply:
     """The batch reply of `score_payload` (a list, one entry per sequence), checked."""
     if not isinstance(data, list) or len(data) != len(sequences):
         got = len(data) if isinstance(data, list) else type(data).__name__
         raise SGLangProtocolError(f"server {server}, rid={rid}: scoring reply has {got} "
                                   f"entries; expected a list of {len(sequences)}")
-    logprobs: list[list[float]] = []
-    versions: list[int] = []
+    reply = ScoreReply([], [])
     for i, (item, ids, start) in enumerate(zip(data, sequences, starts, strict=True)):
         lps, label = _parse_one_score(item, server, f"{rid}_{i}", ids, start)
-        logprobs.append(lps)
-        versions += [label] * len(lps)
-    return ScoreReply(logprobs, versions)
+        reply.logprobs.append(lps)
+        reply.versions += [label] * len(lps)
+        if top_k:
+            top_ids, top_lps = _parse_top(item["meta_info"], f"server {server}, rid={rid}_{i}",
+                                          len(lps), top_k)
+            reply.top_ids.append(top_ids)
+            reply.top_logprobs.append(top_lps)
+    return reply
+
+
+def _parse_top(meta: dict[str, Any], where: str, n_scored: int, top_k: int
+               ) -> tuple[list[list[int]], list[list[float]]]:
+    """`input_top_logprobs` of the scored positions (its first entry, the position before
+    the range, has none): per position k entries [logprob, token_id, ...], distinct ids."""
+    entries = meta.get("input_top_logprobs")
+    if not isinstance(entries, list) or len(entries) != n_scored + 1:
+        got = len(entries) if isinstance(entries, list) else None
+        raise SGLangProtocolError(f"{where}: meta_info.input_top_logprobs has {got} entries; "
+                                  f"expected {n_scored + 1} (was top_logprobs_num sent?)")
+    ids_out: list[list[int]] = []
+    lps_out: list[list[float]] = []
+    for i, position in enumerate(entries[1:]):
+        field_name = f"input_top_logprobs[{i + 1}]"
+        if not isinstance(position, list) or len(position) != top_k:
+            raise SGLangProtocolError(f"{where}: {field_name} = {position!r}; expected "
+                                      f"{top_k} entries [logprob, token_id, ...]")
+        lps = [_logprob_entry(entry, j, where, field_name) for j, entry in enumerate(position)]
+        ids = [entry[1] for entry in position]
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids) \
+                or len(set(ids)) != len(ids):
+            raise SGLangProtocolError(f"{where}: {field_name} has token ids {ids}; expected "
+                                      f"{top_k} distinct ids >= 0")
+        ids_out.append(ids)
+        lps_out.append(lps)
+    return ids_out, lps_out
 
 
 def _parse_one_score(data: Any, server: str, rid: str, input_ids: list[int],

@@ -70,14 +70,15 @@ class VLLMAPI(ServerAPI):
         return vllm_protocol.parse_generate_reply(data, server, rid)
 
     def score_payload(self, sequences: list[list[int]], starts: list[int],
-                      rid: str) -> dict[str, Any]:
+                      rid: str, top_k: int = 0) -> dict[str, Any]:
         if len(sequences) != 1 or len(starts) != 1:
             raise ValueError(f"a vLLM scoring request holds one sequence, got {len(sequences)}")
-        return vllm_protocol.score_payload(sequences[0], starts[0], rid)
+        return vllm_protocol.score_payload(sequences[0], starts[0], rid, top_k)
 
     def parse_score_reply(self, data: Any, server: str, rid: str, sequences: list[list[int]],
-                          starts: list[int]) -> ScoreReply:
-        return vllm_protocol.parse_score_reply(data, server, rid, sequences[0], starts[0])
+                          starts: list[int], top_k: int = 0) -> ScoreReply:
+        return vllm_protocol.parse_score_reply(data, server, rid, sequences[0], starts[0],
+                                               top_k)
 
     def set_rid(self, payload: dict[str, Any], rid: str) -> None:
         payload["request_id"] = rid

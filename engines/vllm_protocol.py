@@ -20,6 +20,7 @@ from engines.sglang_protocol import (
     GenerateReply,
     ScoreReply,
     SGLangProtocolError,
+    check_top_k,
     versions_from_spans,
 )
 
@@ -107,20 +108,22 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     return GenerateReply(list(ids), logprobs, versions, STOP_REASON_MAP[finish], meta)
 
 
-def score_payload(ids: list[int], start: int, rid: str) -> dict[str, Any]:
+def score_payload(ids: list[int], start: int, rid: str, top_k: int = 0) -> dict[str, Any]:
     """One prefill of `ids` whose reply holds log p(ids[t] | ids[:t]) for every t >= 1
-    (`prompt_logprobs`); one token is generated (vLLM generates at least one), unused."""
+    (`prompt_logprobs`; with `top_k` > 0 also the k most likely tokens there); one token is
+    generated (vLLM generates at least one), unused."""
     if not 1 <= start < len(ids):
         raise ValueError(f"score: start={start} must be in [1, {len(ids)}) (the tokens scored "
                          f"need a prefix and must exist)")
+    check_top_k(top_k)
     return {"token_ids": list(ids), "request_id": rid,
-            "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+            "sampling_params": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k,
                                 "logprobs": 0,
                                 "detokenize": False}}
 
 
 def parse_score_reply(data: Any, server: str, rid: str, ids: list[int],
-                      start: int) -> ScoreReply:
+                      start: int, top_k: int = 0) -> ScoreReply:
     """The log-probs of ids[start:] from a `score_payload` reply; their version is that of
     the token generated with them (vLLM labels generated tokens only)."""
     where = _where(server, rid)
@@ -138,4 +141,27 @@ def parse_score_reply(data: Any, server: str, rid: str, ids: list[int],
             raise SGLangProtocolError(f"{where}: prompt_logprobs[{t}] = {entry!r} has no entry "
                                       f"for the sent token {ids[t]}")
         logprobs.append(_logprob(value.get("logprob"), where, f"prompt_logprobs[{t}]"))
-    return ScoreReply([logprobs], [version] * len(logprobs))
+    reply = ScoreReply([logprobs], [version] * len(logprobs))
+    if top_k:
+        top = [_top_entries(entries[t], top_k, where, f"prompt_logprobs[{t}]")
+               for t in range(start, len(ids))]
+        reply.top_ids.append([ids_ for ids_, _ in top])
+        reply.top_logprobs.append([lps for _, lps in top])
+    return reply
+
+
+def _top_entries(entry: dict[str, Any], top_k: int, where: str, field: str
+                 ) -> tuple[list[int], list[float]]:
+    """The k most likely of one position's entries ({token id: {logprob, rank, ...}}: the
+    top k and the sent token, which may be a (k+1)-th), most likely first."""
+    scored = []
+    for key, value in entry.items():
+        if not str(key).isdigit() or not isinstance(value, dict):
+            raise SGLangProtocolError(f"{where}: {field} has entry {key!r}: {value!r}; expected "
+                                      f"token id: {{logprob, rank}}")
+        scored.append((_logprob(value.get("logprob"), where, f"{field}[{key}]"), int(key)))
+    if len(scored) < top_k:
+        raise SGLangProtocolError(f"{where}: {field} has {len(scored)} entries; expected at "
+                                  f"least top_k={top_k} (was prompt_logprobs={top_k} sent?)")
+    scored.sort(key=lambda pair: -pair[0])
+    return [t for _, t in scored[:top_k]], [lp for lp, _ in scored[:top_k]]

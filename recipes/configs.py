@@ -106,9 +106,13 @@ class TeacherConfig:
     cpus: list[int] = field(default_factory=list)
     use_task_reward: bool = True  # the verifier's reward too; false: the teacher's KL alone
     request_timeout: float = 60.0  # seconds per scoring request; late = a failed sample
+    # > 0: also fetch the teacher's k most likely next tokens at every position, for the exact
+    # per-position reverse KL in the loss (algorithm.kl.estimator=full); 0: sampled tokens only
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         check("TeacherConfig", "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
+        check("TeacherConfig", "top_k", self.top_k >= 0, self.top_k, ">= 0 (0: no top tokens)")
         check("TeacherConfig", "request_timeout", self.request_timeout > 0,
               self.request_timeout, "> 0")
         cpu_list("TeacherConfig", "cpus", self.cpus)
@@ -131,6 +135,10 @@ class DistillConfig(GRPOConfig):
               "false: the teacher is the KL reference of distillation")
         check("DistillConfig", "algorithm.kl.coef", self.algorithm.kl.coef > 0,
               self.algorithm.kl.coef, "> 0: it weighs the teacher's per-token reward")
+        full = self.algorithm.kl.estimator == "full"
+        check("DistillConfig", "teacher.top_k", (self.teacher.top_k > 0) == full,
+              self.teacher.top_k, "> 0 with algorithm.kl.estimator=full (the teacher's top-k "
+              "tokens are its distribution) and 0 otherwise (nothing else reads them)")
 
 
 @dataclass

@@ -8,7 +8,9 @@ Teacher and student share the tokenizer. The teacher takes the place of the KL r
 with the `distill` preset (GRPO on the task reward, kl.in_reward with the k1 estimator,
 kl.discount 0) every token t gets A_t = A_task - kl.coef * (log p_student - log p_teacher)_t,
 its own per-token reward beside the task's advantage (kl.discount 1 would give it the sum over
-t' >= t instead: a return, which a shorter answer lowers).
+t' >= t instead: a return, which a shorter answer lowers). With the `distill_full` preset and
+teacher.top_k > 0 the teacher sends its k most likely next tokens at every position and the
+loss takes the exact reverse KL to that distribution at each sampled position instead.
 """
 
 from __future__ import annotations
@@ -49,13 +51,17 @@ def main(argv: list[str] | None = None) -> None:
     rl = RLSetup(config)
     actor = PPOActor(rl.actor_engine, config.algorithm, ref_in_batch=True)  # the teacher
     teacher = (TeacherScorer(functools.partial(connect_teacher, teacher_client),
-                             config.teacher.request_timeout) if rl.run.is_main else None)
+                             config.teacher.request_timeout, config.teacher.top_k)
+               if rl.run.is_main else None)
     workflow = DistillWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, teacher,
                                config.teacher.use_task_reward)
 
     def train_step(batch: TensorDict) -> dict[str, float]:
         # the teacher is the KL reference: log-probs of each next token, as compute_logp's
         batch["ref_logp"] = shift_to_next_token(batch["teacher_logprobs"])
+        if "teacher_top_ids" in batch.keys():  # kl.estimator=full: the teacher's distribution
+            batch["ref_top_ids"] = shift_to_next_token(batch["teacher_top_ids"])
+            batch["ref_top_logp"] = shift_to_next_token(batch["teacher_top_logprobs"])
         batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
         batch = actor.compute_advantages(batch)  # task advantage - KL-to-teacher return
         return actor.update(batch)

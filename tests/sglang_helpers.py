@@ -77,6 +77,16 @@ def hf_logprobs(
     `banned_token_ids` get probability 0 before normalising: SGLang reports the log-probs of
     the distribution it sampled from, and under `min_new_tokens` that one excludes EOS.
     """
+    logp = hf_next_token_logprobs(model_dir, prompt, output, banned_token_ids)
+    return logp.gather(-1, torch.tensor(output)[:, None])[:, 0]
+
+
+def hf_next_token_logprobs(
+    model_dir: str | Path, prompt: list[int], output: list[int],
+    banned_token_ids: tuple[int, ...] = (),
+) -> torch.Tensor:
+    """float64 [len(output), V]: log p(. | prompt + output[:i]), the whole next-token
+    distribution at each output position (independent HF forward)."""
     model = _reference_model(str(model_dir))
     ids = torch.tensor([list(prompt) + list(output)])
     with torch.no_grad():
@@ -84,8 +94,7 @@ def hf_logprobs(
     logits = logits[len(prompt) - 1 : -1]
     if banned_token_ids:
         logits[:, list(banned_token_ids)] = float("-inf")
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, torch.tensor(output)[:, None])[:, 0]
+    return torch.log_softmax(logits, dim=-1)
 
 
 def eos_token_id(model_dir: str | Path) -> int:

@@ -18,7 +18,7 @@ from areal_like.algorithms.functional import (
     shift_to_next_token,
     top_fraction_mask,
 )
-from areal_like.algorithms.kl import kl_estimate
+from areal_like.algorithms.kl import kl_estimate, kl_full
 from areal_like.algorithms.normalize import RunningMoments, clip_filter_weights, normalize
 from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
 
@@ -46,6 +46,43 @@ def test_kl_estimators_match_formulas_and_are_differentiable():
     assert (kl_estimate(lp, ref, "k3") >= 0).all()
     with pytest.raises(ValueError, match="k4"):
         kl_estimate(lp, ref, "k4")
+
+
+def _full_kl_reference(logits: list[float], top: dict[int, float]) -> float:
+    """KL(pi || pi_ref) in float64 Python: pi = softmax(logits); pi_ref = exp(top[v]) on its
+    top tokens, the remaining mass split evenly over the others."""
+    z = math.log(sum(math.exp(x) for x in logits))
+    rest = (1 - sum(math.exp(v) for v in top.values())) / max(len(logits) - len(top), 1)
+    total = 0.0
+    for v, x in enumerate(logits):
+        lp = x - z
+        ref = top[v] if v in top else math.log(rest)
+        total += math.exp(lp) * (lp - ref)
+    return total
+
+
+@pytest.mark.parametrize("k", [3, 7])  # part of the vocabulary (the rest spread), all of it
+def test_full_kl_matches_the_sum_over_the_vocabulary(k):
+    g = torch.Generator().manual_seed(k)
+    n_pos, n_vocab = 5, 7
+    logits = torch.randn(n_pos, n_vocab, generator=g, dtype=torch.float64) * 2
+    ref_logits = torch.randn(n_pos, n_vocab, generator=g, dtype=torch.float64) * 2
+    ref_logp = torch.log_softmax(ref_logits, -1)
+    top_lp, top_ids = ref_logp.topk(k, dim=-1)
+    got = kl_full(torch.log_softmax(logits, -1), top_ids, top_lp)
+    want = [_full_kl_reference(logits[t].tolist(),
+                               dict(zip(top_ids[t].tolist(), top_lp[t].tolist(), strict=True)))
+            for t in range(n_pos)]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), **TOL)
+    if k == n_vocab:  # the exact KL: non-negative, 0 against itself
+        assert (got >= -1e-12).all()
+        same = kl_full(ref_logp, *reversed(ref_logp.topk(k, dim=-1)))
+        torch.testing.assert_close(same, torch.zeros(n_pos, dtype=torch.float64), **TOL)
+    x = logits.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda v: kl_full(torch.log_softmax(v, -1), top_ids, top_lp), (x,))
+    with pytest.raises(ValueError, match="outside the policy's vocabulary"):
+        kl_full(torch.log_softmax(logits, -1), top_ids + n_vocab, top_lp)
 
 
 # ---- alignment and segments ---------------------------------------------------------------

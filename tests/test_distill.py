@@ -17,6 +17,7 @@ from sglang_helpers import (
     LOGPROB_ATOL,
     fleet_version,
     hf_logprobs,
+    hf_next_token_logprobs,
     make_engine,
     perturbed_copy,
     restore_session_fleet,
@@ -50,7 +51,7 @@ async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_d
     student.set_version(version)
     executor = RewardExecutor(RewardConfig(use_processes=False))
     scorer = TeacherScorer(functools.partial(make_engine, [teacher_addr], SGLANG_TEST_API_KEY),
-                           timeout=60)
+                           timeout=60, top_k=3)
     try:
         _load_on(teacher_addr, teacher_dir, version)
         group = await _workflow(tiny_model_dir, scorer, executor).arun_episode(student, DATA)
@@ -71,6 +72,14 @@ async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_d
         torch.testing.assert_close(group["teacher_logprobs"][row][mask].double(), teacher,
                                    atol=LOGPROB_ATOL, rtol=0)
         assert (group["teacher_logprobs"][row][~mask] == 0).all()  # nothing on the prompt
+        # top-3: the teacher's distribution of each completion token, token-aligned
+        full = hf_next_token_logprobs(teacher_dir, prompt, output)
+        top_ids = group["teacher_top_ids"][row][mask]
+        torch.testing.assert_close(group["teacher_top_logprobs"][row][mask].double(),
+                                   full.gather(-1, top_ids), atol=LOGPROB_ATOL, rtol=0)
+        kth = full.topk(3, dim=-1).values[:, -1]
+        assert (group["teacher_top_logprobs"][row][mask][:, -1] >= kth - LOGPROB_ATOL).all()
+        assert (group["teacher_top_ids"][row][~mask] == 0).all()
         completion = _completion_text(tiny_model_dir, output)
         assert float(group["rewards"][row]) == starts_with_any("", completion,
                                                                allowed=DATA["allowed"])
@@ -129,6 +138,79 @@ def test_the_teacher_is_the_kl_reference_of_the_update(kl_discount):
                 to_go[i, t] = later
     expected = torch.where(mask, task[:, None] - coef * to_go, 0.0)
     torch.testing.assert_close(out["advantages"].double(), expected, atol=1e-6, rtol=0)
+
+
+def test_distill_full_loss_is_the_exact_reverse_kl_to_the_teachers_top_k():
+    """`distill_full`: the loss adds, at every trained position, coef x KL(pi || teacher) over
+    the vocabulary (teacher known on its top k, the rest spread evenly) to the PPO term;
+    checked through the engine's packing against a float64 reference written here, with
+    NaN and out-of-vocabulary ids where nothing is trained and an empty completion."""
+    from tensordict import TensorDict
+
+    from areal_like.algorithms import PPOActor
+    from areal_like.algorithms.actors.loss_fns import make_policy_loss_fn
+    from areal_like.algorithms.functional import shift_to_next_token
+    from areal_like.api.algorithm_presets import algorithm_preset
+    from areal_like.utils.stats_tracker import StatsTracker
+    from engines.fsdp.packing import pack_sequences
+
+    gen = torch.Generator().manual_seed(1)
+    b, length, prompt, n_vocab, k, coef = 3, 7, 2, 11, 4, 0.7
+    loss_mask = torch.zeros(b, length, dtype=torch.bool)
+    loss_mask[0, prompt:] = True
+    loss_mask[1, prompt:5] = True  # shorter, padded after
+    attn = loss_mask.clone()
+    attn[:, :prompt] = True  # row 2: an empty completion (its prompt only)
+    teacher_logits = torch.randn(b, length, n_vocab, generator=gen, dtype=torch.float64) * 2
+    top_lp, top_ids = torch.log_softmax(teacher_logits, -1).topk(k, dim=-1)
+    top_lp = torch.where(loss_mask[..., None], top_lp, float("nan")).float()
+    top_ids = torch.where(loss_mask[..., None], top_ids, 10**6)
+    behav = torch.where(loss_mask, -torch.rand(b, length, generator=gen), 0.0)
+    batch = TensorDict({"input_ids": torch.randint(0, n_vocab, (b, length), generator=gen),
+                        "attention_mask": attn, "loss_mask": loss_mask, "logprobs": behav,
+                        "versions": torch.zeros(b, length, dtype=torch.long),
+                        "rewards": torch.tensor([1.0, 0.0, 1.0]),
+                        "group_id": torch.zeros(b, dtype=torch.long),
+                        "ref_logp": shift_to_next_token(behav),  # observed only (k1)
+                        "ref_top_ids": shift_to_next_token(top_ids),
+                        "ref_top_logp": shift_to_next_token(top_lp)}, batch_size=[b])
+    config = algorithm_preset("distill_full", group_size=3, kl={"coef": coef},
+                              off_policy={"decoupled": False, "recompute_logprob": False})
+    prepared = PPOActor(_NoEngine(), config, ref_in_batch=True,
+                        tracker=StatsTracker()).compute_advantages(batch)
+    mb = pack_sequences(prepared, range(b))
+    logits = torch.randn(mb["input_ids"].shape[0], n_vocab, generator=gen, dtype=torch.float64)
+    leaf = logits.float().requires_grad_(True)
+    make_policy_loss_fn(config, StatsTracker())(leaf, mb).backward()
+
+    x = logits.clone().requires_grad_(True)  # the float64 reference, per sequence
+    seq_means = []
+    for i, (start, end) in enumerate(zip(mb["cu_seqlens"][:-1], mb["cu_seqlens"][1:],
+                                         strict=True)):
+        terms = []
+        for t in range(int(start), int(end)):
+            if not mb["loss_mask"][t]:
+                continue
+            col = t - int(start) + 1  # the predicted token's column in the padded row
+            lp = torch.log_softmax(x[t], -1)
+            ratio = torch.exp(lp[mb["input_ids"][t + 1]] - behav[i, col].double())
+            adv = mb["advantages"][t].double()
+            ppo = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - config.loss.eps_clip,
+                                                                 1 + config.loss.eps_clip))
+            ref = torch.log_softmax(teacher_logits[i, col], -1)  # the teacher, all of it
+            rest = 1 - ref[top_ids[i, col]].exp().sum()
+            ref_top_k = torch.full((n_vocab,), float(torch.log(rest / (n_vocab - k))),
+                                   dtype=torch.float64)
+            ref_top_k[top_ids[i, col]] = ref[top_ids[i, col]]
+            terms.append(ppo + coef * (lp.exp() * (lp - ref_top_k)).sum())
+        if terms:
+            seq_means.append(torch.stack(terms).mean())
+    want = torch.stack(seq_means).mean()
+    want.backward()
+    assert len(seq_means) == 2  # the empty completion trains nothing
+    torch.testing.assert_close(leaf.grad.double(), x.grad, atol=1e-6, rtol=1e-4)
+    with pytest.raises(KeyError, match="ref_top_ids"):
+        make_policy_loss_fn(config, StatsTracker())(leaf, mb.exclude("ref_top_ids"))
 
 
 class _NoEngine:

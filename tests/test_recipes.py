@@ -54,7 +54,9 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2", "train_dat
     ("multi_turn", ["max_turns=2"]),
     ("agent", ["gconfig.max_new_tokens=8", "gconfig.n_samples=2", "train_dataset.size=20",
                "valid_dataset.size=2", "evaluation.n_prompts=2"]),
-    ("distill", ["gconfig.n_samples=2"]),  # the session fleet is the teacher too
+    # the session fleet is the teacher too; the exact-KL form (its top-k travel to the loss;
+    # the sampled form's advantages are checked against float64 in tests/test_distill.py)
+    ("distill", ["gconfig.n_samples=2", "algorithm.preset=distill_full", "teacher.top_k=8"]),
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
     if recipe == "distill":

@@ -10,7 +10,14 @@ import aiohttp
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import LOGPROB_ATOL, eos_token_id, fleet_engine, hf_logprobs, make_engine
+from sglang_helpers import (
+    LOGPROB_ATOL,
+    eos_token_id,
+    fleet_engine,
+    hf_logprobs,
+    hf_next_token_logprobs,
+    make_engine,
+)
 from transformers import AutoConfig
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
@@ -58,6 +65,24 @@ async def test_given_tokens_are_scored_as_the_hf_forward_and_the_sampler_do(engi
         ref = hf_logprobs(tiny_model_dir, prompt, resp.output_tokens)
         torch.testing.assert_close(got, ref, atol=LOGPROB_ATOL, rtol=0)
         torch.testing.assert_close(got, torch.tensor(resp.output_logprobs, dtype=torch.float64),
+                                   atol=LOGPROB_ATOL, rtol=0)
+    # with the top-k tokens of every position (a distillation teacher's distribution)
+    k = 5
+    scored = await engine.ascore_top_batch([p + r.output_tokens for p, r in zip(PROMPTS, resps,
+                                                                               strict=True)],
+                                           [len(p) for p in PROMPTS], top_k=k)
+    for prompt, resp, one in zip(PROMPTS, resps, scored, strict=True):
+        full = hf_next_token_logprobs(tiny_model_dir, prompt, resp.output_tokens)
+        ids = torch.tensor(one.top_ids)
+        assert ids.shape == (len(resp.output_tokens), k)
+        top = torch.tensor(one.top_logprobs, dtype=torch.float64)
+        torch.testing.assert_close(top, full.gather(-1, ids), atol=LOGPROB_ATOL, rtol=0)
+        assert (top[:, :-1] >= top[:, 1:]).all()  # most likely first
+        # no token left out is more likely than the k-th kept (up to the tolerance)
+        kth = full.topk(k, dim=-1).values[:, -1]
+        assert (top[:, -1] >= kth - LOGPROB_ATOL).all()
+        torch.testing.assert_close(torch.tensor(one.logprobs, dtype=torch.float64),
+                                   hf_logprobs(tiny_model_dir, prompt, resp.output_tokens),
                                    atol=LOGPROB_ATOL, rtol=0)
     # tokens nobody sampled: a prompt scored from its second token
     prompt = PROMPTS[1]

@@ -190,3 +190,28 @@ def test_a_reply_older_than_the_weights_its_server_held_takes_the_server_out():
     assert error is not None and b in str(error) and "version 0" in str(error)
     assert pool.in_service() == [a] and "held version 3" in pool.out_of_service[b]
     assert membership.counts["taken_out"] == 1
+
+
+def test_scoring_with_top_k_reads_each_positions_most_likely_tokens():
+    ids = [5, 6, 7, 8]
+    p = score_payload([ids], [2], "s-3", top_k=2)
+    assert p["top_logprobs_num"] == 2 and "top_logprobs_num" not in score_payload([ids], [2], "s")
+    top = [None, [[-0.1, 7, None], [-2.5, 3, None]], [[-0.2, 4, None], [-1.0, 8, None]]]
+    item = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.1, 7], [-1.0, 8]],
+                          "input_top_logprobs": top, "weight_version": "1"}}
+    got = parse_score_reply([item], SERVER, "s-3", [ids], [2], top_k=2)
+    assert got.logprobs == [[-0.1, -1.0]]
+    assert got.top_ids == [[[7, 3], [4, 8]]] and got.top_logprobs == [[[-0.1, -2.5], [-0.2, -1.0]]]
+    assert parse_score_reply([item], SERVER, "s-3", [ids], [2]).top_ids == []  # not asked
+    short = {"meta_info": {**item["meta_info"], "input_top_logprobs": top[:2]}}
+    with pytest.raises(SGLangProtocolError, match="input_top_logprobs has 2 entries; expected 3"):
+        parse_score_reply([short], SERVER, "s-3", [ids], [2], top_k=2)
+    twice = {"meta_info": {**item["meta_info"],
+                           "input_top_logprobs": [None, top[1], [[-0.2, 4], [-1.0, 4]]]}}
+    with pytest.raises(SGLangProtocolError, match=r"input_top_logprobs\[2\] has token ids "
+                                                  r"\[4, 4\]"):
+        parse_score_reply([twice], SERVER, "s-3", [ids], [2], top_k=2)
+    with pytest.raises(SGLangProtocolError, match=r"input_top_logprobs\[1\] = .*expected 3"):
+        parse_score_reply([item], SERVER, "s-3", [ids], [2], top_k=3)
+    with pytest.raises(ValueError, match="top_k=-1 must be an integer >= 0"):
+        score_payload([ids], [2], "s", top_k=-1)

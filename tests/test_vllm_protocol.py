@@ -103,3 +103,21 @@ def test_scoring_reads_the_prompt_logprobs_of_the_sent_tokens():
         parse_score_reply(wrong, SERVER, "s", ids, start)
     with pytest.raises(ValueError, match="start=4"):
         score_payload(ids, 4, "s")
+
+
+def test_scoring_with_top_k_keeps_the_k_most_likely_of_each_position():
+    ids, start = [1, 5, 6], 1
+    assert score_payload(ids, start, "s", top_k=2)["sampling_params"]["prompt_logprobs"] == 2
+    data = _reply(ids=(9,), logprobs=(-0.1,), spans=({"version": "2", "start": 0, "end": 1},))
+    # vLLM sends the top k and the sent token, a (k+1)-th where it is not among them
+    data["prompt_logprobs"] = [None,
+                               {"5": {"logprob": -3.0, "rank": 3}, "4": {"logprob": -0.1},
+                                "2": {"logprob": -2.9}},
+                               {"6": {"logprob": -0.5}, "7": {"logprob": -1.5}}]
+    reply = parse_score_reply(data, SERVER, "s", ids, start, top_k=2)
+    assert reply.logprobs == [[-3.0, -0.5]]
+    assert reply.top_ids == [[[4, 2], [6, 7]]]
+    assert reply.top_logprobs == [[[-0.1, -2.9], [-0.5, -1.5]]]
+    with pytest.raises(SGLangProtocolError, match=r"prompt_logprobs\[2\] has 2 entries; "
+                                                  r"expected at least top_k=3"):
+        parse_score_reply(data, SERVER, "s", ids, start, top_k=3)

@@ -2,10 +2,13 @@
 
 Each row carries the teacher's log-probs of the completion's own token ids,
 `teacher_logprobs` [1, L] (token alignment like `logprobs`: 0 on prompt tokens), fetched from
-the teacher fleet with one prefill per completion (`InferenceEngine.ascore`), never from
-text; `rewards` is the task verifier's outcome reward (0.0 for every row when
-`use_task_reward` is off). The trainer turns the log-probs into the per-token reward
--(log p_student - log p_teacher): the teacher is the actor's KL reference (recipes/distill.py).
+the teacher fleet with one prefill per group (`InferenceEngine.ascore_top_batch`), never from
+text; with the scorer's `top_k` > 0 also the teacher's k most likely tokens at each completion
+position, `teacher_top_ids` / `teacher_top_logprobs` [1, L, k] (the distribution of token t
+given the tokens before it; 0 on prompt tokens). `rewards` is the task verifier's outcome
+reward (0.0 for every row when `use_task_reward` is off). The trainer turns the log-probs into
+the per-token reward -(log p_student - log p_teacher), or with top-k into the exact per-position
+reverse KL in the loss: the teacher is the actor's KL reference (recipes/distill.py).
 Metric: `distill/reverse_kl`, the sampled per-token reverse KL (sampler's log-prob minus the
 teacher's), mean over completions.
 
@@ -25,6 +28,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, ModelResponse
+from areal_like.api.io_struct import TokenScores
 from areal_like.rewards.failures import RewardFailure
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.utils import stats_tracker
@@ -37,18 +41,21 @@ TEACHER = "teacher"  # the reward name its calls are counted and budgeted under
 
 class TeacherScorer:
     """The teacher fleet's client, started on first use where episodes run (the rollout
-    process): `connect()` returns a started `InferenceEngine`. Pickles as its recipe."""
+    process): `connect()` returns a started `InferenceEngine`; `top_k` > 0 also fetches the
+    teacher's k most likely tokens at every scored position. Pickles as its recipe."""
 
-    def __init__(self, connect: Callable[[], InferenceEngine], timeout: float) -> None:
-        self.connect, self.timeout = connect, timeout
+    def __init__(self, connect: Callable[[], InferenceEngine], timeout: float,
+                 top_k: int = 0) -> None:
+        self.connect, self.timeout, self.top_k = connect, timeout, top_k
         self._engine: Optional[InferenceEngine] = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"connect": self.connect, "timeout": self.timeout}
+        return {"connect": self.connect, "timeout": self.timeout, "top_k": self.top_k}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.connect, self.timeout = state["connect"], state["timeout"]
+        self.top_k = state.get("top_k", 0)
         self._engine, self._lock = None, threading.Lock()
 
     def _started(self) -> InferenceEngine:
@@ -57,11 +64,12 @@ class TeacherScorer:
                 self._engine = self.connect()
             return self._engine
 
-    async def logprobs(self, sequences: list[list[int]], starts: list[int]
-                       ) -> list[list[float]]:
-        """Per sequence, the teacher's log p(ids[t] | ids[:t]) for t >= start (one request)."""
+    async def score(self, sequences: list[list[int]], starts: list[int]) -> list[TokenScores]:
+        """Per sequence, the teacher's log p(ids[t] | ids[:t]) for t >= start, and its top-k
+        tokens there (one request)."""
         engine = await asyncio.to_thread(self._started)  # its health check must not block
-        return await asyncio.wait_for(engine.ascore_batch(sequences, starts), self.timeout)
+        return await asyncio.wait_for(engine.ascore_top_batch(sequences, starts, self.top_k),
+                                      self.timeout)
 
     def close(self) -> None:
         engine, self._engine = self._engine, None
@@ -88,21 +96,44 @@ class DistillWorkflow(RLVRWorkflow):
         rewards: list[float | RewardFailure] = [0.0] * len(responses)
         if self.use_task_reward:
             rewards = await self.score(prompt, responses, data)
-        for resp, lps in zip(responses, teacher, strict=True):
-            if not isinstance(lps, RewardFailure) and lps:
-                kl = sum(s - t for t, s in zip(lps, resp.output_logprobs, strict=True))
-                stats_tracker.scalar(**{"distill/reverse_kl": kl / len(lps)})
+        for resp, scored in zip(responses, teacher, strict=True):
+            if isinstance(scored, TokenScores) and scored.logprobs:
+                kl = sum(s - t for t, s in zip(scored.logprobs, resp.output_logprobs,
+                                               strict=True))
+                stats_tracker.scalar(**{"distill/reverse_kl": kl / len(scored.logprobs)})
         # a sample is scored when both its task reward and its teacher log-probs are
         merged = [t if isinstance(t, RewardFailure) else r for r, t in zip(rewards, teacher,
                                                                           strict=True)]
-        pad = [0.0] * len(input_ids)
-        extra = [torch.tensor(pad + t, dtype=torch.float32) if isinstance(t, list) else None
-                 for t in teacher]
+        extra = self._teacher_columns(len(input_ids), teacher)
         return self.group_trajectory(input_ids, responses, merged,
-                                     stable_id(data.get("id", prompt)), teacher_logprobs=extra)
+                                     stable_id(data.get("id", prompt)), **extra)
+
+    def _teacher_columns(self, n_prompt: int, teacher: list[TokenScores | RewardFailure]
+                         ) -> dict[str, list[Optional[torch.Tensor]]]:
+        """Per row, the teacher's tensors (prompt positions 0; None for a failed row)."""
+        k = self.teacher.top_k if self.teacher is not None else 0
+        columns: dict[str, list[Optional[torch.Tensor]]] = {"teacher_logprobs": []}
+        if k:
+            columns.update(teacher_top_ids=[], teacher_top_logprobs=[])
+        for scored in teacher:
+            if isinstance(scored, RewardFailure):
+                for rows in columns.values():
+                    rows.append(None)
+                continue
+            columns["teacher_logprobs"].append(
+                torch.tensor([0.0] * n_prompt + scored.logprobs, dtype=torch.float32))
+            if k:
+                ids = torch.zeros(1, n_prompt + len(scored.top_ids), k, dtype=torch.long)
+                lps = torch.zeros(1, n_prompt + len(scored.top_ids), k, dtype=torch.float32)
+                if scored.top_ids:
+                    ids[0, n_prompt:] = torch.tensor(scored.top_ids, dtype=torch.long)
+                    lps[0, n_prompt:] = torch.tensor(scored.top_logprobs, dtype=torch.float32)
+                columns["teacher_top_ids"].append(ids)
+                columns["teacher_top_logprobs"].append(lps)
+        return columns
 
     async def teacher_logprobs(self, responses: list[ModelResponse]
-                               ) -> list[list[float] | RewardFailure]:
+                               ) -> list[TokenScores | RewardFailure]:
         """The teacher's log-probs of each completion's tokens (the group in one request); if
         that fails, every sample's `RewardFailure`, each counted (a spent budget raises)."""
         if self.teacher is None:
@@ -111,14 +142,17 @@ class DistillWorkflow(RLVRWorkflow):
         executor = self.reward_executor
         scored = [r for r in responses if r.output_len]  # an empty completion has nothing
         try:
-            got = await self.teacher.logprobs([r.input_tokens + r.output_tokens for r in scored],
-                                              [len(r.input_tokens) for r in scored]
-                                              ) if scored else []
+            got = await self.teacher.score([r.input_tokens + r.output_tokens for r in scored],
+                                           [len(r.input_tokens) for r in scored]
+                                           ) if scored else []
             for lp, resp in zip(got, scored, strict=True):
-                if len(lp) != resp.output_len:
-                    raise ValueError(f"{len(lp)} log-probs for {resp.output_len} tokens")
+                if len(lp.logprobs) != resp.output_len:
+                    raise ValueError(f"{len(lp.logprobs)} log-probs for {resp.output_len} tokens")
+                if self.teacher.top_k and len(lp.top_ids) != resp.output_len:
+                    raise ValueError(f"top-{self.teacher.top_k} tokens at {len(lp.top_ids)} "
+                                     f"positions for {resp.output_len} tokens")
             by_id = {id(r): lp for r, lp in zip(scored, got, strict=True)}
-            lps = [by_id.get(id(r), []) for r in responses]
+            lps = [by_id.get(id(r), TokenScores([])) for r in responses]
         except (asyncio.TimeoutError, TimeoutError):
             failure = RewardFailure(TEACHER, "timeout", f"no log-probs within "
                                     f"{self.teacher.timeout} s (teacher.request_timeout)")

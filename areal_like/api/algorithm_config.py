@@ -161,6 +161,9 @@ class KLConfig:
     # * n_samples / horizon
     target: Optional[float] = None
     horizon: int = 10000
+    # k1 | k2 | k3: per sampled token; full: the exact KL over the vocabulary at each trained
+    # position, from the reference's top-k next-token log-probs the batch brings (`ref_top_ids`,
+    # `ref_top_logp`: a distillation teacher's, teacher.top_k); a loss term (in_reward false)
     estimator: str = "k3"
     in_reward: bool = False  # fold the token KL into the reward instead of the loss
     # discount of the in-reward penalty's return-to-go for outcome estimators; None: adv.discount.
@@ -170,7 +173,11 @@ class KLConfig:
 
     def __post_init__(self) -> None:
         name = "algorithm.kl"
-        _one_of(name, "estimator", self.estimator, ("k1", "k2", "k3"))
+        _one_of(name, "estimator", self.estimator, ("k1", "k2", "k3", "full"))
+        if self.estimator == "full":
+            _check(name, "in_reward", not self.in_reward, self.in_reward,
+                   "false with kl.estimator=full (the exact KL over the vocabulary is a loss "
+                   "term; a reward needs a per-sampled-token estimator: k1, k2 or k3)")
         _check(name, "coef", self.coef >= 0, self.coef, ">= 0")
         if self.target is not None:
             _check(name, "target", self.target > 0, self.target, "> 0 (or None: fixed)")

@@ -23,6 +23,9 @@ In Python:
     distill       grpo          ppo          seq-mean-token-mean  the teacher as KL reference:
                                                                   kl.coef 1.0, in_reward, k1,
                                                                   kl.discount 0 (per token)
+    distill_full  grpo          ppo          seq-mean-token-mean  exact reverse KL to the
+                                                                  teacher's top-k in the loss:
+                                                                  kl.coef 1.0, estimator full
 
 `reinforce_pp` sets kl.coef=0.01 with kl.in_reward: give PPOActor a reference engine, or
 override kl.coef=0. `dr_grpo` needs loss.agg_constant and `dapo` shaping.max_response_tokens
@@ -68,6 +71,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "distill": {"adv": {"estimator": "grpo"},
                 "loss": {"policy": "ppo", "agg_mode": "seq-mean-token-mean"},
                 "kl": {"coef": 1.0, "in_reward": True, "estimator": "k1", "discount": 0.0}},
+    "distill_full": {"adv": {"estimator": "grpo"},
+                     "loss": {"policy": "ppo", "agg_mode": "seq-mean-token-mean"},
+                     "kl": {"coef": 1.0, "in_reward": False, "estimator": "full"}},
 }
 
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         ModelResponse,
         ParamSpec,
         SaveLoadMeta,
+        TokenScores,
         WeightGroupLayout,
         WeightGroupSpec,
         WeightUpdateMeta,
@@ -117,6 +118,12 @@ class InferenceEngine(FleetClient):
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
         """`ascore` of each sequence, in one request where the engine can."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
+
+    async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
+                               rid: str = "score") -> list[TokenScores]:
+        """`ascore_batch`, and at every scored position the `top_k` most likely next tokens
+        (a teacher's next-token distribution, e.g. for an exact KL in the loss)."""
         raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
 
     def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:

@@ -144,6 +144,17 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8
              "int8": 1, "uint8": 1, "bool": 1}
 
 
+@dataclass
+class TokenScores:
+    """One scored sequence (`InferenceEngine.ascore_top_batch`): per scored position t, the
+    log-prob of the given token, and the k most likely tokens' ids and log-probs (most likely
+    first; empty without top-k)."""
+
+    logprobs: list[float]
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One tensor of a weight bucket, as a server allocates it before the bytes arrive."""

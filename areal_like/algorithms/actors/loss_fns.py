@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 from areal_like.algorithms.aggregation import aggregate_loss
 from areal_like.algorithms.corrections import corrected_weights
-from areal_like.algorithms.kl import kl_estimate
+from areal_like.algorithms.kl import kl_estimate, kl_full
 from areal_like.algorithms.losses import (
     PolicyLossInputs,
     masked_inputs,
@@ -73,8 +73,11 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
             token_loss = token_loss - config.loss.entropy_coef * entropy
         kl = None
         if config.kl.coef and not config.kl.in_reward:
-            (ref,) = masked_inputs(mask, mb["ref_logp"].float())
-            kl = kl_estimate(logp, ref, config.kl.estimator)
+            if config.kl.estimator == "full":
+                kl = _full_kl(logits, mb, mask, config.temperature)
+            else:
+                (ref,) = masked_inputs(mask, mb["ref_logp"].float())
+                kl = kl_estimate(logp, ref, config.kl.estimator)
             token_loss = token_loss + coef * kl
         token_loss = torch.where(mask, token_loss, torch.zeros_like(token_loss))
         loss = aggregate_loss(token_loss, mask, mb["cu_seqlens"], config.loss.agg_mode,
@@ -105,6 +108,21 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
         return _zero_if_empty(loss, logits, mask)
 
     return loss_fn
+
+
+def _full_kl(logits: torch.Tensor, mb: TensorDict, mask: torch.Tensor,
+             temperature: float) -> torch.Tensor:
+    """kl.estimator=full: the exact per-position KL to the reference's top-k distribution."""
+    missing = [k for k in ("ref_top_ids", "ref_top_logp") if k not in mb.keys()]
+    if missing:
+        raise KeyError(f"algorithm.kl.estimator=full needs the reference's top-k next-token "
+                       f"log-probs in the batch; missing {missing} (the distill recipe brings "
+                       f"them with teacher.top_k > 0)")
+    keep = mask[:, None]
+    ids = torch.where(keep, mb["ref_top_ids"].long(), 0)
+    top = torch.where(keep, mb["ref_top_logp"].float(), 0.0)  # NaN/inf masked out before use
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return torch.where(mask, kl_full(logp_all, ids, top), 0.0)
 
 
 def as_values(logits: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,9 @@ class PPOActor:
         if cfg.coef <= 0:
             return None
         assert aligned.ref is not None and aligned.old is not None
-        token_kl = torch.where(aligned.mask, kl_estimate(aligned.old, aligned.ref, cfg.estimator),
+        # `full` is taken in the loss; its sampled estimate (k1) is what is observed here
+        estimator = "k1" if cfg.estimator == "full" else cfg.estimator
+        token_kl = torch.where(aligned.mask, kl_estimate(aligned.old, aligned.ref, estimator),
                                aligned.zero)
         self._observe_kl(token_kl, aligned.mask)
         return token_kl
@@ -306,6 +308,9 @@ class PPOActor:
                     "returns": None if returns is None else torch.where(mask, returns.float(),
                                                                         zero)}
         prepared.update({k: v for k, v in optional.items() if v is not None})
+        for key in ("ref_top_ids", "ref_top_logp"):  # kl.estimator=full's reference
+            if key in batch.keys():
+                prepared[key] = batch[key]
         ratio = self.config.loss.top_entropy_ratio
         if ratio < 1.0:
             prepared["policy_mask"] = top_entropy_mask(extra["entropy"], mask, ratio,

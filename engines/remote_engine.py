@@ -290,9 +290,8 @@ class RemoteInferenceEngine(InferenceEngine):
     # ---- retries ------------------------------------------------------------
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
-        """One prefill batch on one server (nothing sampled; one request where the backend
-        takes a batch, else one each, concurrently); routed, retried and version-checked like
-        generation."""
+        """One prefill batch on one server (nothing sampled; one request where the backend takes
+        a batch, else one each, concurrently); routed, retried and checked like generation."""
         return [s.logprobs for s in await self.ascore_top_batch(sequences, starts, 0, rid)]
 
     async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
@@ -305,8 +304,7 @@ class RemoteInferenceEngine(InferenceEngine):
                    else [([i], f"{rid}_{i}") for i in range(len(sequences))])
 
         async def score(indices: list[int], name: str) -> list[TokenScores]:
-            seqs = [list(sequences[i]) for i in indices]
-            firsts = [starts[i] for i in indices]
+            seqs, firsts = [list(sequences[i]) for i in indices], [starts[i] for i in indices]
             payload = self.api.score_payload(seqs, firsts, name, top_k)
 
             def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
@@ -317,10 +315,9 @@ class RemoteInferenceEngine(InferenceEngine):
                 _, reply = await self._post_generate(payload, rid, claimed, parse)
             finally:
                 self.servers.release_rid(claimed)
-            if not top_k:
-                return [TokenScores(lps) for lps in reply.logprobs]
-            return [TokenScores(*scored) for scored in zip(reply.logprobs, reply.top_ids,
-                                                           reply.top_logprobs, strict=True)]
+            none: list[list] = [[] for _ in reply.logprobs]  # no top-k asked
+            return [TokenScores(*one) for one in zip(reply.logprobs, reply.top_ids or none,
+                                                     reply.top_logprobs or none, strict=True)]
 
         async def score_all() -> list[TokenScores]:
             parts = await asyncio.gather(*(score(ix, name) for ix, name in batches))

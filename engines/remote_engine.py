@@ -315,9 +315,7 @@ class RemoteInferenceEngine(InferenceEngine):
                 _, reply = await self._post_generate(payload, rid, claimed, parse)
             finally:
                 self.servers.release_rid(claimed)
-            none: list[list] = [[] for _ in reply.logprobs]  # no top-k asked
-            return [TokenScores(*one) for one in zip(reply.logprobs, reply.top_ids or none,
-                                                     reply.top_logprobs or none, strict=True)]
+            return reply.scores
 
         async def score_all() -> list[TokenScores]:
             parts = await asyncio.gather(*(score(ix, name) for ix, name in batches))

@@ -8,10 +8,10 @@ tokenizer never matters (servers run with --skip-tokenizer-init).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.io_struct import GenerationHyperparameters, TokenScores
 
 # SGLang's finish_reason.type -> ModelResponse.stop_reason
 STOP_REASON_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -229,14 +229,15 @@ def check_top_k(top_k: int) -> None:
 
 @dataclass
 class ScoreReply:
-    """One scoring reply, checked: per sequence, the log-probs of ids[start:]; with top_k,
-    per sequence and scored position the k most likely token ids and their log-probs (most
-    likely first; empty lists without top_k)."""
+    """One scoring reply, checked: per sequence, the log-probs of ids[start:] (and with top_k
+    each position's k most likely tokens)."""
 
-    logprobs: list[list[float]]
+    scores: list[TokenScores]
     versions: list[int]  # the served version, once per scored token
-    top_ids: list[list[list[int]]] = field(default_factory=list)
-    top_logprobs: list[list[list[float]]] = field(default_factory=list)
+
+    @property
+    def logprobs(self) -> list[list[float]]:
+        return [s.logprobs for s in self.scores]
 
 
 def parse_score_reply(data: Any, server: str, rid: str, sequences: list[list[int]],
@@ -249,13 +250,12 @@ def parse_score_reply(data: Any, server: str, rid: str, sequences: list[list[int
     reply = ScoreReply([], [])
     for i, (item, ids, start) in enumerate(zip(data, sequences, starts, strict=True)):
         lps, label = _parse_one_score(item, server, f"{rid}_{i}", ids, start)
-        reply.logprobs.append(lps)
         reply.versions += [label] * len(lps)
+        top: tuple[list[list[int]], list[list[float]]] = ([], [])
         if top_k:
-            top_ids, top_lps = _parse_top(item["meta_info"], f"server {server}, rid={rid}_{i}",
-                                          len(lps), top_k)
-            reply.top_ids.append(top_ids)
-            reply.top_logprobs.append(top_lps)
+            top = _parse_top(item["meta_info"], f"server {server}, rid={rid}_{i}", len(lps),
+                             top_k)
+        reply.scores.append(TokenScores(lps, *top))
     return reply
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.io_struct import GenerationHyperparameters, TokenScores
 from engines.sglang_protocol import (
     LOGPROB_TOLERANCE,
     STOP_REASON_MAP,
@@ -141,13 +141,13 @@ def parse_score_reply(data: Any, server: str, rid: str, ids: list[int],
             raise SGLangProtocolError(f"{where}: prompt_logprobs[{t}] = {entry!r} has no entry "
                                       f"for the sent token {ids[t]}")
         logprobs.append(_logprob(value.get("logprob"), where, f"prompt_logprobs[{t}]"))
-    reply = ScoreReply([logprobs], [version] * len(logprobs))
+    scores = TokenScores(logprobs)
     if top_k:
         top = [_top_entries(entries[t], top_k, where, f"prompt_logprobs[{t}]")
                for t in range(start, len(ids))]
-        reply.top_ids.append([ids_ for ids_, _ in top])
-        reply.top_logprobs.append([lps for _, lps in top])
-    return reply
+        scores.top_ids = [ids_ for ids_, _ in top]
+        scores.top_logprobs = [lps for _, lps in top]
+    return ScoreReply([scores], [version] * len(logprobs))
 
 
 def _top_entries(entry: dict[str, Any], top_k: int, where: str, field: str

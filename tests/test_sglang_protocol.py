@@ -201,8 +201,9 @@ def test_scoring_with_top_k_reads_each_positions_most_likely_tokens():
                           "input_top_logprobs": top, "weight_version": "1"}}
     got = parse_score_reply([item], SERVER, "s-3", [ids], [2], top_k=2)
     assert got.logprobs == [[-0.1, -1.0]]
-    assert got.top_ids == [[[7, 3], [4, 8]]] and got.top_logprobs == [[[-0.1, -2.5], [-0.2, -1.0]]]
-    assert parse_score_reply([item], SERVER, "s-3", [ids], [2]).top_ids == []  # not asked
+    (one,) = got.scores
+    assert one.top_ids == [[7, 3], [4, 8]] and one.top_logprobs == [[-0.1, -2.5], [-0.2, -1.0]]
+    assert parse_score_reply([item], SERVER, "s-3", [ids], [2]).scores[0].top_ids == []
     short = {"meta_info": {**item["meta_info"], "input_top_logprobs": top[:2]}}
     with pytest.raises(SGLangProtocolError, match="input_top_logprobs has 2 entries; expected 3"):
         parse_score_reply([short], SERVER, "s-3", [ids], [2], top_k=2)

@@ -116,8 +116,8 @@ def test_scoring_with_top_k_keeps_the_k_most_likely_of_each_position():
                                {"6": {"logprob": -0.5}, "7": {"logprob": -1.5}}]
     reply = parse_score_reply(data, SERVER, "s", ids, start, top_k=2)
     assert reply.logprobs == [[-3.0, -0.5]]
-    assert reply.top_ids == [[[4, 2], [6, 7]]]
-    assert reply.top_logprobs == [[[-0.1, -2.9], [-0.5, -1.5]]]
+    assert reply.scores[0].top_ids == [[4, 2], [6, 7]]
+    assert reply.scores[0].top_logprobs == [[-0.1, -2.9], [-0.5, -1.5]]
     with pytest.raises(SGLangProtocolError, match=r"prompt_logprobs\[2\] has 2 entries; "
                                                   r"expected at least top_k=3"):
         parse_score_reply(data, SERVER, "s", ids, start, top_k=3)

@@ -55,7 +55,7 @@ class TeacherScorer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.connect, self.timeout = state["connect"], state["timeout"]
-        self.top_k = state.get("top_k", 0)
+        self.top_k = state["top_k"]
         self._engine, self._lock = None, threading.Lock()
 
     def _started(self) -> InferenceEngine:

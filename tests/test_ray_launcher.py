@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"  # loopback; Ray turns 127.0.0.1 into the machine's public address
 WORKER_IP = "127.0.0.3"  # the second node's
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
+# the head declares a node dead after 3 failed health checks 1 s apart (Ray's default: 5, 3 s
+# apart); a check still times out only after Ray's 10 s, so a slow node is not taken for dead
+NODE_HEALTH = dict(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
 # servers fork their schedulers (~13 s less per start; the launcher is under test)
 FORK = "server.fork_children=true"
 SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/config.yaml"]
@@ -63,7 +66,7 @@ def _start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
         node = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
                                  "--disable-usage-stats",
                                  f"--dashboard-agent-listen-port={_free_port()}", *args],
-                                stdout=out, stderr=subprocess.STDOUT, env=ENV,
+                                stdout=out, stderr=subprocess.STDOUT, env=ENV | NODE_HEALTH,
                                 start_new_session=True)
     deadline = time.monotonic() + 300
     while b"will now block" not in log.read_bytes():
@@ -308,7 +311,7 @@ def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert re.search(rf"launcher.master_port={port} is in use on 127\.0\.0\.[23]", out), out
-    assert "starting 1 SGLang server" not in out  # checked before anything starts
+    assert "server(s) on" not in out and "servers ready" not in out  # before any starts
 
 
 def test_more_than_the_cluster_has_is_refused(ray_address, tiny_model_dir, tmp_path):
@@ -346,22 +349,30 @@ HEAL_STEPS = 8
 SERVER_HEAL_STEPS = 80
 
 
-def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, fault_after: int,
-                 fault: Callable[[list[dict]], None], *overrides: str,
-                 steps: int = HEAL_STEPS) -> tuple[str, list[dict], list[dict], list[dict]]:
+# (after step, ready(metric records), fault(actors))
+Fault = tuple[int, Callable[[list[dict]], bool], Callable[[list[dict]], None]]
+
+
+def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list[Fault],
+                 *overrides: str, steps: int = HEAL_STEPS, trainer_restarts: int = 1
+                 ) -> tuple[str, list[dict], list[dict], list[dict]]:
     """A GRPO run at eta = 0 with checkpoints every 2 steps and one restart allowed for each
-    server and for the trainer gang; `fault(actors)` once step `fault_after` is logged and a
-    checkpoint exists. (Output, metric records, episodes, actors.json at the end.)"""
+    server (`trainer_restarts` for the trainer gang); each fault `(after, ready, fault)` in
+    turn: `fault(actors)` once step `after` is logged, a checkpoint exists and
+    `ready(records)`. (Output, metric records, episodes, actors.json at the end.)"""
     run = tmp_path / "grpo_addition" / "trial0"
     proc = _run("ray", ["grpo", *_common(model_dir, tmp_path, steps),
                         f"launcher.ray_address={ray_address}",
                         "rollout.weight_transport=distributed", FORK, "checkpoint.freq_steps=2",
-                        "server.max_restarts=1", "launcher.max_trainer_restarts=1", *overrides],
+                        "server.max_restarts=1",
+                        f"launcher.max_trainer_restarts={trainer_restarts}", *overrides],
                 start_new_session=True)
     try:
-        _wait_for_step(proc, run / "metrics.jsonl", fault_after, key="loss",
-                       also=(run / "checkpoints" / "latest").exists)
-        fault(json.loads((run / "logs" / "actors.json").read_text()))
+        for after, ready, fault in faults:
+            _wait_for_step(proc, run / "metrics.jsonl", after, key="loss",
+                           also=lambda ready=ready: (run / "checkpoints" / "latest").exists()
+                           and ready(read_metrics(run / "metrics.jsonl")))
+            fault(json.loads((run / "logs" / "actors.json").read_text()))
         faulted = time.monotonic()
         out, _ = proc.communicate(timeout=900)
     finally:
@@ -369,7 +380,7 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, fault_after:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-5000:]
-    print(f"fault to the end of the run: {time.monotonic() - faulted:.1f} s")
+    print(f"last fault to the end of the run: {time.monotonic() - faulted:.1f} s")
     print("\n".join(line for line in out.splitlines() if line.startswith("[launcher]")))
     records = read_metrics(run / "metrics.jsonl")
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
@@ -379,10 +390,14 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, fault_after:
     trained = [i for e in episodes if "trained" in e for i in e["trained"]]
     assert len(trained) == len(set(trained)) and len(trained) == steps * 4
     # the fleet served the trainer's current weights at every step (eta = 0: recomputed
-    # log-probabilities equal the servers' up to float noise), before and after the fault
+    # log-probabilities equal the servers' up to float noise), before and after the faults
     gaps = [r["actor/gap/abs_log_diff/max"] for r in records if "actor/gap/abs_log_diff/max" in r]
     assert len(gaps) == steps and max(gaps) < 1e-3, gaps
     return out, records, episodes, actors
+
+
+def _anytime(records: list[dict]) -> bool:
+    return True
 
 
 def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_weights(
@@ -400,8 +415,9 @@ def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_
         os.kill(killed["actor_pid"], signal.SIGKILL)
         os.killpg(killed["pid"], signal.SIGKILL)
 
-    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 2,
-                                           kill_server_actor, "launcher.n_trainer_procs=1",
+    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path,
+                                           [(2, _anytime, kill_server_actor)],
+                                           "launcher.n_trainer_procs=1",
                                            "server.n_servers=2", steps=SERVER_HEAL_STEPS)
     server = next(a for a in actors if a["name"] == "server_0")
     assert server["restarts"] == 1 and server["actor_pid"] != killed["actor_pid"]
@@ -413,32 +429,25 @@ def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_
     assert last["fleet/in_service"] == 2  # routed to again
 
 
-def test_a_killed_trainer_rank_restarts_the_gang_from_its_checkpoint(ray_address,
-                                                                     tiny_model_dir, tmp_path):
-    """SIGKILL of trainer rank 1's process after a checkpoint: the launcher stops rank 0,
-    starts both ranks again with `checkpoint.recover=auto`, the kept fleet gets the
-    checkpoint's weights, and every step is logged and trained once."""
+def test_a_killed_trainer_rank_then_a_lost_node_are_healed(ray_cluster, ray_address,
+                                                          tiny_model_dir, tmp_path):
+    """Two faults in one run (2 servers, 2 trainer ranks, placement SPREAD: one of each on
+    each node), each after a checkpoint:
+
+    1. SIGKILL of trainer rank 1's process: the launcher stops rank 0, starts both ranks
+       again with `checkpoint.recover=auto`, the kept fleet gets the checkpoint's weights;
+    2. then every process of the second node SIGKILLed at once: Ray declares the node dead
+       and places its bundles on the head, the launcher restarts what ran there (the server
+       on the head's address, the trainer gang from the checkpoint, given the server's new
+       address) and the run ends with everything on the head.
+
+    Every step is logged and trained once across both."""
     def kill_rank_1(actors: list[dict]) -> None:
         os.kill(next(a for a in actors if a["name"] == "trainer_1")["pid"], signal.SIGKILL)
 
-    out, records, episodes, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 3,
-                                                  kill_rank_1)
-    assert "restarting the 2 trainer rank(s) from the last checkpoint (restart 1 of 1" in out
-    assert "checkpoint.recover=auto" in out  # the second start's command line
-    assert any("restored" in e for e in episodes)  # the recovered run's start
-    after = [r for r in records if "launcher/trainer_restarts" in r]
-    assert after[-1]["launcher/trainer_restarts"] == 1
-    assert after[-1]["launcher/server_restarts"] == 0
-    assert [a["restarts"] for a in actors] == [0, 1, 1]  # server_0, trainer_0, trainer_1
+    def healed_once(records: list[dict]) -> bool:  # a step of the recovered gang
+        return any(r.get("launcher/trainer_restarts") == 1 and r["step"] >= 5 for r in records)
 
-
-def test_a_lost_node_is_rescheduled_onto_the_other(ray_cluster, ray_address, tiny_model_dir,
-                                                    tmp_path):
-    """Every process of the second node SIGKILLed at once after a checkpoint (placement
-    SPREAD put a trainer rank and a server there): Ray declares the node dead and places its
-    bundles on the head, the launcher restarts what ran there (the server on the head's
-    address, the trainer gang from the checkpoint, given the server's new address) and the
-    run ends with everything on the head."""
     lost = []
 
     def lose_the_second_node(actors: list[dict]) -> None:
@@ -447,17 +456,29 @@ def test_a_lost_node_is_rescheduled_onto_the_other(ray_cluster, ray_address, tin
         assert sorted(a["role"] for a in lost) == ["server", "trainer"], actors
         ray_cluster.kill_worker([a["pid"] for a in lost])
 
-    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path, 3,
-                                           lose_the_second_node, "server.n_servers=2",
-                                           "launcher.placement_strategy=SPREAD")
+    out, records, episodes, actors = _healing_run(
+        ray_address, tiny_model_dir, tmp_path,
+        [(3, _anytime, kill_rank_1), (5, healed_once, lose_the_second_node)],
+        "server.n_servers=2", "launcher.placement_strategy=SPREAD", steps=10,
+        trainer_restarts=2)
+    # 1. the killed rank
+    assert ("trainer_1 (node " in out and "its trainer process exited with signal SIGKILL; "
+            "restarting the 2 trainer rank(s) from the last checkpoint (restart 1 of 2" in out)
+    assert "checkpoint.recover=auto" in out  # the second start's command line
+    assert any("restored" in e for e in episodes)  # the recovered run's start
+    between = [r for r in records if r.get("launcher/trainer_restarts") == 1]
+    assert between and all(r["launcher/server_restarts"] == 0 for r in between)
+    # 2. the lost node
     assert {a["ip"] for a in actors} == {NODE_IP}
     server = next(a for a in lost if a["role"] == "server")
     moved = next(a for a in actors if a["name"] == server["name"])
     assert moved["address"].startswith(f"{NODE_IP}:") and moved["restarts"] == 1
+    assert sorted(a["restarts"] for a in actors if a["role"] == "server") == [0, 1]
+    assert [a["restarts"] for a in actors if a["role"] == "trainer"] == [2, 2]
     last = [r for r in records if "loss" in r][-1]
-    assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 1)
-    assert "restarting the 2 trainer rank(s) from the last checkpoint" in out
+    assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 2)
+    assert "from the last checkpoint (restart 2 of 2" in out
     # the recovered trainer was given the moved server's new address, and it served
-    second_start = out[out.index("restarting the 2 trainer rank(s)"):]
+    second_start = out[out.index("(restart 2 of 2, launcher.max_trainer_restarts)"):]
     assert moved["address"] in second_start.split("rollout.server_addrs=[", 1)[1].split("]")[0]
     assert last["fleet/in_service"] == 2

@@ -131,6 +131,7 @@ class RayJob:
         for member, node in zip(self.members, nodes, strict=True):
             member.node = node
         check_weight_path(self.config, self.servers, self.trainers[0])
+        self._reserve_rendezvous_port()  # a port in use is named before any server starts
         if self.servers:
             CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
                          f"server(s) on {config.model.path}")
@@ -150,8 +151,7 @@ class RayJob:
         from the last checkpoint, with the fleet's current addresses)."""
         config, rank0 = self.config, self.trainers[0]
         check_weight_path(config, self.servers, rank0)
-        port = self._gather([(rank0, rank0.handle.rendezvous_port.remote(
-            config.launcher.master_port))], 60, "reserve the rendezvous port")[0]
+        port = self._reserve_rendezvous_port()
         extra = []
         if self.servers:
             extra += [f"rollout.server_addrs=[{','.join(s.address for s in self.servers)}]",
@@ -171,6 +171,12 @@ class RayJob:
         for t, pid in zip(self.trainers, pids, strict=True):
             t.pid, t.last_answer = pid, time.monotonic()
         self._write_actors()
+
+    def _reserve_rendezvous_port(self) -> int:
+        """`launcher.master_port` if free on rank 0's node (0: a free one); else LaunchError."""
+        rank0 = self.trainers[0]
+        return self._gather([(rank0, rank0.handle.rendezvous_port.remote(
+            self.config.launcher.master_port))], 60, "reserve the rendezvous port")[0]
 
     def _tell_rank0(self) -> None:
         """Write the restart counts and the servers' addresses on trainer rank 0's node,

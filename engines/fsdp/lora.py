@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from areal_like.api.io_struct import AdapterWeights
 from areal_like.api.lora_config import LoRAConfig
+
+if TYPE_CHECKING:  # peft is imported where an adapter is made (0.5 s every trainer start else)
+    from peft import LoraConfig, PeftModel
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -29,6 +31,8 @@ def apply_lora(model: torch.nn.Module, lora: LoRAConfig, model_path: str) -> Pef
         raise ValueError(f"actor.lora.target_modules names {missing}, which the model at "
                          f"{model_path!r} does not have as linear layers (it has: "
                          f"{sorted(names)})")
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), bias="none",
                         base_model_name_or_path=model_path)
@@ -57,6 +61,8 @@ def gather_adapter(model: PeftModel, rank: int) -> Optional[AdapterWeights]:
             full[name] = tensor.to("cpu", copy=True)
     if rank != 0:
         return None
+    from peft import get_peft_model_state_dict
+
     state = get_peft_model_state_dict(model, state_dict=full)
     return AdapterWeights(config=adapter_config_dict(model),
                           tensors={k: v.contiguous() for k, v in state.items()})
@@ -75,7 +81,7 @@ def merged_state_dict(model: PeftModel, full_state: dict[str, torch.Tensor]
                       ) -> dict[str, torch.Tensor]:
     """Rank 0: the HF weights of base + adapter (W + alpha/r * B @ A), from the engine's
     gathered full state dict, under the base model's own names."""
-    lora_cfg = cast(LoraConfig, model.peft_config["default"])
+    lora_cfg = cast("LoraConfig", model.peft_config["default"])
     scaling = lora_cfg.lora_alpha / lora_cfg.r
     prefix = "base_model.model."
     merged: dict[str, torch.Tensor] = {}

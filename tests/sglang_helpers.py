@@ -26,6 +26,13 @@ from engines.sglang_server import SGLangFleet
 LOGPROB_ATOL = 1e-4
 
 
+# Attempts to land a pause or an update inside one generation. On vLLM the tiny model's 800
+# tokens take ~0.1-0.3 s in the engine; beside two busy processes about one attempt in four
+# landed (4 of 15, with the tests' delay search), so 6 attempts failed now and then; 20 do not
+# (0.75^20 ~ 0.3 %). An attempt that lands ends the loop.
+WINDOW_ATTEMPTS = 20
+
+
 def require_sglang_venv() -> None:
     """Skip when the SGLang venv is missing (fail in CI), like the `sglang_fleet` fixture."""
     from engines.sglang_server import SGLangServerError, resolve_sglang_python

@@ -15,6 +15,7 @@ import torch
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import (
     LOGPROB_ATOL,
+    WINDOW_ATTEMPTS,
     eos_token_id,
     fleet_engine,
     fleet_version,
@@ -106,7 +107,7 @@ async def test_request_in_flight_reports_both_versions(engine, tiny_model_dir, n
     # the first token is tried again later, one after the last token earlier; the attempts
     # alternate the two weight sets, so every update changes the weights.
     old_dir, n_tokens, delay = tiny_model_dir, 1000, 0.3
-    for attempt in range(6):
+    for attempt in range(WINDOW_ATTEMPTS):
         new_dir = (new_weights_dir, tiny_model_dir)[attempt % 2]
         old = engine.get_version()
         new = old + 1
@@ -138,7 +139,7 @@ async def test_abort_mode_pause_is_continued_transparently(any_fleet, engine):
         # a pause that comes before the scheduler holds the request does not abort it (it
         # waits in the HTTP front end): then pause later; one after the request ended: earlier
         delay = 0.2
-        for _ in range(6):
+        for _ in range(WINDOW_ATTEMPTS):
             task = asyncio.ensure_future(abort_engine.agenerate(ModelRequest(input_ids=PROMPT,
                                                                              gconfig=g)))
             await _until_sent(abort_engine, task)
@@ -181,7 +182,7 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(an
     abort_engine.membership.on_all = pause_after_a_request
     shortest_ended = None  # a pause sent this late found the request finished: search below
     try:
-        for _ in range(10):  # a busy machine moves the window: bisect towards it
+        for _ in range(WINDOW_ATTEMPTS):  # a busy machine moves the window: bisect
             await abort_engine.apause()
             abort_engine.membership.on_all = on_all
             await abort_engine.aresume()

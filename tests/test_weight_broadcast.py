@@ -18,6 +18,7 @@ import torch
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import (
     LOGPROB_ATOL,
+    WINDOW_ATTEMPTS,
     assert_same_records,
     eos_token_id,
     fleet_version,
@@ -152,8 +153,9 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
         # no timing assumed: a broadcast before the first token is tried again later, one
         # after the last token earlier
         n_tokens, delay = 1000, 0.3
-        for attempt in range(6):
+        for attempt in range(WINDOW_ATTEMPTS):
             old = client.get_version()
+            _perturb(trainer, seed=100 + attempt)  # the server has the old ones until the push
             g = GenerationHyperparameters(max_new_tokens=n_tokens, min_new_tokens=n_tokens,
                                           temperature=1.0)
             future = asyncio.run_coroutine_threadsafe(
@@ -164,7 +166,6 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
                 assert time.monotonic() < deadline, "the request reached no server in 120 s"
                 time.sleep(0.01)
             time.sleep(delay)  # some tokens with the old weights
-            _perturb(trainer, seed=100 + attempt)
             broadcaster.push(trainer, client, old + 1)
             resp = future.result(timeout=300)
             if len(set(resp.output_versions)) == 2:

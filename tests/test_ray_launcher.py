@@ -349,17 +349,17 @@ HEAL_STEPS = 8
 SERVER_HEAL_STEPS = 80
 
 
-# (after step, ready(metric records), fault(actors))
-Fault = tuple[int, Callable[[list[dict]], bool], Callable[[list[dict]], None]]
+# (step, trainer restarts, fault(actors)): the fault once the trainer gang, restarted that
+# many times, has logged that step or a later one
+Fault = tuple[int, int, Callable[[list[dict]], None]]
 
 
 def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list[Fault],
                  *overrides: str, steps: int = HEAL_STEPS, trainer_restarts: int = 1
                  ) -> tuple[str, list[dict], list[dict], list[dict]]:
     """A GRPO run at eta = 0 with checkpoints every 2 steps and one restart allowed for each
-    server (`trainer_restarts` for the trainer gang); each fault `(after, ready, fault)` in
-    turn: `fault(actors)` once step `after` is logged, a checkpoint exists and
-    `ready(records)`. (Output, metric records, episodes, actors.json at the end.)"""
+    server (`trainer_restarts` for the trainer gang); each `Fault` in turn, a checkpoint
+    existing. (Output, metric records, episodes, actors.json at the end.)"""
     run = tmp_path / "grpo_addition" / "trial0"
     proc = _run("ray", ["grpo", *_common(model_dir, tmp_path, steps),
                         f"launcher.ray_address={ray_address}",
@@ -368,10 +368,12 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list
                         f"launcher.max_trainer_restarts={trainer_restarts}", *overrides],
                 start_new_session=True)
     try:
-        for after, ready, fault in faults:
+        for after, restarts, fault in faults:
             _wait_for_step(proc, run / "metrics.jsonl", after, key="loss",
-                           also=lambda ready=ready: (run / "checkpoints" / "latest").exists()
-                           and ready(read_metrics(run / "metrics.jsonl")))
+                           also=lambda a=after, n=restarts: (run / "checkpoints" / "latest")
+                           .exists() and any(r["step"] >= a and "loss" in r
+                                             and r.get("launcher/trainer_restarts", 0) == n
+                                             for r in read_metrics(run / "metrics.jsonl")))
             fault(json.loads((run / "logs" / "actors.json").read_text()))
         faulted = time.monotonic()
         out, _ = proc.communicate(timeout=900)
@@ -396,10 +398,6 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list
     return out, records, episodes, actors
 
 
-def _anytime(records: list[dict]) -> bool:
-    return True
-
-
 def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_weights(
         ray_address, tiny_model_dir, tmp_path):
     """SIGKILL of one of two servers' actor and of its server's processes at step 2 (a
@@ -416,7 +414,7 @@ def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_
         os.killpg(killed["pid"], signal.SIGKILL)
 
     out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path,
-                                           [(2, _anytime, kill_server_actor)],
+                                           [(2, 0, kill_server_actor)],
                                            "launcher.n_trainer_procs=1",
                                            "server.n_servers=2", steps=SERVER_HEAL_STEPS)
     server = next(a for a in actors if a["name"] == "server_0")
@@ -445,9 +443,6 @@ def test_a_killed_trainer_rank_then_a_lost_node_are_healed(ray_cluster, ray_addr
     def kill_rank_1(actors: list[dict]) -> None:
         os.kill(next(a for a in actors if a["name"] == "trainer_1")["pid"], signal.SIGKILL)
 
-    def healed_once(records: list[dict]) -> bool:  # a step of the recovered gang
-        return any(r.get("launcher/trainer_restarts") == 1 and r["step"] >= 5 for r in records)
-
     lost = []
 
     def lose_the_second_node(actors: list[dict]) -> None:
@@ -458,7 +453,7 @@ def test_a_killed_trainer_rank_then_a_lost_node_are_healed(ray_cluster, ray_addr
 
     out, records, episodes, actors = _healing_run(
         ray_address, tiny_model_dir, tmp_path,
-        [(3, _anytime, kill_rank_1), (5, healed_once, lose_the_second_node)],
+        [(3, 0, kill_rank_1), (5, 1, lose_the_second_node)],
         "server.n_servers=2", "launcher.placement_strategy=SPREAD", steps=10,
         trainer_restarts=2)
     # 1. the killed rank

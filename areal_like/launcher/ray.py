@@ -131,7 +131,8 @@ class RayJob:
         for member, node in zip(self.members, nodes, strict=True):
             member.node = node
         check_weight_path(self.config, self.servers, self.trainers[0])
-        self._reserve_rendezvous_port()  # a port in use is named before any server starts
+        if launcher.master_port:  # a fixed port in use is named before any server starts
+            self._reserve_rendezvous_port()
         if self.servers:
             CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
                          f"server(s) on {config.model.path}")

@@ -103,7 +103,8 @@ def test_the_vllm_backend_refuses_images_by_name():
 
 # ---- a real SGLang server -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def vl_server(tiny_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def _module_vl_server(tiny_vl_dir: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from conftest import SGLANG_TEST_API_KEY
     from sglang_helpers import require_sglang_venv
 
@@ -115,6 +116,16 @@ def vl_server(tiny_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     with SGLangFleet(tiny_vl_dir, config, api_key=SGLANG_TEST_API_KEY,
                      log_dir=tmp_path_factory.mktemp("vl_logs")) as fleet:
         yield fleet
+
+
+@pytest.fixture
+def vl_server(_module_vl_server: Any, tiny_vl_dir: Path) -> Any:
+    """The module's server as a just-started one: `tiny_vl_dir` under version 0, whatever an
+    earlier test (in any order) loaded into it."""
+    from sglang_helpers import reset_fleet
+
+    reset_fleet(_module_vl_server, tiny_vl_dir)
+    return _module_vl_server
 
 
 def _reference_logprobs(model_dir: Path, prompt: VisionPrompt, output: list[int],

@@ -36,10 +36,10 @@ DATA = {"messages": [{"role": "user", "content": "what is 3 + 4"}], "allowed": "
 
 
 def _workflow(model_dir: Path, teacher: TeacherScorer, executor: RewardExecutor,
-              n: int = 3) -> DistillWorkflow:
+              n: int = 3, use_task_reward: bool = True) -> DistillWorkflow:
     g = GenerationHyperparameters(max_new_tokens=10, temperature=1.0, n_samples=n)
     return DistillWorkflow(starts_with_any, g, str(model_dir), teacher,
-                           reward_executor=executor)
+                           use_task_reward=use_task_reward, reward_executor=executor)
 
 
 @pytest.mark.sglang
@@ -55,6 +55,8 @@ async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_d
     try:
         _load_on(teacher_addr, teacher_dir, version)
         group = await _workflow(tiny_model_dir, scorer, executor).arun_episode(student, DATA)
+        alone = await _workflow(tiny_model_dir, scorer, executor,
+                                use_task_reward=False).arun_episode(student, DATA)
     finally:
         scorer.close()
         student.destroy()
@@ -86,7 +88,15 @@ async def test_the_teacher_scores_the_students_tokens(sglang_fleet, tiny_model_d
         kls.append(float((group["logprobs"][row][mask].double() - teacher).mean()))
     # other weights: the teacher's log-probs are not the student's own
     assert max(abs(k) for k in kls) > 0.05
-    assert executor.n_calls == 3 + 3  # the verifier's and the teacher's calls, all counted
+    # the teacher alone (`teacher.use_task_reward=false`): the verifier is never called, every
+    # row's task reward is 0.0 (GRPO's advantage then 0), the teacher's columns are all there
+    assert alone["rewards"].tolist() == [0.0] * 3
+    alone_mask = alone["loss_mask"].bool()
+    scored = alone["teacher_logprobs"][alone_mask]
+    assert torch.isfinite(scored).all() and (scored <= 0).all() and (scored < 0).any()
+    assert alone["teacher_top_ids"].shape == (*alone["input_ids"].shape, 3)
+    # the verifier's and the teacher's calls, all counted: 3 + 3, then the teacher's 3
+    assert executor.n_calls == 3 + 3 + 3
 
 
 @pytest.mark.parametrize("kl_discount", [None, 0.0, 0.5])

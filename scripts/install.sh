@@ -8,7 +8,7 @@ PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   "$PYTHON" -m pip install "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, torchdata, mypy, peft" 2>/dev/null; then
+if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft" 2>/dev/null; then
   "$PYTHON" -m pip install -e ".[dev,ray]"
 fi
 if [ -f scripts/install_sglang.sh ]; then

@@ -13,8 +13,12 @@ MYPY_LOG="$(mktemp)"
 "$PYTHON" -m mypy >"$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
 trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG"' EXIT
+# two lanes (pytest-xdist, tests/conftest.py): the tests of servers, torchrun jobs and Ray in
+# one worker, in order; the in-process tests in the other, beside them. TEST_LANES=1: one process.
+LANES=(-n 2 --dist loadgroup)
+if [ "${TEST_LANES:-2}" = 1 ]; then LANES=(); fi
 status=0
-OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rfEs --durations=25 "$@" || status=$?  # summary: failures, errors, skips
+OMP_NUM_THREADS=1 "$PYTHON" -m pytest -q -rfEs --durations=25 "${LANES[@]}" "$@" || status=$?  # summary: failures, errors, skips
 mypy_status=0
 wait "$MYPY_PID" || mypy_status=$?
 cat "$MYPY_LOG"

@@ -30,8 +30,16 @@ FIXTURE_MARKERS = {
     "ray_address": ("e2e",),  # a Ray cluster of its own
 }
 QUICK_TIER_LIMIT_S = 20.0  # a quick-tier test slower than this is named at the end
+# Two lanes (`scripts/test.sh` runs pytest-xdist, `-n 2 --dist loadgroup`): a test with one of
+# these markers starts or talks to servers, torchrun jobs or Ray, shares the session's fleets
+# and module servers, and often both cores: all of them run in one worker, in collection order.
+# The in-process tests run beside them in the other worker, a module at a time: alone they
+# leave one core idle (docs/contributing.md, "Two lanes").
+SERIAL_LANE_MARKERS = ("sglang", "vllm", "e2e", "torchrun")
+SERIAL_LANE = "serial"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the `xdist_group` marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
@@ -40,6 +48,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "any_fleet" in params:  # sglang or vllm: the venv that test needs
             item.add_marker(params["any_fleet"])
+        if any(item.get_closest_marker(name) for name in SERIAL_LANE_MARKERS):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_LANE))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without the plugin
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 (xdist's types)
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LaneScheduling(LoadGroupScheduling):
+        """The serial lane is one work unit; every other test goes with its module, so a
+        module-scoped fixture is built once."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's `@group` suffix
+                return nodeid.rsplit("@", 1)[-1]
+            return nodeid.split("::", 1)[0]
+
+    return LaneScheduling(config, log)
 
 
 _slow_in_quick_tier: list[tuple[str, float]] = []

@@ -63,9 +63,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
         module-scoped fixture is built once."""
 
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's `@group` suffix
-                return nodeid.rsplit("@", 1)[-1]
-            return nodeid.split("::", 1)[0]
+            group = super()._split_scope(nodeid)  # xdist's: the `@group` name, else the test
+            return group if group != nodeid else nodeid.split("::", 1)[0]
 
     return LaneScheduling(config, log)
 

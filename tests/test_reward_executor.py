@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -62,7 +63,7 @@ async def test_marked_rewards_run_inline_and_fail_like_the_others(executor_facto
     with pytest.raises(RewardFailure) as slow:
         await executor(reward_fns.inline_burns_cpu, "q", "x", seconds="1.5")
     assert slow.value.kind == "timeout" and "of CPU inline" in str(slow.value)
-    assert executor._pool is None  # no worker process was needed
+    assert not executor.workers.started  # no worker process was needed
     assert (executor.n_calls, executor.failures) == (4, {"raised": 1, "timeout": 1})
 
     in_workers = executor_factory(timeout=60, run_inline=False)
@@ -167,6 +168,59 @@ async def test_a_crashed_worker_fails_only_its_own_call(executor_factory):
     assert results[1:] == [1.0] * 6
 
 
+async def test_a_worker_killed_while_idle_does_not_break_later_calls(executor_factory):
+    """pebble gives up its whole pool when a worker dies while no call runs (the OOM killer
+    taking an idle worker): the next calls get a new pool and real rewards."""
+    executor = executor_factory(max_workers=1, timeout=60)
+    idle_worker = int(await executor(reward_fns.worker_pid, "q", "x"))
+    os.kill(idle_worker, signal.SIGKILL)
+    values = await asyncio.wait_for(_gather(executor, [(reward_fns.worker_pid, "x", {})] * 3
+                                            + [(reward_fns.right_if_42, "42", {})]), 120)
+    assert values[3] == 1.0 and all(isinstance(pid, float) for pid in values[:3])
+    assert idle_worker not in values and executor.failures == {}
+    assert executor.workers.replaced == 1
+
+
+def test_workers_that_die_while_starting_fail_the_call_instead_of_hanging(tmp_path):
+    """Every worker exits while it starts (the program exits when a worker imports it), so
+    each pool breaks before it takes the call: the call is sent to RESENDS new pools, then
+    fails as `crashed`, counted, without waiting for any timeout."""
+    (tmp_path / "program.py").write_text(textwrap.dedent("""
+        import asyncio
+        import json
+        import sys
+
+        if __name__ == "__mp_main__":  # a worker importing the program
+            sys.exit(3)
+
+        import reward_fns
+
+        from areal_like.api.config import RewardConfig
+        from areal_like.rewards.failures import RewardFailure
+        from areal_like.rewards.reward_executor import RESENDS, RewardExecutor
+
+        async def call(executor):
+            try:
+                return await asyncio.wait_for(executor(reward_fns.right_if_42, "q", "42"), 240)
+            except RewardFailure as failure:
+                return [failure.kind, str(failure)]
+
+        if __name__ == "__main__":
+            executor = RewardExecutor(RewardConfig(max_workers=1, timeout=3600))
+            outcome = asyncio.run(call(executor))
+            print(json.dumps([outcome, dict(executor.failures), executor.workers.replaced,
+                              RESENDS]))
+            executor.shutdown()
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    proc = subprocess.run([sys.executable, str(tmp_path / "program.py")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (kind, message), failures, replaced, resends = json.loads(proc.stdout.splitlines()[-1])
+    assert kind == "crashed" and f"broke {resends + 1} times before the call started" in message
+    assert failures == {"crashed": 1} and replaced == resends
+
+
 async def test_200_calls_under_load_with_one_hanging(executor_factory, busy_machine):
     """200 reward calls while two CPU-bound processes load the machine, one of them hanging:
     exactly one failure (its timeout), 199 right answers; the hang stops only itself."""
@@ -267,7 +321,7 @@ def test_check_reports_unusable_reward_functions(executor_factory, fn, data, exp
         executor.check(fn, data)
     for text in expected:
         assert text in str(info.value)
-    assert executor._pool is None  # failed before any worker was started
+    assert not executor.workers.started  # failed before any worker was started
 
 
 @pytest.mark.parametrize("use_processes", [True, False])
@@ -289,7 +343,7 @@ def test_check_accepts_good_functions_and_loads_them_in_a_worker(executor_factor
     executor = executor_factory()
     executor.check(reward_fns.right_if_42, {"answer": "42", "id": 3, "messages": []})
     executor.check(_needs_answer, {"answer": "1"})
-    assert executor._pool is not None
+    assert executor.workers.started
 
 
 def test_a_script_without_main_guard_is_named_at_start(tmp_path):

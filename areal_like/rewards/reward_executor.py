@@ -3,10 +3,11 @@
 Sync reward functions run in a `pebble` process pool (verifiers like math-verify or sympy can
 hang or hold the GIL for seconds): a call's timeout clock starts when a worker starts it, not
 while it queues, and a call that overruns is stopped by terminating its worker alone — the
-calls running beside it are not affected and the pool replaces the worker. Async reward
-functions are awaited directly; with `use_processes=False` sync functions run in threads
-(the timeout then marks the sample failed, but a hung thread cannot be stopped). Functions
-marked `@inline_reward` (cheap, cannot hang) run in the caller's thread (`run_inline`).
+calls running beside it are not affected and the pool replaces the worker (a pool that
+breaks is replaced too: `worker_pool`). Async reward functions are awaited directly; with
+`use_processes=False` sync functions run in threads (the timeout then marks the sample
+failed, but a hung thread cannot be stopped). Functions marked `@inline_reward` (cheap,
+cannot hang) run in the caller's thread (`run_inline`).
 
 A call that raises, times out, crashes its worker or returns something other than a finite
 real number raises `RewardFailure` — never a 0.0 — and is counted (`reward/failed`,
@@ -37,7 +38,7 @@ from collections import Counter
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
-from pebble import ProcessExpired, ProcessPool
+from pebble import ProcessExpired
 
 from areal_like.api.config import RewardConfig
 from areal_like.rewards import pool_worker
@@ -52,13 +53,14 @@ from areal_like.rewards.checks import (
 from areal_like.rewards.convention import TokenIds, invoke
 from areal_like.rewards.failures import RewardFailure, RewardFunctionError
 from areal_like.rewards.inline import is_inline
-from areal_like.rewards.worker_start import worker_context
+from areal_like.rewards.worker_pool import PoolBroke, PoolStopped, RewardWorkers
 from areal_like.utils import stats_tracker
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
+RESENDS = 2  # times a call caught in a broken worker pool (so never started) is sent again
 
 
 class RewardExecutor:
@@ -69,7 +71,7 @@ class RewardExecutor:
         self.budget = FailureBudget(self.config.max_failure_rate, self.config.failure_window)
         self.n_calls = 0
         self.failures: Counter[str] = Counter()  # by kind
-        self._pool: Optional[ProcessPool] = None
+        self.workers = RewardWorkers(self.config.max_workers, self.config.worker_start)
         self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._stuck_threads = 0  # threads still running a call that timed out
         self._lock = threading.Lock()
@@ -80,14 +82,6 @@ class RewardExecutor:
         return sum(self.failures.values())
 
     # ---- pools --------------------------------------------------------------------------
-    def _process_pool(self, fn: Optional[Callable[..., Any]] = None) -> ProcessPool:
-        with self._lock:
-            if self._pool is None:
-                # never a plain fork: this process runs threads and an event loop
-                self._pool = ProcessPool(max_workers=self.config.max_workers,
-                                         context=worker_context(self.config.worker_start, fn))
-            return self._pool
-
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._threads is None:
@@ -103,11 +97,8 @@ class RewardExecutor:
     def shutdown(self) -> None:
         """Stop the workers (running calls are terminated). Safe to call twice."""
         with self._lock:
-            pool, self._pool = self._pool, None
             threads, self._threads = self._threads, None
-        if pool is not None:
-            pool.stop()
-            pool.join(timeout=30)
+        self.workers.shutdown()
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
 
@@ -132,21 +123,24 @@ class RewardExecutor:
         if not load_in_worker:
             return
         try:
-            future = self._process_pool(fn).schedule(pool_worker.ready, args=(fn,))
+            pool, future = self.workers.schedule(fn, pool_worker.ready, (fn,))
+            self.workers.wait(pool, future, self.config.startup_timeout)
         except BrokenProcessPool as e:
             raise RewardFunctionError(
                 f"reward worker processes could not start (reward.worker_start="
                 f"{self.config.worker_start}; the cause is printed above): {e!r}; "
                 f"reward.worker_start=spawn starts each worker by importing the program "
                 f"instead") from e
-        try:
-            future.result(timeout=self.config.startup_timeout)
         except _TIMEOUTS:
-            future.cancel()
             raise RewardFunctionError(
                 f"reward worker processes did not load reward function {reward_name(fn)} "
                 f"(from {where_defined(fn)}) within reward.startup_timeout="
                 f"{self.config.startup_timeout} s; {worker_load_hint(fn)}") from None
+        except PoolBroke as e:  # every worker exited before one could take the call
+            raise RewardFunctionError(
+                f"reward worker processes could not load reward function {reward_name(fn)} "
+                f"(from {where_defined(fn)}): they exited before loading it (the cause is "
+                f"printed above: {e}); {worker_load_hint(fn)}") from e
         except Exception as e:
             raise RewardFunctionError(
                 f"reward worker processes could not load reward function {reward_name(fn)} "
@@ -239,25 +233,39 @@ class RewardExecutor:
 
     async def _call_in_process(self, fn: Callable[..., Any], prompt: str, completion: str,
                                data: dict[str, Any], ids: TokenIds = None) -> float:
-        future = self._process_pool(fn).schedule(
-            pool_worker.call_reward, args=(fn, prompt, completion, data, ids),
-            timeout=self.config.timeout)
         try:
-            outcome = await asyncio.wrap_future(future)
+            outcome = await self._run_in_workers(fn, (fn, prompt, completion, data, ids))
         except _TIMEOUTS:
             raise self._timeout(fn) from None
         except ProcessExpired as e:
             raise RewardFailure(reward_name(fn), "crashed",
                                 f"worker exit code {e.exitcode}") from None
-        except (asyncio.CancelledError, concurrent.futures.CancelledError):
-            future.cancel()
-            raise
+        except PoolStopped as e:
+            raise RewardFailure(reward_name(fn), "raised", f"could not run: {e}") from None
+        except (PoolBroke, BrokenProcessPool) as e:
+            raise RewardFailure(reward_name(fn), "crashed", (
+                f"not run: the reward worker pool broke {RESENDS + 1} times before the call "
+                f"started ({e}; the workers' own errors are printed above)")) from None
         except Exception as e:  # e.g. the data could not be pickled to the worker
             raise RewardFailure(reward_name(fn), "raised",
                                 f"could not run in a worker: {type(e).__name__}: {e}") from e
         if outcome[0] != "ok":
             raise self._failure(fn, outcome)
         return float(outcome[1])
+
+    async def _run_in_workers(self, fn: Callable[..., Any], args: tuple) -> tuple:
+        """`pool_worker.call_reward(*args)` in a worker; a call caught in a broken pool
+        (it never started) is sent again to its replacement, `RESENDS` times at most."""
+        for resend in range(RESENDS + 1):
+            try:
+                pool, future = self.workers.schedule(fn, pool_worker.call_reward, args,
+                                                     timeout=self.config.timeout)
+                return await self.workers.result(pool, future)
+            except (PoolBroke, BrokenProcessPool):
+                if resend == RESENDS:
+                    raise
+                stats_tracker.add(**{"reward/resent": 1})
+        raise AssertionError("unreachable")
 
     async def _call_in_thread(self, fn: Callable[..., Any], prompt: str, completion: str,
                               data: dict[str, Any], ids: TokenIds = None) -> float:

@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)
-RESENDS = 2  # times a call caught in a broken worker pool (so never started) is sent again
+RESENDS = 2  # times a call caught in a broken worker pool is sent to its replacement
 
 
 class RewardExecutor:
@@ -254,8 +254,8 @@ class RewardExecutor:
         return float(outcome[1])
 
     async def _run_in_workers(self, fn: Callable[..., Any], args: tuple) -> tuple:
-        """`pool_worker.call_reward(*args)` in a worker; a call caught in a broken pool
-        (it never started) is sent again to its replacement, `RESENDS` times at most."""
+        """`pool_worker.call_reward(*args)` in a worker; a call caught in a broken pool is
+        sent again to its replacement, `RESENDS` times at most (see `PoolBroke`)."""
         for resend in range(RESENDS + 1):
             try:
                 pool, future = self.workers.schedule(fn, pool_worker.call_reward, args,

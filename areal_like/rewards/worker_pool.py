@@ -28,7 +28,9 @@ WATCH_INTERVAL_S = 0.5  # how often a waiting call looks whether its pool still 
 
 
 class PoolBroke(Exception):
-    """The worker pool broke before this call started: it did not run."""
+    """The worker pool broke before this call's result came back. In pebble's usual break
+    (a worker exiting while no call runs) no call it held had started; a reward depends on
+    its inputs alone, so sending the call again is safe either way."""
 
 
 class PoolStopped(Exception):

@@ -24,6 +24,7 @@ from sglang_helpers import (
     fleet_version,
     hf_logprobs,
     make_engine,
+    reset_fleet,
     restore_session_fleet,
 )
 
@@ -32,7 +33,6 @@ from areal_like.api.io_struct import (
     GenerationHyperparameters,
     ModelRequest,
     SaveLoadMeta,
-    WeightUpdateMeta,
 )
 from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadcastFailed
 from engines import FSDPEngine
@@ -302,7 +302,7 @@ def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: s
     from areal_like.utils.metrics_logger import read_metrics
     from engines.sglang_server import find_free_port
 
-    version = max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses)
+    reset_fleet(fleet, model_dir)  # every run starts as on a fresh fleet (see _run_recipe)
     args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
             f"rollout.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=3",
@@ -315,11 +315,8 @@ def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: s
     try:
         proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env,
                               capture_output=True, text=True, timeout=600)
-    finally:  # the shared fleet back on its session weights, under a fresh version
-        engine = make_engine(fleet.addresses, SGLANG_TEST_API_KEY)
-        engine.set_version(max(fleet_version([a], SGLANG_TEST_API_KEY) for a in fleet.addresses))
-        engine.update_weights(WeightUpdateMeta.from_disk(str(model_dir), version + 10))
-        engine.destroy()
+    finally:
+        reset_fleet(fleet, model_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return read_metrics(next(log_dir.glob("*/trial0")) / "metrics.jsonl")
 

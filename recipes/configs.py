@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_like.api.config import BaseExperimentConfig, ModelConfig, TrainEngineConfig
+from areal_like.api.config import (
+    AlgorithmConfig,
+    BaseExperimentConfig,
+    ModelConfig,
+    TrainEngineConfig,
+)
 from areal_like.api.config_checks import check, cpu_list, one_of
 from areal_like.api.config_loader import register_config_dir, register_schema
 
@@ -22,6 +28,8 @@ class GRPOConfig(BaseExperimentConfig):
         check("GRPOConfig", "algorithm.kl.coef",
               self.algorithm.kl.coef == 0 or self.use_ref_model, self.algorithm.kl.coef,
               "0 without a reference model (KL to it needs one: set use_ref_model=true)")
+        check("GRPOConfig", "ref.lora.rank", not self.ref.lora.enabled, self.ref.lora.rank,
+              "0: the reference is frozen (with actor.lora it is the actor's own base)")
 
 
 @dataclass
@@ -31,6 +39,12 @@ class PPOConfig(GRPOConfig):
     critic: TrainEngineConfig = field(
         default_factory=lambda: TrainEngineConfig(model=ModelConfig(is_critic=True))
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check("PPOConfig", "critic.lora.rank", not self.critic.lora.enabled,
+              self.critic.lora.rank, "0: the critic's value head must train, and LoRA "
+              "freezes all but the adapters (LoRA is for the actor: actor.lora.rank)")
 
 
 @dataclass
@@ -118,6 +132,15 @@ class TeacherConfig:
         cpu_list("TeacherConfig", "cpus", self.cpus)
         check("TeacherConfig", "model_path", bool(self.model_path or self.server_addrs),
               self.model_path, "a model folder, or set teacher.server_addrs")
+        if self.server_addrs:  # a running fleet: the launcher starts no teacher server
+            for key, unset in (("n_servers", 1), ("cpus", [])):
+                check("TeacherConfig", key, getattr(self, key) == unset, getattr(self, key),
+                      f"unset ({unset!r}) with teacher.server_addrs (the launcher starts no "
+                      f"teacher server; those servers were started elsewhere)")
+        for addr in self.server_addrs:
+            host, _, port = str(addr).rpartition(":")
+            check("TeacherConfig", "server_addrs", bool(host) and port.isdigit(), addr,
+                  "entries of the form host:port")
 
 
 @dataclass
@@ -134,7 +157,8 @@ class DistillConfig(GRPOConfig):
         check("DistillConfig", "use_ref_model", not self.use_ref_model, self.use_ref_model,
               "false: the teacher is the KL reference of distillation")
         check("DistillConfig", "algorithm.kl.coef", self.algorithm.kl.coef > 0,
-              self.algorithm.kl.coef, "> 0: it weighs the teacher's per-token reward")
+              self.algorithm.kl.coef, "> 0: it weighs the teacher's per-token reward (the "
+              "distill and distill_full presets set it)")
         full = self.algorithm.kl.estimator == "full"
         check("DistillConfig", "teacher.top_k", (self.teacher.top_k > 0) == full,
               self.teacher.top_k, "> 0 with algorithm.kl.estimator=full (the teacher's top-k "
@@ -145,6 +169,25 @@ class DistillConfig(GRPOConfig):
 class SFTConfig(BaseExperimentConfig):
     """Supervised fine-tuning on (prompt, answer) pairs of a task (`train_dataset.batch_size`
     pairs per step)."""
+
+    def __post_init__(self) -> None:
+        # SFT's loss is the answer tokens' cross-entropy: an algorithm setting would be unread
+        unread = _changed("algorithm", self.algorithm, AlgorithmConfig())
+        if unread:
+            raise ValueError(f"{', '.join(unread)}: the sft recipe trains on the task's "
+                             f"answers with cross-entropy and reads no algorithm setting "
+                             f"(the RL recipes do: grpo, ppo, ...); leave the algorithm "
+                             f"section unset")
+        super().__post_init__()
+
+
+def _changed(prefix: str, value: object, default: object) -> list[str]:
+    """'key=value' of every leaf where `value` differs from `default` (dataclasses)."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return [] if value == default else [f"{prefix}={value!r}"]
+    return [line for f in dataclasses.fields(value)
+            for line in _changed(f"{prefix}.{f.name}", getattr(value, f.name),
+                                 getattr(default, f.name))]
 
 
 SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,

@@ -97,3 +97,9 @@ def even_length(prompt, completion, **_):
     """1 when the completion has an even number of characters: a reward that varies within
     every group even for an untrained model (so every GRPO step has a gradient)."""
     return float(len(completion) % 2 == 0)
+
+
+def always_zero(prompt, completion, **_):
+    """0 for every completion: a model that never earns a reward (every group's rewards are
+    equal, so dynamic sampling rejects them all)."""
+    return 0.0

@@ -223,7 +223,9 @@ def test_presets_run_an_update(tiny_model_dir):
     for name in ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "remax", "cispo",
                  "cpgd"):
         model = _model(tiny_model_dir, torch.float32)
-        cfg = algorithm_preset(name, group_size=4, shaping=dict(max_response_tokens=6, overlong_tokens=2), loss=dict(agg_constant=6.0))
+        # the overlong settings are read (and allowed) only where the preset penalises length
+        shaping = dict(max_response_tokens=6, overlong_tokens=2) if name == "dapo" else {}
+        cfg = algorithm_preset(name, group_size=4, shaping=shaping, loss=dict(agg_constant=6.0))
         tracker = StatsTracker()
         actor = PPOActor(RefEngine(model, lr=1e-4, max_tokens_per_mb=24), cfg,
                          ref=ref if cfg.kl.coef else None, tracker=tracker)

@@ -46,7 +46,8 @@ def test_every_old_flat_key_has_one_new_place():
     assert len(MOVED_KEYS) == 41 and len(set(MOVED_KEYS.values())) == 41
     assert leaves - set(MOVED_KEYS.values()) == {
         "preset", "group_size", "temperature", "off_policy.correction",
-        "off_policy.correction_low", "off_policy.correction_high", "kl.discount"}
+        "off_policy.correction_low", "off_policy.correction_high", "kl.discount",
+        "filters.max_rejected_batches"}
 
 
 def test_preset_from_yaml_is_overridden_key_by_key(tmp_path):

@@ -131,8 +131,9 @@ def test_corrections_refuse_what_they_cannot_combine_with():
         OffPolicyConfig(correction="tis", decoupled=False, recompute_logprob=False)
     with pytest.raises(ValueError, match="truncates from above only"):
         OffPolicyConfig(correction="tis", correction_low=0.5)
-    with pytest.raises(ValueError, match=r"correction_high=0.5 is invalid: expected > "
-                                         r"correction_low=0.8"):
+    with pytest.raises(ValueError, match=r"correction_high=0.5 is invalid: with "
+                                         r"correction='mis_token' the bounds would be "
+                                         r"low=0.8 >= high=0.5 \(the other is set\)"):
         OffPolicyConfig(correction="mis_token", correction_low=0.8, correction_high=0.5)
     with pytest.raises(ValueError, match="one of"):
         OffPolicyConfig(correction="mis")

@@ -33,6 +33,7 @@ class VisionPRMWorkflow(PRMWorkflow):
     the prompt text (one image pad per image), the steps and the images."""
 
     evaluation_class = VisionRLVRWorkflow
+    needs_images = True
 
     def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str, prm: Optional[PRMClient],

@@ -32,6 +32,8 @@ class VisionRLVRWorkflow(RLVRWorkflow):
     sequence (measured: a tiny model sampled `<|image_pad|>` within 150 steps of GRPO).
     """
 
+    needs_images = True
+
     def __init__(self, reward_fn: Callable[..., Any], gconfig: GenerationHyperparameters,
                  tokenizer: PreTrainedTokenizerBase | str,
                  reward_executor: Optional[RewardExecutor] = None) -> None:

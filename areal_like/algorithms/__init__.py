@@ -39,10 +39,15 @@ from areal_like.api.algorithm_presets import (
 
 if TYPE_CHECKING:
     from areal_like.algorithms.actors import CriticActor, PPOActor, ReinforceActor, SFTActor
-    from areal_like.algorithms.filters import drop_zero_variance_groups, dynamic_sampling_filter
+    from areal_like.algorithms.filters import (
+        ZeroVarianceGroupFilter,
+        drop_zero_variance_groups,
+        dynamic_sampling_filter,
+    )
 
 _LAZY = {**dict.fromkeys(["CriticActor", "PPOActor", "ReinforceActor", "SFTActor"], "actors"),
-         **dict.fromkeys(["drop_zero_variance_groups", "dynamic_sampling_filter"], "filters")}
+         **dict.fromkeys(["ZeroVarianceGroupFilter", "drop_zero_variance_groups",
+                          "dynamic_sampling_filter"], "filters")}
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +70,7 @@ __all__ = [
     "PolicyLossInputs",
     "ReinforceActor",
     "SFTActor",
+    "ZeroVarianceGroupFilter",
     "aggregate_loss",
     "algorithm_config",
     "algorithm_preset",

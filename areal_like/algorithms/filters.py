@@ -6,12 +6,16 @@ group-relative estimators.
 Two entry points for dynamic sampling: `drop_zero_variance_groups(trajectory) -> bool` is a
 should-accept predicate for the rollout executor (applied to the trajectory of one prompt, i.e.
 one group), and `filter_zero_variance_groups(batch, group_index)` filters an assembled batch.
+`dynamic_sampling_filter(config)` wraps the predicate in a `ZeroVarianceGroupFilter`, which
+also says why it rejects and stops the run after `filters.max_rejected_batches` consumer
+batches' worth of rejections in a row (see `areal_like.rollout.filter_budget`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,9 +40,49 @@ def drop_zero_variance_groups(trajectory: TensorDict) -> bool:
     return bool(r.numel() > 1 and (r != r.reshape(-1)[0]).any())
 
 
-def dynamic_sampling_filter(config: AlgorithmConfig) -> Optional[Callable[[TensorDict], bool]]:
-    """The executor's should-accept predicate for `config` (None when dynamic sampling is off)."""
-    return drop_zero_variance_groups if config.filters.dynamic_sampling else None
+class ZeroVarianceGroupFilter:
+    """`drop_zero_variance_groups` as a budgeted should-accept filter: it names the label of
+    each rejection ('all 0.0': every sample's reward was 0.0) so that a model that never
+    earns a reward stops the run with the reason, instead of waiting for a batch that never
+    comes. Picklable: it travels to the rollout controller process."""
+
+    key = "algorithm.filters.dynamic_sampling"
+
+    def __init__(self, max_rejected_batches: int = 10) -> None:
+        self.max_rejected_batches = max_rejected_batches
+
+    def __call__(self, trajectory: TensorDict) -> bool:
+        return drop_zero_variance_groups(trajectory)
+
+    def rejection_reason(self, trajectory: TensorDict) -> str:
+        r = sequence_rewards(trajectory["rewards"]).reshape(-1)
+        return "of one sample" if r.numel() <= 1 else f"all {float(r[0])}"
+
+    def summarize(self, reasons: Mapping[str, int]) -> str:
+        counts = sorted(reasons.items(), key=lambda kv: -kv[1])
+        parts = [f"{n} {('group ' if n == 1 else 'groups ') if i == 0 else ''}{why}"
+                 for i, (why, n) in enumerate(counts)]
+        return "every group's rewards were equal: " + ", ".join(parts)
+
+    def advice(self, reasons: Mapping[str, int]) -> str:
+        # all rewards <= 0: nothing was ever right; otherwise it may also be always right
+        values = [float(why[4:]) for why in reasons if why.startswith("all ")]
+        if values and max(values) <= 0:
+            task = "the task may be too hard for the model: warm-start with SFT, use an easier task"
+        else:  # some groups were all right: maybe too easy
+            task = ("the task may be too hard (or too easy) for the model: warm-start with SFT, "
+                    "use an easier (or harder) task")
+        return f"{task}, set {self.key}=false, or raise algorithm.filters.max_rejected_batches"
+
+    def __repr__(self) -> str:
+        return f"ZeroVarianceGroupFilter(max_rejected_batches={self.max_rejected_batches})"
+
+
+def dynamic_sampling_filter(config: AlgorithmConfig) -> Optional[ZeroVarianceGroupFilter]:
+    """The executor's should-accept filter for `config` (None when dynamic sampling is off)."""
+    if not config.filters.dynamic_sampling:
+        return None
+    return ZeroVarianceGroupFilter(config.filters.max_rejected_batches)
 
 
 def filter_zero_variance_groups(batch: TensorDict, group_index: torch.Tensor,

@@ -146,9 +146,41 @@ class OffPolicyConfig:
         if self.correction == "tis":
             _check(name, "correction_low", self.correction_low is None, self.correction_low,
                    "None with correction='tis' (it truncates from above only)")
-        low, high = self.correction_low, self.correction_high
-        if low is not None and high is not None:
-            _check(name, "correction_high", high > low, high, f"> correction_low={low}")
+        if self.correction == "none":  # a bound of no correction would be silently unused
+            for key in ("correction_low", "correction_high"):
+                _check(name, key, getattr(self, key) is None, getattr(self, key),
+                       "None with correction='none' (no correction reads it): choose a "
+                       f"correction, one of {tuple(c for c in CORRECTION_BOUNDS if c != 'none')}")
+        if self.behav_imp_weight_cap is not None:
+            _check(name, "behav_imp_weight_cap", self.decoupled, self.behav_imp_weight_cap,
+                   "None with decoupled=false (only the decoupled loss weighs tokens by "
+                   "pi_prox / pi_behav)")
+        self._check_bounds_bracket_one()
+
+    def _check_bounds_bracket_one(self) -> None:
+        """The effective bounds (set or default) must keep a weight of 1, a token the server
+        and the trainer agree on: otherwise every on-policy token is masked (or truncated)
+        and a synchronous run trains on a zero gradient."""
+        default_low, default_high = CORRECTION_BOUNDS[self.correction]
+        low = default_low if self.correction_low is None else self.correction_low
+        high = default_high if self.correction_high is None else self.correction_high
+        name, which = "algorithm.off_policy", f"with correction={self.correction!r}"
+        if low is not None and high is not None and high <= low:
+            key = "correction_low" if self.correction_high is None else "correction_high"
+            other = "set" if None not in (self.correction_low, self.correction_high) \
+                else "the default"
+            raise ValueError(f"{name}.{key}={getattr(self, key)!r} is invalid: {which} the "
+                             f"bounds would be low={low} >= high={high} (the other is {other}), "
+                             f"which masks every token; set them so that low < 1 < high")
+        if low is not None:
+            _check(name, "correction_low", low < 1.0, low, f"< 1 {which}: a weight of 1 (an "
+                   f"on-policy token) would be masked, and so would every token of a "
+                   f"synchronous run")
+        if high is not None:
+            tis = self.correction == "tis"
+            _check(name, "correction_high", high >= 1.0 if tis else high > 1.0, high,
+                   f"{'>=' if tis else '>'} 1 {which}: a weight of 1 (an on-policy token) "
+                   f"would be {'truncated' if tis else 'masked'}")
 
 
 @dataclass
@@ -198,7 +230,9 @@ class RewardShapingConfig:
     bias: float = 0.0
     clip: float = 20.0
     overlong_penalty: bool = False  # DAPO soft overlong punishment
-    overlong_tokens: int = 0  # length of the soft-penalty interval before max_response_tokens
+    # length of the soft-penalty interval before max_response_tokens; 0: a fifth of it (DAPO's
+    # 4096 of 20480), at least 1 token
+    overlong_tokens: int = 0
     overlong_penalty_factor: float = 1.0
     # for the overlong penalty; 0: the rollout's gconfig.max_new_tokens (filled in by recipes)
     max_response_tokens: int = 0
@@ -208,7 +242,18 @@ class RewardShapingConfig:
         _check(name, "clip", self.clip > 0, self.clip, "> 0")
         _check(name, "max_response_tokens", self.max_response_tokens >= 0,
                self.max_response_tokens, ">= 0 (0: gconfig.max_new_tokens)")
-        if self.overlong_penalty and self.max_response_tokens > 0:
+        _check(name, "scaling", self.scaling != 0, self.scaling,
+               "!= 0 (0 would make every reward equal: no advantage, no gradient)")
+        _check(name, "overlong_penalty_factor", self.overlong_penalty_factor > 0,
+               self.overlong_penalty_factor, "> 0")
+        _check(name, "overlong_tokens", self.overlong_tokens >= 0, self.overlong_tokens,
+               ">= 0 (0: a fifth of max_response_tokens)")
+        if not self.overlong_penalty:  # read by the overlong penalty only
+            for key, default in (("overlong_tokens", 0), ("overlong_penalty_factor", 1.0)):
+                _check(name, key, getattr(self, key) == default, getattr(self, key),
+                       f"{default} (unset) with overlong_penalty=false, which is the only "
+                       f"reader of it: set algorithm.shaping.overlong_penalty=true")
+        if self.overlong_penalty and self.max_response_tokens > 0 and self.overlong_tokens:
             _check(name, "overlong_tokens",
                    0 < self.overlong_tokens <= self.max_response_tokens, self.overlong_tokens,
                    "in (0, max_response_tokens] when overlong_penalty is on")
@@ -222,6 +267,9 @@ class GroupFilterConfig:
     clip_filter_weight: bool = False  # up-weight samples of groups with reward variance (CPGD)
     clip_filter_max_weight: float = 3.0
     clip_filter_flat_weight: float = 1.0  # weight (lambda) of groups whose rewards are all equal
+    # dynamic sampling: stop the run when this many consumer batches' worth of groups in a row
+    # are rejected (no group accepted in between): the task is too hard or too easy for the model
+    max_rejected_batches: int = 10
 
     def __post_init__(self) -> None:
         name = "algorithm.filters"
@@ -229,6 +277,16 @@ class GroupFilterConfig:
                self.clip_filter_max_weight, ">= 1")
         _check(name, "clip_filter_flat_weight", self.clip_filter_flat_weight >= 0.0,
                self.clip_filter_flat_weight, ">= 0")
+        _check(name, "max_rejected_batches", self.max_rejected_batches >= 1,
+               self.max_rejected_batches, ">= 1")
+        unread = {"clip_filter_weight": ("clip_filter_max_weight", "clip_filter_flat_weight"),
+                  "dynamic_sampling": ("max_rejected_batches",)}
+        for switch, keys in unread.items():  # a setting of a filter that is off is unread
+            for key in keys if not getattr(self, switch) else ():
+                default = GroupFilterConfig.__dataclass_fields__[key].default
+                _check(name, key, getattr(self, key) == default, getattr(self, key),
+                       f"{default} (unset) with {switch}=false, which is the only reader of "
+                       f"it: set algorithm.filters.{switch}=true")
 
 
 @dataclass

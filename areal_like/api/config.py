@@ -431,14 +431,32 @@ def resolve_algorithm(algo: AlgorithmConfig, gconfig: GenerationHyperparameters,
     settings that must agree across sections; errors name every key involved."""
     if algo.loss.agg_constant is None:
         algo.loss.agg_constant = float(gconfig.max_new_tokens)  # Dr.GRPO: the token budget
-    if algo.shaping.max_response_tokens == 0:
-        algo.shaping.max_response_tokens = gconfig.max_new_tokens
-    if algo.shaping.overlong_penalty:
-        shaping = algo.shaping
+    shaping = algo.shaping
+    if shaping.max_response_tokens not in (0, gconfig.max_new_tokens) \
+            and not shaping.overlong_penalty:  # (the budget: filled in by an earlier pass)
+        _check("algorithm.shaping", "max_response_tokens", False, shaping.max_response_tokens,
+               "0 (unset) with overlong_penalty=false, which is the only reader of it")
+    if shaping.max_response_tokens == 0:
+        shaping.max_response_tokens = gconfig.max_new_tokens
+    if shaping.overlong_penalty:
+        _check("algorithm.shaping", "max_response_tokens",
+               shaping.max_response_tokens <= gconfig.max_new_tokens, shaping.max_response_tokens,
+               f"<= gconfig.max_new_tokens={gconfig.max_new_tokens} (no answer is longer, so "
+               f"the penalty interval would never be reached)")
+        if shaping.overlong_tokens == 0:  # a preset's buffer follows the recipe's budget
+            shaping.overlong_tokens = max(1, round(shaping.max_response_tokens / 5))
         _check("algorithm.shaping", "overlong_tokens",
                0 < shaping.overlong_tokens <= shaping.max_response_tokens, shaping.overlong_tokens,
                f"in (0, max_response_tokens={shaping.max_response_tokens}] when "
                f"overlong_penalty is on")
+    groups = algo.group_size > 1 or gconfig.n_samples > 1
+    for key in ("dynamic_sampling", "clip_filter_weight"):
+        if getattr(algo.filters, key) and not groups:
+            raise ValueError(
+                f"algorithm.filters.{key}=true compares the samples of one prompt, but "
+                f"gconfig.n_samples=1: every group has one sample (no reward variance"
+                f"{', so every group would be rejected' if key == 'dynamic_sampling' else ''}); "
+                f"set gconfig.n_samples (and algorithm.group_size) >= 2")
     if not gconfig.greedy and algo.temperature != gconfig.temperature:
         raise ValueError(
             f"algorithm.temperature={algo.temperature} differs from gconfig.temperature="

@@ -37,6 +37,14 @@ class LoRAConfig:
                    "a non-empty list of module names (e.g. q_proj, v_proj)")
         _check(name, "adapter_name", bool(_ADAPTER_NAME.match(self.adapter_name)),
                self.adapter_name, "letters, digits, '_', '-', '.'")
+        if not self.enabled:  # the adapters' settings are unread without adapters
+            unset_values: dict[str, object] = {
+                "alpha": 16, "dropout": 0.0, "target_modules": list(DECODER_LINEAR_MODULES),
+                "adapter_name": "policy"}  # the field defaults
+            for key, unset in unset_values.items():
+                _check(name, key, getattr(self, key) == unset, getattr(self, key),
+                       f"unset ({unset!r}) with rank=0 (no adapters are trained, so nothing "
+                       f"reads it): set lora.rank > 0 to train LoRA adapters")
 
     @property
     def enabled(self) -> bool:

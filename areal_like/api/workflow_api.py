@@ -23,9 +23,11 @@ class RolloutWorkflow(abc.ABC):
     `metric_keys` names per-sequence keys of the trajectory that measure the task (e.g. an
     agent's tool-call success); recipes log their episode means in training and evaluation.
     A per-sequence `accuracy` key, when present, is what `eval/accuracy` reports.
+    `needs_images`: the workflow sends the items' images (a run checks for a vision tower).
     """
 
     metric_keys: tuple[str, ...] = ()
+    needs_images: bool = False
 
     @abc.abstractmethod
     async def arun_episode(

@@ -21,10 +21,10 @@ original (its traceback points into the workflow).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
@@ -52,8 +52,10 @@ from areal_like.rollout.executor_state import (
     Ticket,
     workflow_error,
 )
-from areal_like.rollout.outcome import Outcome
+from areal_like.rollout.filter_budget import rejection_reason
+from areal_like.rollout.outcome import Outcome, shortfall
 from areal_like.rollout.stats import assemble_batch
+from areal_like.rollout.wait_progress import WaitProgress
 from areal_like.utils.batching import (
     min_generated_version,
     trajectory_from_state,
@@ -64,9 +66,6 @@ from areal_like.utils.loop_thread import EventLoopThread
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.05  # the loop re-checks admission this often (version bumps, resume)
-_OUTCOME_TEXT = {Outcome.REJECTED_BY_WORKFLOW: "rejected by the workflow (returned None)",
-                 Outcome.REJECTED_BY_FILTER: "rejected by should_accept",
-                 Outcome.FAILED_REWARD: "excluded for a failed reward"}
 STATE_FORMAT = 2
 
 
@@ -226,7 +225,7 @@ class WorkflowExecutor:
         partial = outcome[0] is Outcome.ACCEPTED
         return (Outcome.PARTIAL_ACCEPTED, outcome[1]) if partial else outcome
 
-    async def _episode_outcome(self, sub: Submission) -> tuple[Outcome, Optional[EpisodeResult]]:
+    async def _episode_outcome(self, sub: Submission) -> tuple[Outcome, Any]:
         sub.start = time.monotonic()
         begin_episode(sub.episode_seed)  # this task's context: seeds its requests in order
         if self.rewards is not None:
@@ -237,10 +236,11 @@ class WorkflowExecutor:
         return self._judge(sub, trajectory)
 
     @staticmethod
-    def _judge(sub: Submission, trajectory: Any) -> tuple[Outcome, Optional[EpisodeResult]]:
+    def _judge(sub: Submission, trajectory: Any) -> tuple[Outcome, Any]:
+        """(ACCEPTED, its EpisodeResult) or (REJECTED_BY_FILTER, why, when the filter says)."""
         validate_trajectory(trajectory)
         if sub.should_accept is not None and not sub.should_accept(trajectory):
-            return Outcome.REJECTED_BY_FILTER, None
+            return Outcome.REJECTED_BY_FILTER, rejection_reason(sub.should_accept, trajectory)
         return Outcome.ACCEPTED, EpisodeResult(sub.seq, sub.data_id, trajectory, sub.bounded,
                                          time.monotonic() - sub.start,
                                          min_generated_version(trajectory), sub.episode_seed)
@@ -304,12 +304,8 @@ class WorkflowExecutor:
         version = self.engine.get_version()
         results = self._state.drop_stale_results(outcomes, version)
         if len(results) < len(data):  # never fewer rows without saying why
-            kinds = Counter(_OUTCOME_TEXT.get(kind, kind.value) for kind, _ in outcomes)
-            kinds["dropped as stale"] = kinds["accepted"] - len(results)
-            why = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())
-                            if n and k != "accepted")
             message = (f"rollout_batch: {len(results)} of {len(data)} items gave a trajectory "
-                       f"to train on ({why})")
+                       f"to train on ({shortfall([kind for kind, _ in outcomes], len(results))})")
             if not results:
                 raise NoTrajectoriesError(message)
             logger.warning("%s", message)
@@ -373,6 +369,7 @@ class WorkflowExecutor:
             raise ValueError(f"{what}: count must be >= 1")
         timeout = self._timeout(timeout)
         deadline = time.monotonic() + timeout
+        progress = WaitProgress(what, count)  # a line every ~30 s while the wait lasts
         self._kick()
         while True:
             version = self.engine.get_version()
@@ -389,6 +386,7 @@ class WorkflowExecutor:
             if refill is not None and need > 0:
                 refill(need)
                 self._kick()
+            progress.tick(len(self._state.ready), functools.partial(self._state.describe, version))
 
     def _timeout_error(self, what: str, count: int, have: int, timeout: float,
                        version: int) -> RolloutTimeoutError:

@@ -26,6 +26,7 @@ from areal_like.api.errors import (
 from areal_like.api.rollout_api import ShouldAccept
 from areal_like.api.seeding import DATA_ID_KEYS, data_key, derive_seed, random_seed
 from areal_like.api.workflow_api import RolloutWorkflow
+from areal_like.rollout.filter_budget import FilterBudgetExceeded, FilterBudgets
 from areal_like.rollout.outcome import Outcome
 from areal_like.rollout.staleness import (
     RolloutCounters,
@@ -36,10 +37,7 @@ from areal_like.rollout.staleness import (
 
 
 def data_id_of(data: dict[str, Any], seq: int) -> str:
-    for key in DATA_ID_KEYS:
-        if key in data:
-            return str(data[key])
-    return f"#{seq}"
+    return next((str(data[key]) for key in DATA_ID_KEYS if key in data), f"#{seq}")
 
 
 class Ticket:
@@ -118,10 +116,12 @@ class ExecutorState:
     # the version at which the first bounded rollout was admitted: the bound counts versions
     # from there (a run may start at any version, e.g. a fleet already at v = 5)
     start_version: Optional[int] = None
+    filters: FilterBudgets = field(init=False)  # rejections in a row by budgeted filters
 
     def __post_init__(self) -> None:
         if self.config.seed is not None:
             self.seed = self.config.seed
+        self.filters = FilterBudgets(self.config.consumer_batch_size)
 
     # ---- errors and lifecycle -----------------------------------------------------------
     def set_fatal(self, exc: BaseException) -> None:
@@ -132,7 +132,7 @@ class ExecutorState:
 
     def raise_if_fatal(self) -> None:
         with self.cond:
-            if isinstance(self.fatal, FleetUnavailableError):
+            if isinstance(self.fatal, (FleetUnavailableError, FilterBudgetExceeded)):
                 raise self.fatal  # says everything itself
             if self.fatal is not None:
                 raise RolloutError(
@@ -264,6 +264,10 @@ class ExecutorState:
                     kind = Outcome.ACCEPTED
                 counter = (Outcome.FAILED if kind is Outcome.FATAL else kind).value
                 setattr(c, counter, getattr(c, counter) + 1)
+                exceeded = self.filters.record(sub.should_accept, kind, payload if kind is
+                                               Outcome.REJECTED_BY_FILTER else None)
+                if exceeded is not None:  # every wait raises it from now on
+                    self.set_fatal(exceeded)
             raises = kind in (Outcome.FAILED, Outcome.FATAL)
             # wake waiters only when it can matter: one wake per episode costs a thread switch
             if sub.ticket is not None:
@@ -423,7 +427,7 @@ class ExecutorState:
                 f"failed reward {c.failed_reward}); dropped as "
                 f"stale {c.dropped_stale}; consumed {c.consumed}; still running "
                 f"{len(self.running)}, queued {queued}; version {version}, eta {eta}."
-            )
+            ) + self.filters.describe()
             hints = []
             if self.paused:
                 hints.append("the executor is paused: call resume()")

@@ -17,6 +17,7 @@ from areal_like.api.config import IMPORT_PATH
 from areal_like.api.config_loader import ConfigError
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.data.tasks import build_task, load_user_task
+from areal_like.runtime.preflight_models import check_model_folders
 from areal_like.utils.imports import load_object
 
 DATASETS = ("train_dataset", "valid_dataset")
@@ -44,6 +45,7 @@ def check_recipe_config(config: Any) -> None:
                 load_user_task(dataset)
             except TypeError as e:
                 raise ConfigError(f"{name}: {e}") from None
+    check_model_folders(config)  # LoRA targets, vision tower, the teacher's tokenizer
     algorithm = getattr(config, "algorithm", None)
     if algorithm is None:
         return

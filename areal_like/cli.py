@@ -33,6 +33,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return serve_main(rest)
     if command == "eval":
+        # registers the recipes' schemas (`grpo_schema`, ...) that a recipe YAML's defaults
+        # list names; imported here because areal_like.runtime sits below recipes
+        import recipes.configs  # noqa: F401
         from areal_like.runtime.evaluate_model import main as eval_main
 
         return eval_main(rest)

@@ -38,6 +38,7 @@ from areal_like.api.arealite_keys import (
     translate_arealite,
 )
 from areal_like.api.inherited_task_keys import inherited_task_keys
+from areal_like.api.yaml_files import YAMLFileError, check_yaml_tree
 
 T = TypeVar("T")
 
@@ -55,6 +56,19 @@ def register_config_dir(path: str | Path) -> None:
     path = Path(path).resolve()
     if path not in _SEARCH_DIRS:
         _SEARCH_DIRS.append(path)
+
+
+def _check_yaml_files(config_file: str | Path) -> None:
+    """A tab, a duplicate key, a top level that is not a mapping, an empty or unreadable file,
+    in `config_file` or a YAML its defaults list names, as `<file>:<line>:<col>: <what>`
+    (before Hydra, whose own errors name neither file nor line)."""
+    path = Path(config_file)
+    if not path.is_file():
+        return  # `_compose` says so
+    try:
+        check_yaml_tree(path, _SEARCH_DIRS)
+    except YAMLFileError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _missing_config(exc: BaseException, path: Path) -> Optional[str]:
@@ -272,6 +286,7 @@ def load_config(
 ) -> T:
     """Compose `config_file` (+ `overrides`) into a validated `config_cls` instance (an
     AReaL-lite experiment YAML is read through `arealite_keys`)."""
+    _check_yaml_files(config_file)
     path = Path(config_file).resolve()
     if _is_arealite_yaml(path):
         return _load_arealite(config_cls, path, overrides or [], for_launcher=False)
@@ -298,6 +313,7 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     names a registered schema; otherwise only the sections `base_cls` knows are read into it
     (the script validates the rest itself) — unknown keys inside those sections still fail."""
     overrides = list(overrides or [])
+    _check_yaml_files(config_file)
     if _is_arealite_yaml(Path(config_file)):
         return _load_arealite(base_cls, Path(config_file), overrides, for_launcher=True)
     composed, source = _compose(base_cls, config_file, [], drop_inherited=False)

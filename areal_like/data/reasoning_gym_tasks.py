@@ -14,6 +14,14 @@ from areal_like.api.task_keys import unknown_parameters
 
 TEST_FRACTION = 10  # one question in TEST_FRACTION belongs to the test split (by a hash)
 MAX_DRAWS = 50  # candidates generated per item asked for, at most
+# A size past what a task can give is refused once no new question (of either split) came in
+# the last max(STALE_DRAWS, STALE_FACTOR x distinct questions seen) draws, not after the whole
+# budget (a million draws, ~30 s, for size=20000). Questions drawn about equally often leave
+# such a gap while one is still unseen with probability below e^-20; a question rarer than
+# that could not be counted on anyway. Below STALE_DRAWS (under a second for most tasks) the
+# whole budget is drawn, so small sizes get the exact count they always got.
+STALE_DRAWS = 20_000
+STALE_FACTOR = 20
 
 
 def _split_of(question: str) -> str:
@@ -70,13 +78,24 @@ def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1, split: str = 
     except (AssertionError, TypeError, ValueError) as e:
         raise ValueError(f"reasoning-gym task {name!r} rejected task_kwargs {params}: "
                          f"{e or type(e).__name__}") from e
-    rows, seen = [], set()
-    for i in range(size * MAX_DRAWS):
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()  # every distinct question drawn, of both splits
+    last_new = 0  # the draw that gave the latest new question
+    budget = size * MAX_DRAWS
+    for i in range(budget):
         entry = source[i]
         question = entry["question"]
-        if question in seen or _split_of(question) != split:
+        if question in seen:
+            if i - last_new >= max(STALE_DRAWS, STALE_FACTOR * len(seen)):
+                raise ValueError(_too_few(name, params, split, size, len(rows), i + 1,
+                                          f"no new question in the last {i - last_new} "
+                                          f"draws: the task has {len(seen)} distinct "
+                                          f"questions of both splits"))
             continue
         seen.add(question)
+        last_new = i
+        if _split_of(question) != split:
+            continue
         rows.append({
             "id": f"{name}-{split}-{seed}-{i}",
             "question": question,
@@ -86,6 +105,12 @@ def load_reasoning_gym(name: str, size: int = 1000, seed: int = 1, split: str = 
         })
         if len(rows) == size:
             return Dataset.from_list(rows)
-    raise ValueError(f"reasoning-gym task {name!r} with {params or 'its default parameters'} "
-                     f"gave only {len(rows)} distinct {split} questions in {size * MAX_DRAWS} "
-                     f"draws, fewer than size={size}: lower the size or widen the parameters")
+    raise ValueError(_too_few(name, params, split, size, len(rows), budget,
+                              f"{len(seen)} distinct questions of both splits"))
+
+
+def _too_few(name: str, params: dict[str, Any], split: str, size: int, found: int,
+             draws: int, why: str) -> str:
+    return (f"reasoning-gym task {name!r} with {params or 'its default parameters'} gave only "
+            f"{found} distinct {split} questions in {draws} draws, fewer than size={size} "
+            f"({why}): lower the size to at most {found} or widen the parameters (task_kwargs)")

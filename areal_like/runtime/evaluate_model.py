@@ -11,7 +11,8 @@ the same verifier (or `reward.fn` / `reward.remote_rm_url`), greedy `eval/accura
 (`server.*`; deterministic by default, so a run's greedy numbers repeat exactly); the
 metrics are printed and written as JSON to FILE (default `<MODEL>.eval.json` beside MODEL).
 Recipes whose evaluation uses a workflow of their own (multi-turn, agent) are evaluated
-with the single-turn greedy workflow here.
+with the single-turn greedy workflow here. `areal-like eval` registers the recipes' schemas
+that a recipe YAML's defaults list names (this layer may not import `recipes`).
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     from engines.sglang_server import SGLangFleet
 
     tokenizer = load_tokenizer(config.model)
-    items, reward_fn = held_out_items(config, tokenizer)
+    valid = f"valid_dataset (type={config.valid_dataset.type})"
+    try:
+        items, reward_fn = held_out_items(config, tokenizer)
+    except (ValueError, TypeError, KeyError) as e:  # what the launcher's preflight refuses:
+        raise ConfigError(f"{valid}: {e}") from e  # a size, task_kwargs, prompt lengths
     if not items:
-        raise ConfigError(f"valid_dataset (type={config.valid_dataset.type}) has no items to "
-                          f"evaluate on")
+        raise ConfigError(f"{valid} has no items to evaluate on")
     rewards = RewardExecutor(config.reward)
     rewards.check(reward_fn, items[0])  # a broken verifier fails before servers start
     log_dir = Path(tempfile.mkdtemp(prefix="areal_like_eval_"))

@@ -11,6 +11,9 @@ its own per-token reward beside the task's advantage (kl.discount 1 would give i
 t' >= t instead: a return, which a shorter answer lowers). With the `distill_full` preset and
 teacher.top_k > 0 the teacher sends its k most likely next tokens at every position and the
 loss takes the exact reverse KL to that distribution at each sampled position instead.
+
+A teacher fleet that does not answer stops the run before training (every rank checks it,
+within `rollout.setup_timeout`), naming `teacher.server_addrs` (`TeacherUnavailableError`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,37 @@ from areal_like.api.config import RolloutConfig
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
 from engines.remote_engine import RemoteInferenceEngine
+from engines.sglang_http import RemoteSGLangError
 from recipes.configs import DistillConfig
-from workflows.distill import DistillWorkflow, TeacherScorer
+from workflows.distill import DistillWorkflow, TeacherScorer, TeacherUnavailableError
+
+
+def teacher_client(config: DistillConfig) -> RolloutConfig:
+    """The teacher fleet's client settings: the student's (backend, API key, set-up timeout),
+    the teacher's addresses and request timeout."""
+    return dataclasses.replace(
+        config.rollout, server_addrs=config.teacher.server_addrs,
+        request_timeout=config.teacher.request_timeout, weight_transport="disk")
 
 
 def connect_teacher(config: RolloutConfig) -> RemoteInferenceEngine:
     """A started client of the teacher fleet (its weights never change: version 0; its
-    backend is the student fleet's: the launcher serves both with `server`)."""
+    backend is the student fleet's: the launcher serves both with `server`). Fails within
+    `rollout.setup_timeout` (plus one health probe) naming `teacher.server_addrs`."""
     engine = RemoteInferenceEngine(config)
-    engine.initialize()
+    try:
+        engine.initialize()
+    except (RemoteSGLangError, TimeoutError) as e:
+        raise TeacherUnavailableError(
+            f"teacher.server_addrs={config.server_addrs}: the teacher fleet does not answer "
+            f"({e}); serve the teacher there, or give the addresses of its servers") from e
     return engine
+
+
+def check_teacher(config: DistillConfig) -> None:
+    """Before anything slow starts (and before any training): every teacher server answers,
+    or TeacherUnavailableError naming `teacher.server_addrs` and the address."""
+    connect_teacher(teacher_client(config)).destroy()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,13 +69,13 @@ def main(argv: list[str] | None = None) -> None:
                          "launcher (it serves teacher.model_path), or serve the teacher "
                          "(python -m engines.sglang_serve --model-path DIR) and pass its "
                          "addresses")
-    teacher_client = dataclasses.replace(
-        config.rollout, server_addrs=config.teacher.server_addrs,
-        request_timeout=config.teacher.request_timeout, weight_transport="disk")
+    # every rank checks (a /health call each), so every rank fails alike, before RLSetup
+    check_teacher(config)
     rl = RLSetup(config)
     actor = PPOActor(rl.actor_engine, config.algorithm, ref_in_batch=True)  # the teacher
-    teacher = (TeacherScorer(functools.partial(connect_teacher, teacher_client),
-                             config.teacher.request_timeout, config.teacher.top_k)
+    teacher = (TeacherScorer(functools.partial(connect_teacher, teacher_client(config)),
+                             config.teacher.request_timeout, config.teacher.top_k,
+                             config.teacher.server_addrs)
                if rl.run.is_main else None)
     workflow = DistillWorkflow(rl.task.reward_fn, config.gconfig, rl.tokenizer, teacher,
                                config.teacher.use_task_reward)

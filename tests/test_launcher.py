@@ -237,6 +237,6 @@ def test_a_missing_teacher_stops_the_launch_before_any_server_starts(tmp_path, t
                     f"teacher.model_path={tmp_path / 'no_teacher'}",
                     f"logging.log_dir={tmp_path / 'runs'}"])
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out[-2000:]
-    assert f"teacher.model_path='{tmp_path / 'no_teacher'}' is not a model folder" in out
+    assert proc.returncode == 2, out[-2000:]  # a config error, found with the config's
+    assert f"teacher.model_path='{tmp_path / 'no_teacher'}' is not an HF model folder" in out
     assert "starting" not in out  # no server was started

@@ -20,7 +20,9 @@ past `reward.max_failure_rate` the run stops); it is never scored 0.0.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,40 +41,81 @@ from workflows.rlvr import RLVRWorkflow
 TEACHER = "teacher"  # the reward name its calls are counted and budgeted under
 
 
+class TeacherUnavailableError(RuntimeError):
+    """The teacher fleet (`teacher.server_addrs`) cannot be reached or does not answer."""
+
+
 class TeacherScorer:
     """The teacher fleet's client, started on first use where episodes run (the rollout
     process): `connect()` returns a started `InferenceEngine`; `top_k` > 0 also fetches the
-    teacher's k most likely tokens at every scored position. Pickles as its recipe."""
+    teacher's k most likely tokens at every scored position; `addresses` name the fleet in
+    errors. Pickles as its recipe."""
 
     def __init__(self, connect: Callable[[], InferenceEngine], timeout: float,
-                 top_k: int = 0) -> None:
+                 top_k: int = 0, addresses: Sequence[str] = ()) -> None:
         self.connect, self.timeout, self.top_k = connect, timeout, top_k
+        self.addresses = list(addresses)
+        self._reset()
+
+    def _reset(self) -> None:
         self._engine: Optional[InferenceEngine] = None
+        self._connecting: Optional[concurrent.futures.Future[InferenceEngine]] = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"connect": self.connect, "timeout": self.timeout, "top_k": self.top_k}
+        return {"connect": self.connect, "timeout": self.timeout, "top_k": self.top_k,
+                "addresses": self.addresses}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.connect, self.timeout = state["connect"], state["timeout"]
-        self.top_k = state["top_k"]
-        self._engine, self._lock = None, threading.Lock()
+        self.top_k, self.addresses = state["top_k"], state["addresses"]
+        self._reset()
 
-    def _started(self) -> InferenceEngine:
+    @property
+    def where(self) -> str:
+        return f"teacher.server_addrs={self.addresses}" if self.addresses else "the teacher"
+
+    def _connection(self) -> concurrent.futures.Future[InferenceEngine]:
+        """The started client, or the one attempt to start it that every episode waits on.
+        It runs in a daemon thread: episodes queued behind a fleet that does not answer share
+        its failure instead of each retrying for the whole set-up timeout in turn, and the
+        process can exit while it runs (an executor thread would be joined at exit)."""
         with self._lock:
-            if self._engine is None:
-                self._engine = self.connect()
-            return self._engine
+            attempt = self._connecting
+            if attempt is None or (attempt.done() and attempt.exception() is not None):
+                attempt = self._connecting = concurrent.futures.Future()
+                attempt.set_running_or_notify_cancel()  # a cancelled waiter cannot cancel it
+                threading.Thread(target=self._connect, args=(attempt,), daemon=True,
+                                 name="teacher-connect").start()
+            return attempt
+
+    def _connect(self, attempt: concurrent.futures.Future[InferenceEngine]) -> None:
+        try:
+            engine = self.connect()
+        except BaseException as e:  # noqa: BLE001 - handed to every episode that waits on it
+            attempt.set_exception(e)
+            return
+        with self._lock:
+            current = self._connecting is attempt
+            if current:
+                self._engine = engine
+        if current:
+            attempt.set_result(engine)
+            return
+        engine.destroy()  # closed while it connected: nobody may use it
+        attempt.set_exception(TeacherUnavailableError(
+            f"the client of {self.where} was closed while it connected"))
 
     async def score(self, sequences: list[list[int]], starts: list[int]) -> list[TokenScores]:
         """Per sequence, the teacher's log p(ids[t] | ids[:t]) for t >= start, and its top-k
         tokens there (one request)."""
-        engine = await asyncio.to_thread(self._started)  # its health check must not block
+        engine = await asyncio.wrap_future(self._connection())  # bounded by its set-up timeout
         return await asyncio.wait_for(engine.ascore_top_batch(sequences, starts, self.top_k),
                                       self.timeout)
 
     def close(self) -> None:
-        engine, self._engine = self._engine, None
+        with self._lock:
+            engine, self._engine, self._connecting = self._engine, None, None
         if engine is not None:
             engine.destroy()
 
@@ -154,8 +197,9 @@ class DistillWorkflow(RLVRWorkflow):
             by_id = {id(r): lp for r, lp in zip(scored, got, strict=True)}
             lps = [by_id.get(id(r), TokenScores([])) for r in responses]
         except (asyncio.TimeoutError, TimeoutError):
-            failure = RewardFailure(TEACHER, "timeout", f"no log-probs within "
-                                    f"{self.teacher.timeout} s (teacher.request_timeout)")
+            failure = RewardFailure(TEACHER, "timeout", f"no log-probs from "
+                                    f"{self.teacher.where} within {self.teacher.timeout} s "
+                                    f"(teacher.request_timeout)")
         except Exception as e:  # noqa: BLE001 - any teacher error fails these samples only
             failure = RewardFailure(TEACHER, "raised", f"{type(e).__name__}: {e}")
         else:

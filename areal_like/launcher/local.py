@@ -140,17 +140,26 @@ def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
 
 
 def _check_teacher(config: Any) -> None:
-    """Before anything starts: the teacher the launcher would serve exists, its cores too."""
+    """Before anything starts: a teacher fleet given by address answers (within
+    rollout.setup_timeout); the teacher the launcher would serve exists, its cores too."""
     teacher = getattr(config, "teacher", None)
-    if teacher is None or teacher.server_addrs:
+    if teacher is None:
         return
-    try:
+    if teacher.server_addrs:
+        from recipes.distill import check_teacher
+        from workflows.distill import TeacherUnavailableError
+
+        CONSOLE.line(f"[launcher] checking that teacher.server_addrs={teacher.server_addrs} "
+                     f"answer (up to rollout.setup_timeout={config.rollout.setup_timeout} s)")
+        try:
+            check_teacher(config)
+        except TeacherUnavailableError as e:
+            raise LaunchError(str(e)) from None
+        return
+    try:  # (the folder itself: areal_like.runtime.preflight_models, with its tokenizer)
         check_cpus("teacher.cpus", teacher.cpus)
     except ValueError as e:
         raise LaunchError(str(e)) from None
-    if not Path(teacher.model_path, "config.json").is_file():
-        raise LaunchError(f"teacher.model_path={teacher.model_path!r} is not a model folder "
-                          f"(no config.json); docs/algorithms.md says how to make the teacher")
 
 
 def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,

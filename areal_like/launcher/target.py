@@ -73,15 +73,56 @@ def check_model_path(config: Any) -> None:
                           f"config.json); set model.path=<folder>")
 
 
-RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's tag on a rank's line
+RANK_PREFIX = re.compile(r"^(\[(?:rank|default)\d+\]:)\s?")  # torchrun's tag on a rank's line
+# the first line of a traceback's exception: `Name`, `Name: message`, `pkg.mod.Name: message`
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)(?::(?:\s.*)?)?$")
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+IGNORED = "Exception ignored in"  # Python printed it and went on: not why the trainer ended
+WRAPPER = "ChildFailedError"  # torchrun's own exception around a failed rank
 
 
 def trainer_error(lines: list[str]) -> str:
-    """The trainer's own exception line (not torchrun's wrapper), if it printed one."""
+    """The trainer's own exception line, if it printed one: the last traceback's exception
+    line, whatever its name (`RewardBudgetExceeded: ...`, `KeyboardInterrupt`,
+    `pkg.mod.Name: ...`), not torchrun's `ChildFailedError` wrapper nor one Python ignored.
+
+    A rank's uncaught exception (torchrun tags its lines `[rankN]:`) wins over untagged output
+    (e.g. the rollout controller, stopped by its rank's end); ranks are read apart, as their
+    lines may interleave. A traceback introduced inside an exception's message or notes by a
+    line ending in ':' (the rollout controller's "in the rollout controller process:") belongs
+    to that exception. With no traceback head in `lines` (cut off): the last line whose name
+    ends in Error/Exception."""
+    found = {True: "", False: ""}  # by whether a rank tagged it
+    state: dict[str, str] = {}  # per tag: "", "frames", "ignored" or "message"
+    previous: dict[str, str] = {}
+    for raw in lines:
+        tag_match = RANK_PREFIX.match(raw)
+        tag = tag_match.group(1) if tag_match else ""
+        line = RANK_PREFIX.sub("", raw).rstrip("\r\n")
+        now, before = state.get(tag, ""), previous.get(tag, "")
+        previous[tag] = line
+        if not line.strip():  # a rank's blank lines come untagged: they end every message
+            state = {t: "" if s == "message" else s for t, s in state.items()}
+        elif line.startswith(CHAINED):
+            state[tag] = ""
+        elif line.startswith(TRACEBACK_HEAD):
+            if now == "message" and before.rstrip().endswith(":"):
+                continue  # embedded in the message: part of that exception
+            state[tag] = "ignored" if before.startswith(IGNORED) else "frames"
+        elif now in ("frames", "ignored") and line[:1] not in (" ", "\t"):  # past the frames
+            match = EXCEPTION_LINE.match(line)
+            if now == "frames" and match is not None and WRAPPER not in match.group(1):
+                found[bool(tag)] = line.strip()
+            state[tag] = "message"
+    return found[True] or found[False] or _named_error_line(lines)
+
+
+def _named_error_line(lines: list[str]) -> str:
     for line in reversed(lines):
         line = RANK_PREFIX.sub("", line)
         head = line.split(":", 1)[0].strip().split(" ")[-1]
-        if head.endswith(("Error", "Exception")) and "ChildFailedError" not in head:
+        if head.endswith(("Error", "Exception")) and WRAPPER not in head:
             return line.strip()
     return ""
 

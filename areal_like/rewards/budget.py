@@ -48,7 +48,10 @@ class FailureBudget:
                 f"reward.failure_window={self.window} allows (failures so far: {kinds}). "
                 f"Failed samples are never trained on as a reward; fix the function, or raise "
                 f"the budget if these failures are expected. First failure: {first}"
-                + (f"\n{first.traceback_text.rstrip()}" if first.traceback_text else "")
+                # introduced by a line ending in ':' so that the launcher takes the traceback
+                # for part of this message, not for the trainer's cause (trainer_error)
+                + (f"\nits traceback:\n{first.traceback_text.rstrip()}"
+                   if first.traceback_text else "")
             )
             self._tripped[name] = error
             raise error

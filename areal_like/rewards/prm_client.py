@@ -84,8 +84,8 @@ class PRMClient:
             raise RewardFailure(self.name, "timeout", f"no answer from {self.url}/score within "
                                 f"prm.timeout={self.timeout} s") from None
         except aiohttp.ClientError as e:
-            raise RewardFailure(self.name, "raised", f"request to {self.url}/score failed: "
-                                f"{type(e).__name__}: {e}") from e
+            raise RewardFailure(self.name, "raised", f"request to {self.url}/score failed "
+                                f"(prm.url): {type(e).__name__}: {e}") from e
         if status != 200:
             raise RewardFailure(self.name, "raised",
                                 f"{self.url}/score answered HTTP {status}: {text[:300]}")

@@ -177,7 +177,8 @@ class RemoteRewardModel:
             raise RewardFailure(name, "timeout", f"no answer to a batch of {n} queries within "
                                 f"reward.timeout={self.timeout} s of sending it") from None
         except aiohttp.ClientError as e:
-            raise _Retryable(f"cannot reach {self.url}: {type(e).__name__}: {e}") from None
+            raise _Retryable(f"cannot reach {self.url} (reward.remote_rm_url): "
+                             f"{type(e).__name__}: {e}") from None
         if status >= 500:
             raise _Retryable(f"HTTP {status} from {self.url}: {body[:200]}")
         if status != 200:

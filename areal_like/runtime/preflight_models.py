@@ -122,8 +122,9 @@ def _check_teacher(teacher: Any, student: Any) -> None:
     model = _model_config(folder)
     if model is None:
         raise ConfigError(f"teacher.model_path={folder!r} is not an HF model folder (no "
-                          f"config.json): set it to the teacher's folder, or give "
-                          f"teacher.server_addrs of a running teacher fleet")
+                          f"config.json): set it to the teacher's folder (docs/algorithms.md "
+                          f"says how to make one), or give teacher.server_addrs of a running "
+                          f"teacher fleet")
     size = vocab_size(model)
     if teacher.top_k and size and teacher.top_k > size:
         raise ConfigError(f"teacher.top_k={teacher.top_k} is larger than the teacher's "

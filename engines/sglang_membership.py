@@ -114,8 +114,9 @@ class FleetMembership:
                 last = await self.api.health(session, addr, wait)
                 if not last:
                     return
-            except RETRYABLE as e:
-                last = f"{type(e).__name__}: {e}"
+            except RETRYABLE as e:  # (a timeout's text is empty: say what it waited for)
+                last = f"{type(e).__name__}: {e}" if str(e) else (
+                    f"{type(e).__name__}: no answer to /health within {wait:.0f} s")
             if not continued and not await self.api.answers(session, addr, 5.0):
                 # up but not generating: maybe left paused; continuing is idempotent
                 continued = True

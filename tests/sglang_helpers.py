@@ -291,4 +291,5 @@ def assert_same_records(a: list[dict], b: list[dict]) -> None:
         assert not far, (step, far)
         exact_a = {k: v for k, v in ra.items() if k not in noisy}
         exact_b = {k: v for k, v in rb.items() if k not in noisy}
-        assert exact_a == exact_b, step
+        differ = {k: (v, exact_b[k]) for k, v in exact_a.items() if v != exact_b[k]}
+        assert not differ, (step, differ)

@@ -274,9 +274,10 @@ def listening_sockets(root: int) -> list[tuple[int, str, int]]:
 
 # The servers' float32 log-probs of the same tokens can differ in their last bits from one run
 # to the next (seen: one token in a run, ~1e-8 relative; the tokens themselves are identical).
-# Statistics made from them against the trainer's (behav_*) are compared to this tolerance,
-# every other logged value bit for bit.
-SERVER_LOGPROB_KEYS = ("actor/update/behav_",)
+# Statistics made from them against the trainer's (behav_*, and the train/inference gap:
+# seen 2026-12-02, |diff| ~3e-8) are compared to this tolerance, every other logged value bit
+# for bit.
+SERVER_LOGPROB_KEYS = ("actor/update/behav_", "actor/gap/")
 SERVER_LOGPROB_ATOL = 1e-6
 
 

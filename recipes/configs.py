@@ -12,7 +12,7 @@ from areal_like.api.config import (
     ModelConfig,
     TrainEngineConfig,
 )
-from areal_like.api.config_checks import check, cpu_list, one_of
+from areal_like.api.config_checks import address_list, check, cpu_list, one_of
 from areal_like.api.config_loader import register_config_dir, register_schema
 
 
@@ -137,10 +137,7 @@ class TeacherConfig:
                 check("TeacherConfig", key, getattr(self, key) == unset, getattr(self, key),
                       f"unset ({unset!r}) with teacher.server_addrs (the launcher starts no "
                       f"teacher server; those servers were started elsewhere)")
-        for addr in self.server_addrs:
-            host, _, port = str(addr).rpartition(":")
-            check("TeacherConfig", "server_addrs", bool(host) and port.isdigit(), addr,
-                  "entries of the form host:port")
+        address_list("TeacherConfig", "server_addrs", self.server_addrs)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from areal_like.api.algorithm_config import AlgorithmConfig
 from areal_like.api.config_checks import IMPORT_PATH
+from areal_like.api.config_checks import address_list as _address_list
 from areal_like.api.config_checks import check as _check
 from areal_like.api.config_checks import cpu_list as _cpu_list
 from areal_like.api.config_checks import one_of as _one_of
@@ -269,10 +270,7 @@ class RolloutConfig:
                 self.on_weight_broadcast_failure, ("retry", "stop"))
         _check("RolloutConfig", "weight_group_addr", bool(self.weight_group_addr),
                self.weight_group_addr, "a host name or IP address the servers can reach")
-        for addr in self.server_addrs:
-            host, _, port = str(addr).rpartition(":")
-            _check("RolloutConfig", "server_addrs", bool(host) and port.isdigit(), addr,
-                   "entries of the form host:port")
+        _address_list("RolloutConfig", "server_addrs", self.server_addrs)
 
 
 

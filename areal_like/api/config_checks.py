@@ -20,3 +20,10 @@ def cpu_list(cls_name: str, key: str, cpus: list) -> None:
     """CPU ids to pin to (the machine is not known yet): distinct ids >= 0; empty: not pinned."""
     ok = all(isinstance(c, int) and c >= 0 for c in cpus) and len(set(cpus)) == len(cpus)
     check(cls_name, key, ok, list(cpus), "distinct CPU ids >= 0 (empty: not pinned)")
+
+
+def address_list(cls_name: str, key: str, addrs: list) -> None:
+    """Server addresses: each `host:port`."""
+    for addr in addrs:
+        host, _, port = str(addr).rpartition(":")
+        check(cls_name, key, bool(host) and port.isdigit(), addr, "entries of the form host:port")

@@ -109,11 +109,11 @@ def linear_module_names(model_path: str) -> set[str]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from engines.fsdp.lora import linear_layer_names
+
     hf_config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear)}
+        return linear_layer_names(AutoModelForCausalLM.from_config(hf_config))
 
 
 def _check_teacher(teacher: Any, student: Any) -> None:

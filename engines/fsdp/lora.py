@@ -21,11 +21,16 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
 
+def linear_layer_names(model: torch.nn.Module) -> set[str]:
+    """The last name part of every linear layer of `model` (what LoRA's target_modules name)."""
+    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear)}
+
+
 def apply_lora(model: torch.nn.Module, lora: LoRAConfig, model_path: str) -> PeftModel:
     """`model` wrapped by PEFT: the base frozen, adapters (B = 0: the same outputs as the base
     at first) on `lora.target_modules`, which must all exist in the model."""
-    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-             if isinstance(module, torch.nn.Linear)}
+    names = linear_layer_names(model)
     missing = sorted(set(lora.target_modules) - names)
     if missing:
         raise ValueError(f"actor.lora.target_modules names {missing}, which the model at "

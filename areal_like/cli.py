@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return ray_main(rest)
     if command == "serve":
-        from engines.sglang_serve import main as serve_main
+        from engines.fleet.serve import main as serve_main
 
         return serve_main(rest)
     if command == "eval":

@@ -10,9 +10,10 @@ Needs a CUDA device (`--allow-cpu` runs the same code on CPU with gloo, to check
 2. Two `train_batch` steps (token-mean NLL, AdamW with eps 1e-3 so an update follows the
    gradient smoothly, clip 1.0) against float64 training: loss, grad norm, parameters.
 3. train_batch throughput, bf16 mixed precision against fp32 (the baseline, same run).
-4. The NCCL weight-update group (`engines.weight_group`): flattening buckets on the GPU, a
-   one-rank NCCL group through the same rendezvous code, and a second process joining as the
-   server's rank would (NCCL refuses two ranks on one GPU: then that is reported).
+4. The NCCL weight-update group (`engines.weight_transport.process_group_trainer`): flattening
+   buckets on the GPU, a one-rank NCCL group through the same rendezvous code, and a second
+   process joining as the server's rank would (NCCL refuses two ranks on one GPU: then that
+   is reported).
 Weights are drawn with std 0.06 so logits spread (std printed) as a trained model's do.
 """
 
@@ -34,9 +35,14 @@ from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, 
 from areal_like.api.io_struct import ParamSpec
 from areal_like.models.tiny import build_tiny_model
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
+from engines.fsdp.engine import FSDPEngine
 from engines.fsdp.model_io import gather_full_state_dict
-from engines.fsdp_engine import FSDPEngine
-from engines.weight_group import WeightUpdateGroup, flatten_bucket, host_store, plan_buckets
+from engines.weight_transport.process_group_trainer import (
+    WeightUpdateGroup,
+    flatten_bucket,
+    host_store,
+    plan_buckets,
+)
 
 LR, ADAM_EPS = 1e-3, 1e-3
 LENGTHS = [37, 5, 120, 64, 9, 200, 33, 81]

@@ -1,7 +1,7 @@
 """What deterministic inference costs: SGLang servers with and without it, same requests.
 
 Two servers on the same tiny model run side by side (one thread each): one started with
-`SGLangServerConfig.deterministic=True` (seeded sampling + batch-invariant kernels, the
+`ServerConfig.deterministic=True` (seeded sampling + batch-invariant kernels, the
 default), the baseline with `False`. They take turns (the idle one sleeps), each time getting
 the same requests — default 64 prompts x 64 new tokens (`min_new_tokens = max_new_tokens`),
 32 concurrent, temperature 1, a fixed `sampling_seed` per request — from a bare aiohttp
@@ -27,10 +27,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import aiohttp  # noqa: E402
 from rollout_throughput import bounded_gather, flush_cache, make_prompts  # noqa: E402
 
-from areal_like.api.config import SGLangServerConfig  # noqa: E402
+from areal_like.api.config import ServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters  # noqa: E402
-from engines.sglang_protocol import generate_payload  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
+from engines.sglang.protocol import generate_payload  # noqa: E402
 
 
 async def seeded_client(addr: str, prompts: list[list[int]], g: GenerationHyperparameters,
@@ -56,8 +56,8 @@ def measure(size: str, args: argparse.Namespace) -> dict[str, float]:
                                      size=size, seed=1)
         vocab = AutoConfig.from_pretrained(model_dir).vocab_size
         servers = {
-            name: stack.enter_context(SGLangFleet(
-                model_dir, SGLangServerConfig(n_servers=1, deterministic=flag))).addresses[0]
+            name: stack.enter_context(InferenceFleet(
+                model_dir, ServerConfig(n_servers=1, deterministic=flag))).addresses[0]
             for name, flag in (("off (baseline)", False), ("on", True))
         }
         g = GenerationHyperparameters(max_new_tokens=args.new_tokens,

@@ -235,11 +235,11 @@ def part2(args: argparse.Namespace) -> None:
         from benchmarks.rollout_throughput import bare_client, flush_cache, timed
 
     from areal_like.api import GenerationHyperparameters
-    from areal_like.api.config import SGLangServerConfig
+    from areal_like.api.config import ServerConfig
     from areal_like.models.tiny import build_tiny_model
     from areal_like.rollout.controller import RolloutController
-    from engines.remote_engine import RemoteSGLangEngine
-    from engines.sglang_server import SGLangFleet
+    from engines.fleet.client import RemoteSGLangEngine
+    from engines.fleet.launch import InferenceFleet
     from workflows.rlvr import RLVRWorkflow
 
     k = args.n_samples
@@ -255,7 +255,7 @@ def part2(args: argparse.Namespace) -> None:
                                      size=args.size, seed=1)
         wf_async = RLVRWorkflow(zero_reward_async, gconfig, str(model_dir))
         wf_sync = RLVRWorkflow(zero_reward, gconfig, str(model_dir))
-        fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(n_servers=1)))
+        fleet = stack.enter_context(InferenceFleet(model_dir, ServerConfig(n_servers=1)))
         addr = fleet.addresses[0]
         # at most concurrency / k episodes of k requests each: `concurrency` requests in flight
         config = RolloutConfig(server_addrs=[addr], max_concurrent_rollouts=args.concurrency // k,

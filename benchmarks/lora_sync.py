@@ -34,7 +34,7 @@ from areal_like.api.config import (  # noqa: E402
     ModelConfig,
     OptimizerConfig,
     RolloutConfig,
-    SGLangServerConfig,
+    ServerConfig,
     TrainEngineConfig,
 )
 from areal_like.api.lora_config import DECODER_LINEAR_MODULES, LoRAConfig  # noqa: E402
@@ -42,8 +42,8 @@ from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
 from areal_like.runtime.weight_sync import push_weights  # noqa: E402
 from engines import FSDPEngine  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
 
 # Qwen2-7B: hidden, intermediate, layers, key/value width (4 heads x 128), params
 QWEN2_7B = {"hidden": 3584, "inter": 18944, "layers": 28, "kv": 512, "params": 7.62e9}
@@ -75,9 +75,9 @@ def measure(size: str, rank: int, rounds: int, tmp: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"size": size,
                            "params_m": sum(p.numel() for p in full.model.parameters()) / 1e6,
                            "full_bytes": sum(p.nbytes for p in full.weight_specs())}
-    server = SGLangServerConfig(n_servers=1, max_total_tokens=4096, lora_rank=rank,
-                                lora_target_modules=list(DECODER_LINEAR_MODULES))
-    with SGLangFleet(base, server, log_dir=tmp / f"{size}-logs") as fleet:
+    server = ServerConfig(n_servers=1, max_total_tokens=4096, lora_rank=rank,
+                          lora_target_modules=list(DECODER_LINEAR_MODULES))
+    with InferenceFleet(base, server, log_dir=tmp / f"{size}-logs") as fleet:
         plain = RolloutConfig(server_addrs=fleet.addresses, weight_transport="distributed")
         client = RemoteInferenceEngine(plain)
         client.initialize()

@@ -32,11 +32,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import aiohttp  # noqa: E402
 
-from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
+from areal_like.api.config import RolloutConfig, ServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
-from engines.server_apis import server_api  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.fleet.backends import server_api  # noqa: E402
+from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
 
 PROMPT_LEN = 16
 
@@ -119,7 +119,7 @@ def main() -> None:
 
             model_dir = build_tiny_model(stack.enter_context(tempfile.TemporaryDirectory()),
                                          size=args.size, seed=1)
-            fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(
+            fleet = stack.enter_context(InferenceFleet(model_dir, ServerConfig(
                 backend=args.backend, n_servers=1, extra_args=args.server_arg)))
             addr = fleet.addresses[0]
             from transformers import AutoConfig

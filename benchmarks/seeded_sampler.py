@@ -1,5 +1,5 @@
 """The seeded sampler on a CPU SGLang server: SGLang's `torch.compile`d `multinomial_with_seed`
-against the CPU shim's eager one (engines/sglang_shim/README.md), in the same run.
+against the CPU shim's eager one (engines/sglang/shim/README.md), in the same run.
 
     python benchmarks/seeded_sampler.py [--rounds 8] [--concurrency 32]
 
@@ -21,9 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from areal_like.api.config import SGLangServerConfig
+from areal_like.api.config import ServerConfig
 from areal_like.models.tiny import build_tiny_model
-from engines.sglang_server import SGLangFleet
+from engines.fleet.launch import InferenceFleet
 
 
 def _generate(addr: str, seed: int) -> None:
@@ -39,8 +39,8 @@ def _generate(addr: str, seed: int) -> None:
 
 def measure(model: Path, mode: str, rounds: int, concurrency: int, tmp: Path) -> dict:
     os.environ["AREAL_LIKE_SGLANG_COMPILED_SAMPLER"] = "1" if mode == "compiled" else "0"
-    config = SGLangServerConfig(n_servers=1, fork_children=True, context_length=1024)
-    with SGLangFleet(model, config, log_dir=tmp / f"logs-{mode}") as fleet:
+    config = ServerConfig(n_servers=1, fork_children=True, context_length=1024)
+    with InferenceFleet(model, config, log_dir=tmp / f"logs-{mode}") as fleet:
         addr = fleet.addresses[0]
         start = time.perf_counter()
         _generate(addr, 0)

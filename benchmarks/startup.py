@@ -2,7 +2,7 @@
 
     python benchmarks/startup.py [--rounds 3] [--skip-torchrun]
 
-SGLang server, started as the tests and the launcher start it (`SGLangFleet`, tiny 1m model,
+SGLang server, started as the tests and the launcher start it (`InferenceFleet`, tiny 1m model,
 one thread), with its log at info level read as it grows; each phase ends when its line first
 appears (median over rounds):
 - `imports`: until the server process prints its arguments (Python start + `import sglang`);
@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from areal_like.api.config import SGLangServerConfig  # noqa: E402
+from areal_like.api.config import ServerConfig  # noqa: E402
 from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.utils.network import find_free_port  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
 
 PHASES = [("imports", "server_args="), ("children", "Init parallel begin"),
           ("model load", "Memory pool end"), ("HTTP up", "Uvicorn running")]
@@ -54,9 +54,9 @@ dist.destroy_process_group()
 
 
 def server_phases(model: Path, fork: bool, log_dir: Path) -> dict[str, float]:
-    config = SGLangServerConfig(context_length=1024, max_total_tokens=16384,
-                                fork_children=fork, extra_args=["--log-level", "info"])
-    fleet = SGLangFleet(model, config, log_dir=log_dir)
+    config = ServerConfig(context_length=1024, max_total_tokens=16384,
+                          fork_children=fork, extra_args=["--log-level", "info"])
+    fleet = InferenceFleet(model, config, log_dir=log_dir)
     marks: dict[str, float] = {}
     t0 = time.monotonic()
     done = threading.Event()

@@ -37,13 +37,13 @@ from areal_like.utils.packed_logprobs import (
     shift_packed_to_next_token,
 )
 from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
+from engines.fsdp.engine import FSDPEngine
 from engines.fsdp.packing import (
     count_micro_batches,
     pack_sequences,
     partition_into_micro_batches,
     sequence_lengths,
 )
-from engines.fsdp_engine import FSDPEngine
 
 
 def long_tailed_batch(n_seqs: int, vocab: int, max_len: int, seed: int) -> TensorDict:

@@ -27,13 +27,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from areal_like.api.config import RolloutConfig, SGLangServerConfig  # noqa: E402
+from areal_like.api.config import RolloutConfig, ServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
 from areal_like.models.tiny_vl import build_tiny_vl_model  # noqa: E402
 from areal_like.models.vision import VisionProcessor, VisionPrompt  # noqa: E402
 from benchmarks.rollout_throughput import bounded_gather, flush_cache  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
+from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
 
 QUESTION = "What colour is the circle?"
 
@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     with ExitStack() as stack:
         model_dir = build_tiny_vl_model(stack.enter_context(tempfile.TemporaryDirectory()))
-        fleet = stack.enter_context(SGLangFleet(model_dir, SGLangServerConfig(n_servers=1)))
+        fleet = stack.enter_context(InferenceFleet(model_dir, ServerConfig(n_servers=1)))
         addr = fleet.addresses[0]
         engine = RemoteInferenceEngine(RolloutConfig(server_addrs=[addr],
                                                      max_concurrent_rollouts=args.concurrency))

@@ -42,16 +42,16 @@ from areal_like.api.config import (  # noqa: E402
     ModelConfig,
     OptimizerConfig,
     RolloutConfig,
-    SGLangServerConfig,
+    ServerConfig,
     TrainEngineConfig,
 )
 from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
 from areal_like.runtime.weight_sync import push_weights  # noqa: E402
 from engines import FSDPEngine  # noqa: E402
-from engines.remote_engine import RemoteInferenceEngine  # noqa: E402
-from engines.sglang_server import SGLangFleet  # noqa: E402
-from engines.weight_group import (  # noqa: E402
+from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
+from engines.fleet.launch import InferenceFleet  # noqa: E402
+from engines.weight_transport.process_group_trainer import (
     WeightUpdateGroup,
     flatten_bucket,
     host_store,
@@ -115,7 +115,7 @@ def measure(size: str, rounds: int, bucket_mb: float, tmp: Path,
                               "paused_loop": paused_loop, "backend": backend}
     os.environ["AREAL_LIKE_SGLANG_PAUSED_SPIN"] = "1" if paused_loop == "spin" else "0"
     try:
-        with SGLangFleet(base, SGLangServerConfig(backend=backend, n_servers=1,
+        with InferenceFleet(base, ServerConfig(backend=backend, n_servers=1,
                                                   max_total_tokens=4096),
                          log_dir=tmp / f"{size}-{paused_loop}-logs") as fleet:
             config.server_addrs = fleet.addresses

@@ -1,4 +1,7 @@
-"""Backends: the inference fleet client/launcher (SGLang or vLLM) and the FSDP2 train engine.
+"""Backends. `fleet/`: the backend-neutral client of an inference fleet and the launcher of
+local servers; `server/`: what every server speaks (the `ServerAPI` interface, HTTP, replies,
+errors); `sglang/` and `vllm/`: one folder per backend; `weight_transport/`: both ends of the
+process-group weight transport; `fsdp/`: the FSDP2 train engine.
 
 Imports are lazy so that `import engines` stays cheap and a missing optional backend only
 fails when it is used.
@@ -6,21 +9,25 @@ fails when it is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_LAZY = {
-    "RemoteInferenceEngine": "engines.remote_engine",
-    "RemoteSGLangEngine": "engines.remote_engine",
-    "RemoteVLLMEngine": "engines.remote_engine",
-    "SGLangFleet": "engines.sglang_server",
-    "FSDPEngine": "engines.fsdp_engine",
-}
+from areal_like.lazy import LazyExports
 
-__all__ = sorted(_LAZY)
+_LAZY = LazyExports(__name__, {
+    "RemoteInferenceEngine": "engines.fleet.client",
+    "RemoteSGLangEngine": "engines.fleet.client",
+    "RemoteVLLMEngine": "engines.fleet.client",
+    "InferenceFleet": "engines.fleet.launch",
+    "SGLangFleet": "engines.sglang_server",  # the old name of InferenceFleet
+    "FSDPEngine": "engines.fsdp.engine",
+})
+
+__all__ = sorted(_LAZY.names)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'engines' has no attribute {name!r}")
+    return _LAZY.get(name)
+
+
+def __dir__() -> list[str]:
+    return _LAZY.dir()

@@ -42,7 +42,7 @@ in each class's `__post_init__` and name the key at fault.
 # top-level key -> where it is defined; nested sections follow their class's table
 SECTIONS: list[tuple[str, str]] = [
     ("model", "ModelConfig"), ("gconfig", "GenerationHyperparameters"),
-    ("rollout", "RolloutConfig"), ("server", "SGLangServerConfig"),
+    ("rollout", "RolloutConfig"), ("server", "ServerConfig"),
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
     ("actor.lora", "LoRAConfig"), ("algorithm", "AlgorithmConfig"),
@@ -71,7 +71,7 @@ def documented_classes() -> list[type]:
 
     return [
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
-        core.RolloutConfig, core.SGLangServerConfig, core.TrainEngineConfig,
+        core.RolloutConfig, core.ServerConfig, core.TrainEngineConfig,
         core.OptimizerConfig, core.MicroBatchSpec, core.LoRAConfig, core.AlgorithmConfig,
         *ALGORITHM_SECTIONS,
         core.DatasetConfig,

@@ -28,8 +28,8 @@ from areal_like.algorithms.functional import shift_to_next_token
 from areal_like.api.config import RolloutConfig
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
-from engines.remote_engine import RemoteInferenceEngine
-from engines.sglang_http import RemoteSGLangError
+from engines.fleet.client import RemoteInferenceEngine
+from engines.server.errors import InferenceServerError
 from recipes.configs import DistillConfig
 from workflows.distill import DistillWorkflow, TeacherScorer, TeacherUnavailableError
 
@@ -49,7 +49,7 @@ def connect_teacher(config: RolloutConfig) -> RemoteInferenceEngine:
     engine = RemoteInferenceEngine(config)
     try:
         engine.initialize()
-    except (RemoteSGLangError, TimeoutError) as e:
+    except (InferenceServerError, TimeoutError) as e:
         raise TeacherUnavailableError(
             f"teacher.server_addrs={config.server_addrs}: the teacher fleet does not answer "
             f"({e}); serve the teacher there, or give the addresses of its servers") from e
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     if not config.teacher.server_addrs:
         raise SystemExit("distill: teacher.server_addrs is empty: run through the local "
                          "launcher (it serves teacher.model_path), or serve the teacher "
-                         "(python -m engines.sglang_serve --model-path DIR) and pass its "
+                         "(python -m engines.fleet.serve --model-path DIR) and pass its "
                          "addresses")
     # every rank checks (a /health call each), so every rank fails alike, before RLSetup
     check_teacher(config)

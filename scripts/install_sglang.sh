@@ -7,7 +7,7 @@
 # CPU machine: sglang is installed with --no-deps (its pins want CUDA torch), then its other
 # requirements minus the CUDA-only ones, all against a torch==$TORCH_VERSION constraint so pip
 # can never pull a CUDA torch (the CPU wheel comes from the pip config's find-links). The
-# workarounds the CPU engine needs are the project's own shims (engines/sglang_shim/, see its
+# workarounds the CPU engine needs are the project's own shims (engines/sglang/shim/, see its
 # README), copied into this venv only: an import shim for the CUDA-only `sgl_kernel`, an
 # import hook that lets PyPI's CUDA torchvision import on CPU torch, and the CPU pieces of
 # SGLang's deterministic inference.
@@ -21,7 +21,7 @@ TORCH_VERSION="2.13.0"
 VENV="${1:-.venv-sglang}"
 PYTHON="${PYTHON:-python3}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SHIM_DIR="$REPO_ROOT/engines/sglang_shim"
+SHIM_DIR="$REPO_ROOT/engines/sglang/shim"
 STAMP="$VENV/.areal_like_install_stamp"
 
 # CUDA-only requirements of sglang (kernels, CUDA bindings) and torch-family packages pinned to
@@ -99,7 +99,7 @@ EOF
     # expected, those are exactly the packages left out above.
     "${PIP[@]}" -q -r "$REQS" -c "$CONSTRAINTS"
 
-    # The shims (engines/sglang_shim/README.md), venv-local: a stand-in `sgl_kernel` package,
+    # The shims (engines/sglang/shim/README.md), venv-local: a stand-in `sgl_kernel` package,
     # and the torchvision import hook, loaded at start-up by its .pth file.
     SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     rm -rf "$SITE/sgl_kernel"

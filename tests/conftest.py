@@ -120,29 +120,31 @@ def sglang_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     costs ~30 s and ~2 GB). They require `SGLANG_TEST_API_KEY`. Tests that change weights
     restore `tiny_model_dir` before they end. Skips when the SGLang venv is missing, except in
     CI (CI=true), where a missing venv is an error."""
-    from areal_like.api.config import SGLangServerConfig
-    from engines.sglang_server import SGLangFleet, SGLangServerError, resolve_sglang_python
+    from areal_like.api.config import ServerConfig
+    from engines.fleet.launch import InferenceFleet, resolve_server_python
+    from engines.server.errors import ServerStartError
 
-    config = SGLangServerConfig(n_servers=2, max_total_tokens=16384, context_length=1024)
+    config = ServerConfig(n_servers=2, max_total_tokens=16384, context_length=1024)
     try:
-        resolve_sglang_python(config.venv)
-    except SGLangServerError as e:
+        resolve_server_python(config.venv)
+    except ServerStartError as e:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI must run the SGLang tests: {e}")
         pytest.skip(f"SGLang venv missing (run `make sglang`): {e}")
-    fleet = SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
-                        log_dir=tmp_path_factory.mktemp("sglang_logs"))
+    fleet = InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                           log_dir=tmp_path_factory.mktemp("sglang_logs"))
     with fleet:
         yield fleet
 
 
 def require_venv(backend: str) -> None:
     """Skip when `backend`'s venv is missing, except in CI (CI=true): there it is an error."""
-    from engines.sglang_server import SGLangServerError, resolve_sglang_python
+    from engines.fleet.launch import resolve_server_python
+    from engines.server.errors import ServerStartError
 
     try:
-        resolve_sglang_python("", backend)
-    except SGLangServerError as e:
+        resolve_server_python("", backend)
+    except ServerStartError as e:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI must run the {backend} tests: {e}")
         pytest.skip(f"{backend} venv missing: {e}")
@@ -158,14 +160,14 @@ VLLM_TEST_ARGS = ("--enforce-eager",)
 def vllm_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Two real vLLM servers on the tiny 1m model, shared like `sglang_fleet` (same API key,
     same rule: tests that change weights restore them)."""
-    from areal_like.api.config import SGLangServerConfig
-    from engines.sglang_server import SGLangFleet
+    from areal_like.api.config import ServerConfig
+    from engines.fleet.launch import InferenceFleet
 
     require_venv("vllm")
-    config = SGLangServerConfig(backend="vllm", n_servers=2, context_length=1024,
-                                extra_args=list(VLLM_TEST_ARGS))
-    with SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
-                     log_dir=tmp_path_factory.mktemp("vllm_logs")) as fleet:
+    config = ServerConfig(backend="vllm", n_servers=2, context_length=1024,
+                          extra_args=list(VLLM_TEST_ARGS))
+    with InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                        log_dir=tmp_path_factory.mktemp("vllm_logs")) as fleet:
         yield fleet
 
 
@@ -179,14 +181,14 @@ def any_fleet(request: pytest.FixtureRequest):
 @pytest.fixture(scope="module")
 def _module_vllm_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """`_module_spare`'s one killable server, on vLLM."""
-    from areal_like.api.config import SGLangServerConfig
-    from engines.sglang_server import SGLangFleet
+    from areal_like.api.config import ServerConfig
+    from engines.fleet.launch import InferenceFleet
 
     require_venv("vllm")
-    config = SGLangServerConfig(backend="vllm", n_servers=1, context_length=1024,
-                                extra_args=list(VLLM_TEST_ARGS))
-    with SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
-                     log_dir=tmp_path_factory.mktemp("vllm_spare")) as fleet:
+    config = ServerConfig(backend="vllm", n_servers=1, context_length=1024,
+                          extra_args=list(VLLM_TEST_ARGS))
+    with InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                        log_dir=tmp_path_factory.mktemp("vllm_spare")) as fleet:
         yield fleet
 
 
@@ -204,16 +206,16 @@ def any_spare(request: pytest.FixtureRequest, any_fleet, tiny_model_dir: Path):
 
 @pytest.fixture(scope="module")
 def _module_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    from areal_like.api.config import SGLangServerConfig
-    from engines.sglang_server import SGLangFleet
+    from areal_like.api.config import ServerConfig
+    from engines.fleet.launch import InferenceFleet
 
     # forked children (`server.fork_children`, opt-in): a spare is restarted after nearly
     # every test that uses it, ~15 s less each; the session fleet keeps SGLang's spawn. Its
     # /health_generate gives up after 5 s, not 20: the hung-scheduler test waits for it twice
-    config = SGLangServerConfig(n_servers=1, context_length=1024, fork_children=True,
-                                health_generate_timeout=5)
-    fleet = SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
-                        log_dir=tmp_path_factory.mktemp("spare"))
+    config = ServerConfig(n_servers=1, context_length=1024, fork_children=True,
+                          health_generate_timeout=5)
+    fleet = InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                           log_dir=tmp_path_factory.mktemp("spare"))
     with fleet:
         yield fleet
 

@@ -28,9 +28,9 @@ from areal_like.utils.packed_logprobs import (
     next_token_logprobs_entropy,
     shift_packed_to_next_token,
 )
+from engines.fsdp.engine import FSDPEngine
 from engines.fsdp.model_io import gather_full_state_dict
 from engines.fsdp.packing import shard_batch
-from engines.fsdp_engine import FSDPEngine
 
 LR = 1e-2
 # A large Adam eps keeps the update a smooth function of the gradient (lr * g / (|g| + eps)),

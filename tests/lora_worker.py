@@ -18,9 +18,9 @@ from areal_like.api import SaveLoadMeta
 from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
+from engines.fsdp.engine import FSDPEngine
 from engines.fsdp.model_io import gather_full_state_dict
 from engines.fsdp.packing import shard_batch
-from engines.fsdp_engine import FSDPEngine
 
 LORA = LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 LR = 2e-2

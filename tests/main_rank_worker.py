@@ -31,7 +31,7 @@ from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.main_rank import MainRankError, run_on_main
 from areal_like.utils.distributed import ensure_process_group
-from engines.remote_engine import RemoteSGLangEngine
+from engines.fleet.client import RemoteSGLangEngine
 from workflows import RLVRWorkflow
 
 GCONFIG = GenerationHyperparameters(n_samples=2, max_new_tokens=4, temperature=1.0)

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from areal_like.api.config import RolloutConfig
 from areal_like.rollout.controller import RolloutController
-from engines.remote_engine import RemoteInferenceEngine
-from engines.sglang_server import SGLangFleet
+from engines.fleet.client import RemoteInferenceEngine
+from engines.fleet.launch import InferenceFleet
 
 # SGLang computes in float32; the reference runs the same weights in float64. Measured max
 # |diff| on the 1m model is ~1e-6; 1e-4 leaves room for float32 reduction-order noise.
@@ -35,11 +35,12 @@ WINDOW_ATTEMPTS = 20
 
 def require_sglang_venv() -> None:
     """Skip when the SGLang venv is missing (fail in CI), like the `sglang_fleet` fixture."""
-    from engines.sglang_server import SGLangServerError, resolve_sglang_python
+    from engines.fleet.launch import resolve_server_python
+    from engines.server.errors import ServerStartError
 
     try:
-        resolve_sglang_python(".venv-sglang")
-    except SGLangServerError as e:
+        resolve_server_python(".venv-sglang")
+    except ServerStartError as e:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI must run the SGLang tests: {e}")
         pytest.skip(f"SGLang venv missing (run `make sglang`): {e}")
@@ -54,7 +55,7 @@ def make_engine(addresses: list[str], api_key: str | None,
     return engine
 
 
-def fleet_engine(fleet: SGLangFleet, **config: object) -> RemoteInferenceEngine:
+def fleet_engine(fleet: InferenceFleet, **config: object) -> RemoteInferenceEngine:
     """A client of `fleet`, whichever its backend."""
     return make_engine(fleet.addresses, fleet.api_key, backend=fleet.config.backend, **config)
 
@@ -130,7 +131,7 @@ def fleet_version(addresses: list[str], api_key: str | None, backend: str = "sgl
     return versions.pop()
 
 
-def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
+def restore_session_fleet(fleet: InferenceFleet, model_dir: str | Path) -> int:
     """Every server back on the session weights under one fresh version, loaded server by
     server (a test that left one server behind, or a load that failed, must not leave the
     fleet disagreeing for the next test). Returns that version."""
@@ -150,7 +151,7 @@ def restore_session_fleet(fleet: SGLangFleet, model_dir: str | Path) -> int:
     return version
 
 
-def reset_fleet(fleet: SGLangFleet, model_dir: str | Path) -> None:
+def reset_fleet(fleet: InferenceFleet, model_dir: str | Path) -> None:
     """The fleet as freshly started servers are: `model_dir`'s weights labelled version 0,
     loaded through the project's own update path (a client that also continues a server a
     killed trainer left paused), every server agreeing."""
@@ -165,7 +166,7 @@ def reset_fleet(fleet: SGLangFleet, model_dir: str | Path) -> None:
     assert fleet_version(fleet.addresses, fleet.api_key, fleet.config.backend) == 0
 
 
-def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
+def revive_spare(fleet: InferenceFleet, model_dir: str | Path) -> None:
     """A one-server fleet that a test may have killed, as new: restarted if it is dead,
     then `model_dir`'s weights under version 0 (`reset_fleet`)."""
     if fleet.dead_servers():
@@ -175,7 +176,7 @@ def revive_spare(fleet: SGLangFleet, model_dir: str | Path) -> None:
     reset_fleet(fleet, model_dir)
 
 
-def attach_args(fleet: SGLangFleet) -> list[str]:
+def attach_args(fleet: InferenceFleet) -> list[str]:
     """Overrides that make a recipe or the launcher use `fleet` instead of starting servers."""
     return [f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
             f"rollout.api_key={fleet.api_key}", f"server.backend={fleet.config.backend}"]

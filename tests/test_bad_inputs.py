@@ -27,8 +27,9 @@ from areal_like.api.trajectory import TrajectoryError, validate_trajectory
 from areal_like.data.gsm8k import load_gsm8k
 from areal_like.rewards.failures import RewardFailure, RewardFunctionError
 from areal_like.rewards.reward_executor import RewardExecutor
-from engines.remote_engine import RemoteSGLangEngine, RemoteSGLangError
-from engines.sglang_protocol import SGLangProtocolError, parse_generate_reply
+from engines.fleet.client import RemoteSGLangEngine
+from engines.server.errors import InferenceServerError, ServerProtocolError
+from engines.sglang.protocol import parse_generate_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 120.0  # generous: these are checks, not work; a hang is what this catches
@@ -340,7 +341,7 @@ REPLY_CASES = [
                          ids=[c[0] for c in REPLY_CASES])
 def test_bad_server_reply_names_the_server(reply, message):
     err = _raises(parse_generate_reply, reply, "10.0.0.7:30000", match=message)
-    assert isinstance(err, SGLangProtocolError) and "10.0.0.7:30000" in str(err)
+    assert isinstance(err, ServerProtocolError) and "10.0.0.7:30000" in str(err)
 
 
 @pytest.mark.parametrize("body", ["<html>502 bad gateway</html>",
@@ -354,7 +355,7 @@ def test_malformed_json_is_retried_then_names_server_and_endpoint(body):
         engine.initialize()
         req = ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationHyperparameters())
         err = _raises(lambda: asyncio.run(engine.agenerate(req)), match=addr)
-        assert isinstance(err, RemoteSGLangError)
+        assert isinstance(err, InferenceServerError)
         assert "/generate" in str(err) and "not valid JSON" in str(err)
         assert body[:20] in str(err)
         assert server.requests == 3  # retried before giving up

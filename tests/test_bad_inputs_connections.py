@@ -31,7 +31,7 @@ from areal_like.rewards.failures import RewardFailure
 from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.remote_rm import RemoteRewardModel
 from areal_like.rewards.reward_executor import RewardExecutor
-from engines.remote_engine import RemoteInferenceEngine
+from engines.fleet.client import RemoteInferenceEngine
 from recipes.distill import connect_teacher
 from workflows.distill import TeacherScorer, TeacherUnavailableError
 
@@ -280,7 +280,7 @@ ONE_RANK = f"""\
 [rank0]: Traceback (most recent call last):
 [rank0]:   File "/work/main/recipes/distill.py", line 69, in main
 [rank0]:     rl.train(workflow, train_step)
-[rank0]:   File "/work/main/areal_like/runtime/rollout_process.py", line 185, in _receive
+[rank0]:   File "/work/main/areal_like/rollout/process.py", line 185, in _receive
 [rank0]:     raise value
 [rank0]: areal_like.rewards.failures.RewardBudgetExceeded: {BUDGET} (failures so far: raised 11). First failure: reward function teacher raised: ZeroDivisionError: boom
 [rank0]: its traceback:
@@ -292,7 +292,7 @@ ONE_RANK = f"""\
 [rank0]:   File "/work/main/areal_like/rewards/budget.py", line 54, in record
 [rank0]:     raise error
 [rank0]: areal_like.rewards.failures.RewardBudgetExceeded: {BUDGET} (in the controller)
-2026-12-02 00:14:31,118 areal_like.runtime.rollout_process: rollout controller (pid 9049) did not exit within 10 s; killing it
+2026-12-02 00:14:31,118 areal_like.rollout.process: rollout controller (pid 9049) did not exit within 10 s; killing it
 """ + TORCHRUN_TAIL
 
 TWO_RANKS = f"""\
@@ -306,7 +306,7 @@ Traceback (most recent call last):
     result = future.result(timeout=interval)
 areal_like.rewards.failures.RewardBudgetExceeded: {BUDGET} (logged)
 [rank0]: Traceback (most recent call last):
-[rank0]:   File "/work/main/areal_like/runtime/rollout_process.py", line 185, in _receive
+[rank0]:   File "/work/main/areal_like/rollout/process.py", line 185, in _receive
 [rank0]:     raise value
 [rank0]: areal_like.rewards.failures.RewardBudgetExceeded: {BUDGET}
 [rank0]: The above exception was the direct cause of the following exception:
@@ -320,7 +320,7 @@ Exception ignored in: <module 'threading' from '/usr/lib/python3.11/threading.py
 Traceback (most recent call last):
   File "/usr/lib/python3.11/threading.py", line 1560, in _shutdown
     atexit_call()
-  File "/work/main/areal_like/runtime/rollout_service.py", line 171, in on_term
+  File "/work/main/areal_like/rollout/service.py", line 171, in on_term
     raise SystemExit(f"rollout controller: signal {{signum}} (the trainer exited)")
 SystemExit: rollout controller: signal 15 (the trainer exited)
 """ + TORCHRUN_TAIL

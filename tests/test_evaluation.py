@@ -15,7 +15,7 @@ from sglang_helpers import _reference_model, make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api.io_struct import GenerationHyperparameters
-from areal_like.runtime.evaluation import evaluate, pass_at_k
+from areal_like.rollout.evaluation import evaluate, pass_at_k
 from workflows.rlvr import RLVRWorkflow
 
 
@@ -114,7 +114,7 @@ def test_partial_credit_is_reward_not_accuracy():
 
     from areal_like.data.reasoning_gym_tasks import load_reasoning_gym
     from areal_like.rewards import reasoning_gym_reward
-    from areal_like.runtime.evaluation import episode_accuracy
+    from areal_like.rollout.evaluation import episode_accuracy
 
     item = load_reasoning_gym("products", 20, 1)[0]
     sign_error = item["answer"][1:] if item["answer"].startswith("-") else "-" + item["answer"]

@@ -26,7 +26,7 @@ from areal_like.api import GenerationHyperparameters, ModelRequest, SaveLoadMeta
 from areal_like.api.config import (
     ModelConfig,
     OptimizerConfig,
-    SGLangServerConfig,
+    ServerConfig,
     TrainEngineConfig,
 )
 from areal_like.api.io_struct import AdapterWeights
@@ -126,7 +126,7 @@ def test_bad_lora_settings_are_named(tiny_model_dir):
     from recipes.configs import GRPOConfig
     with pytest.raises(ValueError, match="vLLM fleet"):
         GRPOConfig(actor=TrainEngineConfig(lora=LoRAConfig(rank=8)),
-                   server=SGLangServerConfig(backend="vllm"))
+                   server=ServerConfig(backend="vllm"))
 
 
 def test_the_shipped_lora_recipe_serves_what_it_trains():
@@ -199,13 +199,13 @@ def lora_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     """Two SGLang servers started with LoRA serving (rank <= 8, the decoder's linear layers)."""
     from sglang_helpers import require_sglang_venv
 
-    from engines.sglang_server import SGLangFleet
+    from engines.fleet.launch import InferenceFleet
 
     require_sglang_venv()
-    config = SGLangServerConfig(n_servers=2, max_total_tokens=8192, lora_rank=8,
-                                lora_target_modules=list(DECODER_LINEAR_MODULES))
-    with SGLangFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
-                     log_dir=tmp_path_factory.mktemp("lora_logs")) as fleet:
+    config = ServerConfig(n_servers=2, max_total_tokens=8192, lora_rank=8,
+                          lora_target_modules=list(DECODER_LINEAR_MODULES))
+    with InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
+                        log_dir=tmp_path_factory.mktemp("lora_logs")) as fleet:
         yield fleet
 
 
@@ -275,7 +275,7 @@ def test_restarted_server_loads_the_current_adapter_before_it_serves(lora_fleet,
     it serve again: with that adapter's log-probs and version."""
     from sglang_helpers import make_engine
 
-    from engines.sglang_lora_api import SGLangLoRAAPI
+    from engines.sglang.lora_api import SGLangLoRAAPI
 
     lora = LoRAConfig(rank=8, alpha=16)
     engine = _lora_engine(tiny_model_dir, lora)

@@ -14,10 +14,10 @@ import pytest
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import require_sglang_venv
 
-from areal_like.api.config import SGLangServerConfig
+from areal_like.api.config import ServerConfig
 from areal_like.runtime.main_rank import heartbeat_interval
 from areal_like.utils.network import find_free_port
-from engines.sglang_server import SGLangFleet
+from engines.fleet.launch import InferenceFleet
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
 COLLECTIVE_TIMEOUT_S = 4.0  # heartbeats every 0.8 s: 3.2 s of slack on a busy machine
@@ -71,7 +71,7 @@ def test_server_death_on_rank0_ends_every_rank_with_the_same_error(tiny_model_di
                                                                    tmp_path_factory):
     require_sglang_venv()
     out = tmp_path_factory.mktemp("server_dies")
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, context_length=1024,
+    fleet = InferenceFleet(tiny_model_dir, ServerConfig(n_servers=1, context_length=1024,
                                                           fork_children=True),
                         api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path_factory.mktemp("logs"))
     with fleet:

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from areal_like.api import GenerationHyperparameters
 from areal_like.rewards.failures import RewardBudgetExceeded, RewardFunctionError
 from areal_like.rollout.controller import RolloutController
-from areal_like.runtime.evaluation import evaluate
+from areal_like.rollout.evaluation import evaluate
 from workflows import RLVRWorkflow
 
 pytestmark = pytest.mark.sglang

@@ -12,15 +12,15 @@ import pytest
 
 from areal_like.api.config import RewardConfig, RolloutConfig
 from areal_like.api.rollout_api import LOCAL_METHODS, RolloutAPI, remote_calls
+from areal_like.rollout import process as rollout_process
 from areal_like.rollout.controller import RolloutController
-from areal_like.runtime import rollout_process
-from areal_like.runtime.rollout_process import (
+from areal_like.rollout.process import (
     CALL_MARGIN_S,
     CALL_TIMEOUTS,
     DEFAULT_CALL_TIMEOUT_S,
     RolloutProcess,
 )
-from areal_like.runtime.rollout_service import RolloutService, RolloutSetup, _Ref
+from areal_like.rollout.service import RolloutService, RolloutSetup, _Ref
 
 TRANSPORT = {"form_weight_group", "join_weight_group", "begin_weight_broadcast",
              "receive_weight_bucket", "end_weight_broadcast"}

@@ -17,9 +17,9 @@ from transformers import AutoTokenizer
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.api.config import RewardConfig, RolloutConfig
 from areal_like.rewards import exact_match_reward
-from areal_like.runtime.evaluation import Evaluator
-from areal_like.runtime.rollout_process import RolloutProcess, RolloutProcessError
-from areal_like.runtime.rollout_service import RolloutSetup
+from areal_like.rollout.evaluation import Evaluator
+from areal_like.rollout.process import RolloutProcess, RolloutProcessError
+from areal_like.rollout.service import RolloutSetup
 from workflows import RLVRWorkflow
 
 pytestmark = pytest.mark.sglang

@@ -2,7 +2,7 @@
 
 The shim pieces are checked against independent references in this process; the served
 behaviour against the session's real fleet (which runs with `--enable-deterministic-inference`,
-the `SGLangServerConfig.deterministic` default).
+the `ServerConfig.deterministic` default).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sglang_helpers import LOGPROB_ATOL, _reference_model, hf_logprobs, make_eng
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.api.seeding import begin_episode, data_key, derive_seed, request_seed
 
-SHIM = Path(__file__).resolve().parents[1] / "engines" / "sglang_shim"
+SHIM = Path(__file__).resolve().parents[1] / "engines" / "sglang" / "shim"
 
 
 def _load_shim():

@@ -21,7 +21,7 @@ from sglang_helpers import (
 from transformers import AutoConfig
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
-from engines.remote_engine import RemoteSGLangError
+from engines.server.errors import InferenceServerError
 
 PROMPTS = [[1, 2, 3, 4], [17, 29, 5, 60, 61, 2], [300, 12], [7] * 9]
 
@@ -89,7 +89,7 @@ async def test_given_tokens_are_scored_as_the_hf_forward_and_the_sampler_do(engi
     got = torch.tensor(await engine.ascore(prompt, 1), dtype=torch.float64)
     torch.testing.assert_close(got, hf_logprobs(tiny_model_dir, prompt[:1], prompt[1:]),
                                atol=LOGPROB_ATOL, rtol=0)
-    # the vocabulary's last id, which SGLang reports as token 0 (engines/sglang_protocol.py)
+    # the vocabulary's last id, which SGLang reports as token 0 (engines/sglang/protocol.py)
     last = AutoConfig.from_pretrained(tiny_model_dir).vocab_size - 1
     ids = [11, last, 7, last, last]
     got = torch.tensor(await engine.ascore(ids, 1), dtype=torch.float64)
@@ -147,7 +147,7 @@ async def test_length_stop_and_min_new_tokens(engine, tiny_model_dir):
 
 async def test_many_long_seeded_prompts_at_once_all_complete(engine):
     """More prompt tokens than one engine step computes: prefills are scheduled over several
-    steps (vLLM 0.32 on CPU crashed when it split one seeded prefill, see vllm_server.py)."""
+    steps (vLLM 0.32 on CPU crashed when it split one seeded prefill, see engines/vllm/command.py)."""
     g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=8, temperature=1.0)
     prompts = [[(i * 7 + j) % 400 + 3 for j in range(600)] for i in range(48)]
     resps = await asyncio.gather(*(engine.agenerate(ModelRequest(input_ids=p, gconfig=g,
@@ -189,7 +189,7 @@ async def test_server_requires_the_api_key(any_fleet):
         async with session.post(url, json=payload) as resp:
             assert resp.status == 401
     try:
-        with pytest.raises(RemoteSGLangError, match=r"HTTP 401"):
+        with pytest.raises(InferenceServerError, match=r"HTTP 401"):
             await engine.agenerate(ModelRequest(input_ids=[1, 2]))
     finally:
         engine.destroy()
@@ -200,7 +200,7 @@ async def test_request_timeout_fails_with_a_clear_error(any_fleet):
                          request_retries=1, backend=any_fleet.config.backend)
     g = GenerationHyperparameters(max_new_tokens=1000, min_new_tokens=1000)
     try:
-        with pytest.raises(RemoteSGLangError) as info:
+        with pytest.raises(InferenceServerError) as info:
             await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=g))
         msg = str(info.value)
         assert any_fleet.addresses[0] in msg and "timed out after 0.2 s" in msg

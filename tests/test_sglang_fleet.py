@@ -1,4 +1,4 @@
-"""SGLangFleet start-up failures and lifetime, RemoteSGLangEngine failover: a server that dies at
+"""InferenceFleet start-up failures and lifetime, RemoteSGLangEngine failover: a server that dies at
 start raises with its log tail; servers die with their parent; a server killed mid-batch loses
 no request; an unreachable server fails within the timeout, naming the server."""
 
@@ -18,17 +18,18 @@ import pytest
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import make_engine, require_sglang_venv, revive_spare
 
-from areal_like.api.config import RolloutConfig, SGLangServerConfig
+from areal_like.api.config import RolloutConfig, ServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.rollout import FleetUnavailableError
 from areal_like.utils.network import HIGH_PORT, LOW_PORT
-from engines.remote_engine import RemoteSGLangEngine, RemoteSGLangError
-from engines.sglang_server import SGLangFleet, SGLangServerError, find_free_port
+from engines.fleet.client import RemoteSGLangEngine
+from engines.fleet.launch import InferenceFleet, find_free_port
+from engines.server.errors import InferenceServerError, ServerStartError
 
 
 def test_missing_venv_says_to_run_make_sglang(tiny_model_dir):
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(venv="/nonexistent/sglang-venv"))
-    with pytest.raises(SGLangServerError, match="make sglang"):
+    fleet = InferenceFleet(tiny_model_dir, ServerConfig(venv="/nonexistent/sglang-venv"))
+    with pytest.raises(ServerStartError, match="make sglang"):
         fleet.start()
 
 
@@ -39,7 +40,7 @@ async def test_unreachable_server_fails_with_a_clear_error():
                            health_check_interval=0.2)
     engine = RemoteSGLangEngine(config)
     try:
-        with pytest.raises(RemoteSGLangError, match=rf"{addr} not healthy within 1 s"):
+        with pytest.raises(InferenceServerError, match=rf"{addr} not healthy within 1 s"):
             engine.initialize()
     finally:
         engine.destroy()
@@ -63,8 +64,8 @@ def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path
     broken = tmp_path / "broken_model"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "config.json").write_text('{"model_type": "qwen2", "architectures": [')
-    fleet = SGLangFleet(broken, SGLangServerConfig(startup_timeout=240), log_dir=tmp_path / "logs")
-    with pytest.raises(SGLangServerError) as info:
+    fleet = InferenceFleet(broken, ServerConfig(startup_timeout=240), log_dir=tmp_path / "logs")
+    with pytest.raises(ServerStartError) as info:
         fleet.start()
     msg = str(info.value)
     assert "exited with code" in msg and "server_0.log" in msg
@@ -84,10 +85,10 @@ def test_server_whose_port_is_taken_fails_fast_with_its_log_tail(tiny_model_dir,
         squatter.listen()
         port = squatter.getsockname()[1]
         # a start-up timeout longer than the test's own: only the bind error can end it
-        fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(startup_timeout=3600,
+        fleet = InferenceFleet(tiny_model_dir, ServerConfig(startup_timeout=3600,
                                                               fork_children=True),
                             base_port=port, log_dir=tmp_path / "logs")
-        with pytest.raises(SGLangServerError) as info:
+        with pytest.raises(ServerStartError) as info:
             fleet.start()
     msg = str(info.value)
     assert "startup_timeout" not in msg, msg
@@ -113,11 +114,11 @@ def _module_spare_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPath
     require_sglang_venv()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path_factory.mktemp("cwd"))
-        config = SGLangServerConfig(n_servers=1, context_length=1024, startup_timeout=300,
-                                    nice=3, cpus=[min(os.sched_getaffinity(0))],
-                                    fork_children=True)
-        fleet = SGLangFleet(tiny_model_dir, config,
-                            api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
+        config = ServerConfig(n_servers=1, context_length=1024, startup_timeout=300,
+                              nice=3, cpus=[min(os.sched_getaffinity(0))],
+                              fork_children=True)
+        fleet = InferenceFleet(tiny_model_dir, config,
+                               api_key=SGLANG_TEST_API_KEY, log_dir="runs/servers")
         fleet.start()
     try:
         assert fleet.log_dir.is_absolute() and (fleet.log_dir / "server_0.log").is_file()
@@ -202,10 +203,10 @@ async def test_killing_a_server_mid_batch_loses_no_request(any_fleet, victim_ser
 
 _ORPHAN_SCRIPT = """
 import sys, threading, time
-from areal_like.api.config import SGLangServerConfig
-from engines.sglang_server import SGLangFleet
+from areal_like.api.config import ServerConfig
+from engines.fleet.launch import InferenceFleet
 
-fleet = SGLangFleet(sys.argv[1], SGLangServerConfig(startup_timeout=300), log_dir=sys.argv[2])
+fleet = InferenceFleet(sys.argv[1], ServerConfig(startup_timeout=300), log_dir=sys.argv[2])
 
 def report():
     while not fleet.processes:

@@ -1,4 +1,4 @@
-"""Unit tests of the SGLang wire format (engines/sglang_protocol.py) and of server selection,
+"""Unit tests of the SGLang wire format (engines/sglang/protocol.py) and of server selection,
 on hand-written replies (no server; the real-server behaviour is in the other test_sglang_*)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import time
 import pytest
 
 from areal_like.api.io_struct import GenerationHyperparameters
-from engines.sglang_protocol import (
-    SGLangProtocolError,
+from engines.fleet.routing import NoServerInServiceError, ServerPool
+from engines.server.errors import ServerProtocolError
+from engines.server.replies import versions_from_spans
+from engines.sglang.protocol import (
     generate_payload,
     parse_generate_reply,
     parse_score_reply,
     score_payload,
-    versions_from_spans,
 )
-from engines.sglang_routing import NoServerInServiceError, ServerPool
 
 SERVER = "127.0.0.1:1234"
 
@@ -52,20 +52,20 @@ def test_default_label_is_version_zero_and_fallback_without_spans():
     ([{"version": "v1", "start": 0, "end": 3}], "expected an integer label"),
 ])
 def test_bad_spans_name_the_server(spans, match):
-    with pytest.raises(SGLangProtocolError, match=match) as info:
+    with pytest.raises(ServerProtocolError, match=match) as info:
         parse_generate_reply(_reply([1, 2, 3], spans), SERVER)
     assert SERVER in str(info.value)
 
 
 def test_bad_replies_name_the_field():
     ok_spans = [{"version": "1", "start": 0, "end": 2}]
-    with pytest.raises(SGLangProtocolError, match="finish_reason"):
+    with pytest.raises(ServerProtocolError, match="finish_reason"):
         parse_generate_reply(_reply([1, 2], ok_spans, finish="weird"), SERVER)
     bad = _reply([1, 2], ok_spans)
     bad["meta_info"]["output_token_logprobs"][1][1] = 99
-    with pytest.raises(SGLangProtocolError, match=r"output_token_logprobs\[1\] is for token 99"):
+    with pytest.raises(ServerProtocolError, match=r"output_token_logprobs\[1\] is for token 99"):
         parse_generate_reply(bad, SERVER)
-    with pytest.raises(SGLangProtocolError, match="lacks 'output_ids'"):
+    with pytest.raises(ServerProtocolError, match="lacks 'output_ids'"):
         parse_generate_reply({"error": "x"}, SERVER)
 
 
@@ -84,23 +84,23 @@ def test_scoring_asks_for_a_prefill_and_checks_the_positions():
 
     got = parse(first, second)
     assert got.logprobs == [[-0.5, -1.25], [-2.0]] and got.versions == [3, 3, 3]
-    with pytest.raises(SGLangProtocolError, match="scoring reply has 1 entries; expected a "
+    with pytest.raises(ServerProtocolError, match="scoring reply has 1 entries; expected a "
                                                   "list of 2"):
         parse(first)
-    with pytest.raises(SGLangProtocolError, match=r"rid=s-1_0: .*has 2 entries; expected 3"):
+    with pytest.raises(ServerProtocolError, match=r"rid=s-1_0: .*has 2 entries; expected 3"):
         parse({"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 7]]}}, second)
     wrong = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 9], [-1.0, 8]]}}
-    with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 9, but "
+    with pytest.raises(ServerProtocolError, match=r"position 2 is for token 9, but "
                                                   r"input_ids\[2\] = 7"):
         parse(wrong, second)
     positive = {"meta_info": {"input_token_logprobs": [[None, 6], [0.5, 7], [-1.0, 8]]}}
-    with pytest.raises(SGLangProtocolError, match=r"input_token_logprobs\[2\] has "
+    with pytest.raises(ServerProtocolError, match=r"input_token_logprobs\[2\] has "
                                                   r"log-probability 0.5"):
         parse(positive, second)
     # SGLang reports the vocabulary's last id as 0: accepted only for the request's top id
     clipped = {"meta_info": {"input_token_logprobs": [[None, 6], [-0.5, 0], [-1.0, 8]]}}
     assert parse(clipped, seqs=([5, 6, 511, 8],), starts=(2,)).logprobs == [[-0.5, -1.0]]
-    with pytest.raises(SGLangProtocolError, match=r"position 2 is for token 0"):
+    with pytest.raises(ServerProtocolError, match=r"position 2 is for token 0"):
         parse(clipped, seqs=(ids,), starts=(2,))  # 7 is not the top id: a real error
     with pytest.raises(ValueError, match="start=4 must be in"):
         score_payload([ids], [4], "s-2")
@@ -172,9 +172,9 @@ def test_a_reply_older_than_the_weights_its_server_held_takes_the_server_out():
     """The floor is the version every server in service held when the request was sent; a
     request in flight across an update starts at that version and ends at a newer one."""
     from areal_like.api.config import RolloutConfig
-    from engines.server_api import SGLangAPI
-    from engines.sglang_membership import FleetMembership
-    from engines.sglang_routing import OwnAborts
+    from engines.fleet.membership import FleetMembership
+    from engines.fleet.routing import OwnAborts
+    from engines.sglang.api import SGLangAPI
 
     a, b = "127.0.0.1:1", "127.0.0.1:2"
     pool = ServerPool([a, b])
@@ -205,14 +205,14 @@ def test_scoring_with_top_k_reads_each_positions_most_likely_tokens():
     assert one.top_ids == [[7, 3], [4, 8]] and one.top_logprobs == [[-0.1, -2.5], [-0.2, -1.0]]
     assert parse_score_reply([item], SERVER, "s-3", [ids], [2]).scores[0].top_ids == []
     short = {"meta_info": {**item["meta_info"], "input_top_logprobs": top[:2]}}
-    with pytest.raises(SGLangProtocolError, match="input_top_logprobs has 2 entries; expected 3"):
+    with pytest.raises(ServerProtocolError, match="input_top_logprobs has 2 entries; expected 3"):
         parse_score_reply([short], SERVER, "s-3", [ids], [2], top_k=2)
     twice = {"meta_info": {**item["meta_info"],
                            "input_top_logprobs": [None, top[1], [[-0.2, 4], [-1.0, 4]]]}}
-    with pytest.raises(SGLangProtocolError, match=r"input_top_logprobs\[2\] has token ids "
+    with pytest.raises(ServerProtocolError, match=r"input_top_logprobs\[2\] has token ids "
                                                   r"\[4, 4\]"):
         parse_score_reply([twice], SERVER, "s-3", [ids], [2], top_k=2)
-    with pytest.raises(SGLangProtocolError, match=r"input_top_logprobs\[1\] = .*expected 3"):
+    with pytest.raises(ServerProtocolError, match=r"input_top_logprobs\[1\] = .*expected 3"):
         parse_score_reply([item], SERVER, "s-3", [ids], [2], top_k=3)
     with pytest.raises(ValueError, match="top_k=-1 must be an integer >= 0"):
         score_payload([ids], [2], "s", top_k=-1)

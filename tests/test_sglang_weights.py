@@ -26,7 +26,7 @@ from sglang_helpers import (
 )
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
-from engines.remote_engine import RemoteInferenceEngine
+from engines.fleet.client import RemoteInferenceEngine
 
 PROMPT = [11, 22, 33, 44, 55]
 SENT_WITHIN_S = 120.0  # a request in flight on a server, however busy the machine
@@ -207,10 +207,10 @@ async def test_a_request_sent_while_an_abort_pause_is_on_its_way_is_continued(an
 
 async def test_failed_update_names_the_server_and_keeps_serving(engine, any_fleet,
                                                                 tiny_model_dir, tmp_path):
-    from engines.remote_engine import RemoteSGLangError
+    from engines.server.errors import InferenceServerError
 
     version = engine.get_version()
-    with pytest.raises(RemoteSGLangError, match="failed to load weights|update_weights") as info:
+    with pytest.raises(InferenceServerError, match="failed to load weights|update_weights") as info:
         await engine.aupdate_weights(WeightUpdateMeta.from_disk(str(tmp_path / "missing"),
                                                                 version + 1))
     assert any(addr in str(info.value) for addr in any_fleet.addresses)

@@ -95,7 +95,7 @@ def test_image_counts_that_do_not_match_are_named(processor):
 
 
 def test_the_vllm_backend_refuses_images_by_name():
-    from engines.server_apis import server_api
+    from engines.fleet.backends import server_api
 
     with pytest.raises(ValueError, match="vLLM backend does not take images"):
         server_api("vllm", "").add_images({}, ["aGk="])
@@ -108,13 +108,13 @@ def _module_vl_server(tiny_vl_dir: Path,
     from conftest import SGLANG_TEST_API_KEY
     from sglang_helpers import require_sglang_venv
 
-    from areal_like.api.config import SGLangServerConfig
-    from engines.sglang_server import SGLangFleet
+    from areal_like.api.config import ServerConfig
+    from engines.fleet.launch import InferenceFleet
 
     require_sglang_venv()
-    config = SGLangServerConfig(n_servers=1, max_total_tokens=8192)
-    with SGLangFleet(tiny_vl_dir, config, api_key=SGLANG_TEST_API_KEY,
-                     log_dir=tmp_path_factory.mktemp("vl_logs")) as fleet:
+    config = ServerConfig(n_servers=1, max_total_tokens=8192)
+    with InferenceFleet(tiny_vl_dir, config, api_key=SGLANG_TEST_API_KEY,
+                        log_dir=tmp_path_factory.mktemp("vl_logs")) as fleet:
         yield fleet
 
 
@@ -507,8 +507,8 @@ def test_shapes_episodes_cross_the_rollout_process_and_train_on_what_the_server_
     from areal_like.api.config import MicroBatchSpec, RewardConfig, RolloutConfig
     from areal_like.data.shapes import load_shapes
     from areal_like.rewards import exact_match_reward
-    from areal_like.runtime.rollout_process import RolloutProcess
-    from areal_like.runtime.rollout_service import RolloutSetup
+    from areal_like.rollout.process import RolloutProcess
+    from areal_like.rollout.service import RolloutSetup
     from engines import FSDPEngine
     from workflows import VisionRLVRWorkflow
 

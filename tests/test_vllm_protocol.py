@@ -1,4 +1,4 @@
-"""vLLM's wire format as the fleet client checks it (`engines/vllm_protocol.py`, pure
+"""vLLM's wire format as the fleet client checks it (`engines/vllm/protocol.py`, pure
 functions): a well-formed reply parses; every malformed one is refused naming the server and
 the field, so the client retries it elsewhere instead of training on it."""
 
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from areal_like.api.io_struct import GenerationHyperparameters
-from engines.sglang_protocol import SGLangProtocolError
-from engines.vllm_protocol import (
+from engines.server.errors import ServerProtocolError
+from engines.vllm.protocol import (
     generate_payload,
     parse_generate_reply,
     parse_score_reply,
@@ -72,7 +72,7 @@ def _broken(field: str) -> dict:
                                    "finish reason", "no versions", "spans with a gap",
                                    "version label"])
 def test_a_malformed_reply_is_refused_naming_the_server(field):
-    with pytest.raises(SGLangProtocolError, match=SERVER):
+    with pytest.raises(ServerProtocolError, match=SERVER):
         parse_generate_reply(_broken(field), SERVER, "r")
 
 
@@ -99,7 +99,7 @@ def test_scoring_reads_the_prompt_logprobs_of_the_sent_tokens():
     assert reply.logprobs == [[-2.5, -3.5]] and reply.versions == [2, 2]
     wrong = copy.deepcopy(data)
     wrong["prompt_logprobs"][3] = {"8": {"logprob": -3.5}}  # for a token that was not sent
-    with pytest.raises(SGLangProtocolError, match="sent token 7"):
+    with pytest.raises(ServerProtocolError, match="sent token 7"):
         parse_score_reply(wrong, SERVER, "s", ids, start)
     with pytest.raises(ValueError, match="start=4"):
         score_payload(ids, 4, "s")
@@ -118,6 +118,6 @@ def test_scoring_with_top_k_keeps_the_k_most_likely_of_each_position():
     assert reply.logprobs == [[-3.0, -0.5]]
     assert reply.scores[0].top_ids == [[4, 2], [6, 7]]
     assert reply.scores[0].top_logprobs == [[-0.1, -2.9], [-0.5, -1.5]]
-    with pytest.raises(SGLangProtocolError, match=r"prompt_logprobs\[2\] has 2 entries; "
+    with pytest.raises(ServerProtocolError, match=r"prompt_logprobs\[2\] has 2 entries; "
                                                   r"expected at least top_k=3"):
         parse_score_reply(data, SERVER, "s", ids, start, top_k=3)

@@ -36,8 +36,8 @@ from areal_like.api.io_struct import (
 )
 from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadcastFailed
 from engines import FSDPEngine
-from engines.remote_engine import RemoteInferenceEngine, RemoteSGLangEngine
-from engines.sglang_server import SGLangFleet
+from engines.fleet.client import RemoteInferenceEngine, RemoteSGLangEngine
+from engines.fleet.launch import InferenceFleet
 
 pytestmark = [pytest.mark.e2e]
 PROMPT = [11, 22, 33, 44, 55]
@@ -291,7 +291,7 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
-def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: str) -> list:
+def _run_two_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra: str) -> list:
     """recipes/grpo.py under torchrun with 2 trainer ranks, on the session fleet."""
     import os
     import subprocess
@@ -300,7 +300,7 @@ def _run_two_ranks(fleet: SGLangFleet, model_dir: Path, log_dir: Path, *extra: s
     from test_recipes import EQUIVALENCE
 
     from areal_like.utils.metrics_logger import read_metrics
-    from engines.sglang_server import find_free_port
+    from engines.fleet.launch import find_free_port
 
     reset_fleet(fleet, model_dir)  # every run starts as on a fresh fleet (see _run_recipe)
     args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
@@ -346,9 +346,9 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
 def test_nccl_broadcast_to_a_cuda_server(tiny_model_dir, tmp_path):
     """The same check on a GPU: trainer on CUDA, one CUDA SGLang server (float32, as on the
     CPU), weights over NCCL."""
-    from areal_like.api.config import SGLangServerConfig
+    from areal_like.api.config import ServerConfig
 
-    fleet = SGLangFleet(tiny_model_dir, SGLangServerConfig(n_servers=1, device="cuda",
+    fleet = InferenceFleet(tiny_model_dir, ServerConfig(n_servers=1, device="cuda",
                                                            context_length=1024),
                         api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "gpu")
     with fleet:

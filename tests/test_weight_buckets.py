@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal_like.api.io_struct import ParamSpec, WeightUpdateMeta
-from engines.weight_group import flatten_bucket, plan_buckets
+from engines.weight_transport.process_group_trainer import flatten_bucket, plan_buckets
 
 
 def _spec(name: str, dtype: str, *shape: int) -> ParamSpec:

@@ -21,7 +21,7 @@ from areal_like.data.memory_episodes import answer_from_memory
 from areal_like.rewards import exact_match_reward
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
-from engines.remote_engine import RemoteSGLangEngine
+from engines.fleet.client import RemoteSGLangEngine
 from workflows import (
     MemoryAgentWorkflow,
     MultiTurnWorkflow,

@@ -20,8 +20,8 @@ from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, 
 from areal_like.models.vision import VisionProcessor, VisionPrompt, image_tensors
 from areal_like.utils.batching import concat_padded
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
+from engines.fsdp.engine import FSDPEngine
 from engines.fsdp.model_io import gather_full_state_dict
-from engines.fsdp_engine import FSDPEngine
 
 LR, EPS = 1e-3, 1e-3
 QUESTION = "How many shapes are there?"

@@ -1,9 +1,9 @@
 """Rollout workflows: RLVR (with images too), ReMax (greedy vs sample), multi-turn,
 tool-using agents, agents written for the OpenAI client."""
 
-import importlib
 from typing import Any
 
+from areal_like.lazy import LazyExports
 from workflows.memory_agent import MemoryAgentWorkflow, MemoryStore, make_memory_episodes
 from workflows.multi_turn import MultiTurnWorkflow
 from workflows.remax import ReMaxWorkflow
@@ -31,10 +31,13 @@ __all__ = [
 
 # Imported on first use: the openai package's types take ~1.3 s to import, paid otherwise by
 # every trainer, controller and reward-worker process of every run.
-_LAZY = {"ArealOpenAI": "workflows.openai_client", "OpenAIAgentWorkflow": "workflows.openai_agent"}
+_LAZY = LazyExports(__name__, {"ArealOpenAI": "workflows.openai_client",
+                               "OpenAIAgentWorkflow": "workflows.openai_agent"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'workflows' has no attribute {name!r}")
+    return _LAZY.get(name)
+
+
+def __dir__() -> list[str]:
+    return _LAZY.dir()

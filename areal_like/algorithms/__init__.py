@@ -8,7 +8,6 @@ Importing this package registers the built-in estimators and losses; the actors 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from areal_like.algorithms import action_norm as _action_norm  # noqa: F401  (registers)
@@ -36,6 +35,7 @@ from areal_like.api.algorithm_presets import (
     algorithm_preset,
     register_algorithm_preset,
 )
+from areal_like.lazy import LazyExports
 
 if TYPE_CHECKING:
     from areal_like.algorithms.actors import CriticActor, PPOActor, ReinforceActor, SFTActor
@@ -45,18 +45,20 @@ if TYPE_CHECKING:
         dynamic_sampling_filter,
     )
 
-_LAZY = {**dict.fromkeys(["CriticActor", "PPOActor", "ReinforceActor", "SFTActor"], "actors"),
-         **dict.fromkeys(["ZeroVarianceGroupFilter", "drop_zero_variance_groups",
-                          "dynamic_sampling_filter"], "filters")}
+_LAZY = LazyExports(__name__, {
+    **dict.fromkeys(["CriticActor", "PPOActor", "ReinforceActor", "SFTActor"],
+                    "areal_like.algorithms.actors"),
+    **dict.fromkeys(["ZeroVarianceGroupFilter", "drop_zero_variance_groups",
+                     "dynamic_sampling_filter"], "areal_like.algorithms.filters")})
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'areal_like.algorithms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"areal_like.algorithms.{module}"), name)
-    globals()[name] = value
-    return value
+    return _LAZY.get(name)
+
+
+def __dir__() -> list[str]:
+    return _LAZY.dir()
+
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

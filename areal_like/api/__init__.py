@@ -5,8 +5,9 @@ The names load on first use (PEP 562): a process that only reads configs
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from areal_like.lazy import LazyExports
 
 if TYPE_CHECKING:
     from areal_like.api.engine_api import (
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from areal_like.api.trajectory import TrajectoryError, validate_trajectory
     from areal_like.api.workflow_api import RolloutWorkflow
 
-_MODULE_OF = {
+_LAZY = LazyExports(__name__, {k: f"areal_like.api.{m}" for k, m in {
     **dict.fromkeys(["FleetClient", "InferenceEngine", "LossFn", "LossWeightFn", "TrainEngine"],
                     "engine_api"),
     **dict.fromkeys(["FinetuneSpec", "GenerationHyperparameters", "ModelRequest",
@@ -36,7 +37,7 @@ _MODULE_OF = {
     **dict.fromkeys(["RolloutAPI", "ShouldAccept"], "rollout_api"),
     **dict.fromkeys(["TrajectoryError", "validate_trajectory"], "trajectory"),
     "RolloutWorkflow": "workflow_api",
-}
+}.items()})
 
 __all__ = [
     "FinetuneSpec",
@@ -56,17 +57,12 @@ __all__ = [
     "WeightUpdateMeta",
     "validate_trajectory",
 ]
-assert sorted(__all__) == sorted(_MODULE_OF)
+assert sorted(__all__) == sorted(_LAZY.names)
 
 
 def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'areal_like.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"areal_like.api.{module}"), name)
-    globals()[name] = value  # once
-    return value
+    return _LAZY.get(name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULE_OF])
+    return _LAZY.dir()

@@ -118,7 +118,7 @@ class TrainEngineConfig:
 
 
 @dataclass
-class SGLangServerConfig:
+class ServerConfig:
     """How the local launcher starts inference servers (ignored when attaching to a fleet,
     except `backend`, which the client follows unless rollout.backend is set)."""
 
@@ -151,9 +151,9 @@ class SGLangServerConfig:
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _one_of("SGLangServerConfig", "backend", self.backend, BACKENDS)
-        _one_of("SGLangServerConfig", "device", self.device, ("cpu", "cuda"))
-        name = "SGLangServerConfig"
+        _one_of("ServerConfig", "backend", self.backend, BACKENDS)
+        _one_of("ServerConfig", "device", self.device, ("cpu", "cuda"))
+        name = "ServerConfig"
         _check(name, "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
         _one_of(name, "dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
         _check(name, "context_length", self.context_length >= 1, self.context_length,
@@ -174,6 +174,9 @@ class SGLangServerConfig:
         _cpu_list(name, "cpus", self.cpus)
         _check(name, "lora_rank", self.lora_rank >= 0, self.lora_rank, ">= 0 (0: no LoRA)")
 
+
+
+SGLangServerConfig = ServerConfig  # the old name (it configures vLLM servers too)
 
 @dataclass
 class RolloutConfig:
@@ -210,7 +213,7 @@ class RolloutConfig:
     generation_probe_timeout: float = 20.0
     server_addrs_file: str = ""  # host:port per line, re-read: servers added there join
     # Niceness (0-19) of the rollout controller process and its reward workers (see
-    # SGLangServerConfig.nice): a positive value yields the cores to the trainer first.
+    # ServerConfig.nice): a positive value yields the cores to the trainer first.
     controller_nice: int = 0
     # CPU ids of the rollout controller process and its reward workers; empty: the trainer's
     controller_cpus: List[int] = field(default_factory=list)
@@ -392,7 +395,7 @@ class BaseExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    server: SGLangServerConfig = field(default_factory=SGLangServerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     actor: TrainEngineConfig = field(default_factory=TrainEngineConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -418,7 +421,7 @@ class BaseExperimentConfig:
         serve_actor_lora(self.actor.lora, self.server, self.rollout)
         if not self.rollout.server_addrs:  # the launcher starts the servers with this context
             need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
-            _check("SGLangServerConfig", "context_length", self.server.context_length >= need,
+            _check("ServerConfig", "context_length", self.server.context_length >= need,
                    self.server.context_length,
                    f">= train_dataset.max_prompt_len + gconfig.max_new_tokens = {need}")
 

@@ -8,7 +8,7 @@ from typing import Protocol
 from areal_like.api.lora_config import LoRAConfig
 
 
-class ServerSettings(Protocol):  # the fields of config.SGLangServerConfig used here
+class ServerSettings(Protocol):  # the fields of config.ServerConfig used here
     backend: str
     lora_rank: int
     lora_target_modules: list[str]

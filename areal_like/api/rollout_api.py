@@ -2,7 +2,7 @@
 
 This class is the one declaration of the rollout API. `areal_like.rollout.controller.
 RolloutController` implements it (an engine plus the workflow executor, in the caller's
-process); `areal_like.runtime.rollout_process.RolloutProcess` is the same controller in a
+process); `areal_like.rollout.process.RolloutProcess` is the same controller in a
 process of its own, and both its trainer-side proxy and the controller process's dispatch are
 derived from the abstract methods below (`remote_calls`): a method added here and to the
 controller is callable across the process boundary with nothing else changed.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from areal_like.api.workflow_api import RolloutWorkflow
 
 class HeldOutEvaluation(Protocol):
-    """Evaluation of one policy version (e.g. `areal_like.runtime.evaluation.Evaluator`)."""
+    """Evaluation of one policy version (e.g. `areal_like.rollout.evaluation.Evaluator`)."""
 
     def draw_seeds(self, rollout: Any) -> list[list[int]]:
         """The episodes' seeds, drawn from `rollout.episode_seed` when evaluation starts."""

@@ -7,7 +7,7 @@ request i gets `derive_seed(episode_seed, i)`, in the order the workflow calls `
 the item, its repetition, its place in the episode and the weights — never on timing, on the
 server that ran it, or on which other requests shared its batch — and an asynchronous run with
 eta = 0 draws exactly the samples of a synchronous loop over the same data. Servers sample with
-these seeds when they run deterministic inference (`SGLangServerConfig.deterministic`).
+these seeds when they run deterministic inference (`ServerConfig.deterministic`).
 """
 
 from __future__ import annotations

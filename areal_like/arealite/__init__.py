@@ -23,7 +23,7 @@ from areal_like.api.config import (
     BaseExperimentConfig,
     OptimizerConfig,
     RolloutConfig,
-    SGLangServerConfig,
+    ServerConfig,
     TrainEngineConfig,
 )
 from areal_like.arealite.config import (
@@ -64,7 +64,7 @@ LLMResponse = ModelResponse
 ReMaxRLVRWorkflow = ReMaxWorkflow
 # AReaL-lite's config class names (areal/api/cli_args.py) for ours
 InferenceEngineConfig = RolloutConfig
-SGLangConfig = SGLangServerConfig
+SGLangConfig = ServerConfig
 
 __all__ = [
     "ArealOpenAI", "BaseExperimentConfig", "ClusterSpecConfig", "DatasetConfig",

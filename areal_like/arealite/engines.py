@@ -18,8 +18,8 @@ from areal_like.api.config_loader import ConfigError, load_config
 from areal_like.rewards import math_verify_reward
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.recipe_args import split_args
-from engines.fsdp_engine import FSDPEngine as _FSDPEngine
-from engines.remote_engine import RemoteSGLangEngine as _SGLangClient
+from engines.fleet.client import RemoteSGLangEngine as _SGLangClient
+from engines.fsdp.engine import FSDPEngine as _FSDPEngine
 from workflows.common import load_tokenizer
 
 T = TypeVar("T")

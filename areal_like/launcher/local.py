@@ -167,18 +167,19 @@ def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
     """Serve `teacher.model_path` on `teacher.n_servers` servers of the student's server
     settings, on `teacher.cpus` (empty: not pinned); the recipe gets their addresses as
     `teacher.server_addrs`."""
-    from engines.sglang_server import SGLangFleet, SGLangServerError
+    from engines.fleet.launch import InferenceFleet
+    from engines.server.errors import ServerStartError
 
     teacher = config.teacher
     CONSOLE.line(f"[launcher] starting {teacher.n_servers} teacher server(s) on "
                  f"{teacher.model_path}")
-    fleet = SGLangFleet(teacher.model_path,
-                        dataclasses.replace(server_config, n_servers=teacher.n_servers,
+    fleet = InferenceFleet(teacher.model_path,
+                           dataclasses.replace(server_config, n_servers=teacher.n_servers,
                                         cpus=list(teacher.cpus)),
                         api_key=config.rollout.api_key, log_dir=log_dir / "teacher_servers")
     try:
         fleet.start()
-    except SGLangServerError as e:
+    except ServerStartError as e:
         raise LaunchError(f"teacher fleet: {e}") from e
     CONSOLE.line(f"[launcher] teacher servers ready: {fleet.addresses}")
     overrides.append(f"teacher.server_addrs=[{','.join(fleet.addresses)}]")
@@ -202,15 +203,16 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
     trainer: Optional[subprocess.Popen[bytes]] = None
     try:
         if needs_fleet and not config.rollout.server_addrs:
-            from engines.sglang_server import SGLangFleet, SGLangServerError
+            from engines.fleet.launch import InferenceFleet
+            from engines.server.errors import ServerStartError
 
             CONSOLE.line(f"[launcher] starting {config.server.n_servers} "
                          f"{config.server.backend} server(s) on {config.model.path}")
-            fleet = SGLangFleet(config.model.path, server_config, api_key=config.rollout.api_key,
-                                log_dir=log_dir / "servers")
+            fleet = InferenceFleet(config.model.path, server_config, api_key=config.rollout.api_key,
+                                   log_dir=log_dir / "servers")
             try:
                 fleet.start()
-            except SGLangServerError as e:  # start() already stopped every server
+            except ServerStartError as e:  # start() already stopped every server
                 raise LaunchError(str(e)) from e
             CONSOLE.line(f"[launcher] servers ready: {fleet.addresses}")
             overrides.append(f"rollout.server_addrs=[{','.join(fleet.addresses)}]")
@@ -249,7 +251,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         pump = _stream("trainer", trainer.stdout, log_dir / "trainer.log", mute, last_lines)
         supervisor = None
         if fleet is not None:
-            from engines.sglang_supervisor import FleetSupervisor
+            from engines.fleet.supervisor import FleetSupervisor
 
             supervisor = FleetSupervisor(fleet, config.server.max_restarts,
                                          config.rollout.min_servers)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from areal_like.api.config import SGLangServerConfig
+from areal_like.api.config import ServerConfig
 from areal_like.utils.atomic_file import write_atomic
 from areal_like.utils.network import bindable, find_free_port
 
@@ -79,26 +79,26 @@ class ProcessActor:
                                f"another, or 0 for a free one")
         return port
 
-    def start_server(self, model_path: str, config: SGLangServerConfig,
+    def start_server(self, model_path: str, config: ServerConfig,
                      api_key: Optional[str], address: str = "") -> str:
         """Start one SGLang server bound to this node's address; its `host:port` once healthy
-        (SGLangServerError with its log tail otherwise). `address`: the one a restarted server
+        (ServerStartError with its log tail otherwise). `address`: the one a restarted server
         had; kept when it is on this node and its port frees within `PORT_FREE_WITHIN_S` (the
         dead server's processes may still hold it), so clients find it where it was."""
-        from engines.sglang_server import SGLangFleet
+        from engines.fleet.launch import InferenceFleet
 
         host, _, port = address.rpartition(":")
         keep = host == self.ip and _wait_bindable(self.ip, int(port), PORT_FREE_WITHIN_S)
-        fleet = SGLangFleet(model_path, replace(config, n_servers=1), host=self.ip,
-                            base_port=int(port) if keep else None,
-                            api_key=api_key, log_dir=self.log_dir / self.name)
+        fleet = InferenceFleet(model_path, replace(config, n_servers=1), host=self.ip,
+                               base_port=int(port) if keep else None,
+                               api_key=api_key, log_dir=self.log_dir / self.name)
         fleet.start()
         self.fleet, self.process, self.log_path = fleet, fleet.processes[0], fleet.log_paths[0]
         return fleet.addresses[0]
 
     def start_process(self, argv: list[str], env: dict[str, str]) -> int:
         """Start a trainer rank; its pid."""
-        from engines.sglang_server import die_with_parent
+        from engines.fleet.launch import die_with_parent
 
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(argv) + "\n").encode())

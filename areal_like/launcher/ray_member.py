@@ -43,7 +43,7 @@ class Member:
                 f"node id {str(node.get('node_id', '?'))[:12]})")
 
     def last_lines(self, n: int = 20) -> str:
-        from engines.sglang_server import meaningful_lines
+        from engines.fleet.launch import meaningful_lines
 
         lines = meaningful_lines(list(self.tail), n)
         return "\n".join("    " + line for line in lines) or "    (no output)"

@@ -9,21 +9,24 @@ package and should not pay for every verifier.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_LAZY = {
+from areal_like.lazy import LazyExports
+
+_LAZY = LazyExports(__name__, {
     "exact_match_reward": "areal_like.rewards.exact_match",
     "extract_final_answer": "areal_like.rewards.exact_match",
     "inline_reward": "areal_like.rewards.inline",
     "math_verify_reward": "areal_like.rewards.math_equivalence",
     "reasoning_gym_reward": "areal_like.rewards.reasoning_gym_verifier",
-}
+})
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_LAZY.names)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'areal_like.rewards' has no attribute {name!r}")
+    return _LAZY.get(name)
+
+
+def __dir__() -> list[str]:
+    return _LAZY.dir()

@@ -9,7 +9,7 @@ trainer asks of the rollout side goes through it: batches (`prepare_batch`, `rol
 Work that must see one policy version from start to end (held-out evaluation) is started with
 `run_at_version`: it runs on the rollout loop next to training rollouts, and a weight update
 waits for it to finish before it changes the weights. The controller runs in the trainer's
-process (tests, scripts) or in a process of its own (`areal_like.runtime.rollout_process`).
+process (tests, scripts) or in a process of its own (`areal_like.rollout.process`).
 """
 
 from __future__ import annotations

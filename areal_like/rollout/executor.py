@@ -5,7 +5,7 @@ seconds), so the executor owns one daemon thread running an asyncio loop: every 
 the inference engine's HTTP session (it must live on the loop that uses it), runs there, while
 callers use blocking methods (`submit`, `wait`, `prepare_batch`) from their own thread. In
 training the executor lives in the rollout controller's process, away from the trainer's
-interpreter lock (`areal_like.runtime.rollout_process`). The hand-off is a
+interpreter lock (`areal_like.rollout.process`). The hand-off is a
 `threading.Condition` around small queues; the loop is woken with `call_soon_threadsafe`. The
 engine runs its own coroutines there with `run_coroutine(coro, timeout)`. Each episode runs in
 a task of its own, whose context seeds its requests and holds its reward executor.

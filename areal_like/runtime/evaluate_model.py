@@ -28,7 +28,7 @@ from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_launch_config
 from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.reward_executor import RewardExecutor
-from areal_like.runtime.evaluation import evaluate
+from areal_like.rollout.evaluation import evaluate
 from areal_like.runtime.held_out import held_out_items
 from areal_like.runtime.recipe_args import set_threads, split_args
 
@@ -54,8 +54,8 @@ def load_eval_config(model: Path, argv: list[str]) -> tuple[BaseExperimentConfig
 def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     """Start servers on `config.model.path`, evaluate, stop them; the `eval/*` metrics."""
     from areal_like.rollout.controller import RolloutController
-    from engines.remote_engine import RemoteInferenceEngine
-    from engines.sglang_server import SGLangFleet
+    from engines.fleet.client import RemoteInferenceEngine
+    from engines.fleet.launch import InferenceFleet
 
     tokenizer = load_tokenizer(config.model)
     valid = f"valid_dataset (type={config.valid_dataset.type})"
@@ -68,8 +68,8 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     rewards = RewardExecutor(config.reward)
     rewards.check(reward_fn, items[0])  # a broken verifier fails before servers start
     log_dir = Path(tempfile.mkdtemp(prefix="areal_like_eval_"))
-    fleet = SGLangFleet(config.model.path, config.server, api_key=config.rollout.api_key,
-                        log_dir=log_dir)
+    fleet = InferenceFleet(config.model.path, config.server, api_key=config.rollout.api_key,
+                           log_dir=log_dir)
     print(f"starting {config.server.n_servers} SGLang server(s) on {config.model.path} "
           f"(logs in {log_dir})", flush=True)
     fleet.start()

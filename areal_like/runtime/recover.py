@@ -6,9 +6,9 @@ import logging
 from typing import Any, Optional
 
 from areal_like.api import TrainEngine
+from areal_like.rollout.process import RolloutProcess
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
-from areal_like.runtime.rollout_process import RolloutProcess
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
 from areal_like.utils.launcher_state import trainer_attempt

@@ -13,7 +13,7 @@ shares:
 
 A loop of another shape (e.g. the synchronous reference in the tests) uses the same pieces.
 
-Rollouts run in a separate process, the rollout controller (`runtime/rollout_process.py`):
+Rollouts run in a separate process, the rollout controller (`areal_like/rollout/process.py`):
 rank 0 holds its handle (`rl.rollout`). Held-out evaluations run there beside training
 rollouts; each is logged against the version it evaluated when it is done.
 """
@@ -35,12 +35,12 @@ from areal_like.data.loader import ItemLoader
 from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.failures import RewardFunctionError
 from areal_like.rewards.reward_executor import RewardExecutor
+from areal_like.rollout.evaluation import Evaluator
+from areal_like.rollout.process import RolloutProcess, RolloutSetup
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
-from areal_like.runtime.evaluation import Evaluator
 from areal_like.runtime.held_out import eval_items, load_task, remote_reward
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
-from areal_like.runtime.rollout_process import RolloutProcess, RolloutSetup
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_sync import push_weights
 from areal_like.utils.imports import load_object
@@ -73,7 +73,7 @@ class RLSetup:
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
         self.rollout: Optional[RolloutProcess] = None
         if self.run.is_main:  # its imports (seconds) overlap the data and engine set-up below
-            # its calls are generated from RolloutAPI's declaration (rollout_process.py)
+            # its calls are generated from RolloutAPI's declaration (areal_like/rollout/process.py)
             self.rollout = RolloutProcess()  # type: ignore[abstract]
             self.rollout.spawn(config.rollout.controller_nice, config.rollout.controller_cpus)
         self.tokenizer = load_tokenizer(config.model)

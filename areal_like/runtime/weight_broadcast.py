@@ -2,12 +2,12 @@
 distributed`): weights go to the fleet over process groups, bucket by bucket, not via disk.
 
 Every trainer rank runs `WeightBroadcaster.push`; rank 0 talks to the fleet and holds one
-process group per server (see `engines.sglang_weight_group`). One update: servers without a
-group join one (new, restarted or added servers: a log line names them), the servers pause,
-then for each bucket every rank gathers the FSDP shards to full tensors (a collective) while
-the servers post a receive, and rank 0 sends the bucket on each server's group; the last
-bucket carries the version label; then the fleet continues. Rank 0 never holds more than one
-gathered bucket.
+process group per server (see `engines.weight_transport.process_group_fleet`). One update:
+servers without a group join one (new, restarted or added servers: a log line names them), the
+servers pause, then for each bucket every rank gathers the FSDP shards to full tensors (a
+collective) while the servers post a receive, and rank 0 sends the bucket on each server's
+group; the last bucket carries the version label; then the fleet continues. Rank 0 never holds
+more than one gathered bucket.
 
 Failure: a server that dies or fails mid-update is dropped from the broadcast (its group is
 discarded; the others receive every bucket) and leaves service, paused, until a later
@@ -31,7 +31,7 @@ from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
 from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import WeightGroupSpec
 from areal_like.runtime.main_rank import run_on_main, share_from_main
-from engines.weight_group import (
+from engines.weight_transport.process_group_trainer import (
     WeightUpdateGroup,
     default_backend,
     flatten_bucket,

@@ -6,7 +6,7 @@
 2. A *backend engine* class that knows the backend and nothing about the algorithm; a thin
    subclass wires the two together, e.g. with the FSDP2 engine:
 
-       from engines.fsdp_engine import FSDPEngine
+       from engines.fsdp.engine import FSDPEngine
 
        class FSDPReinforceActor(FSDPEngine):
            def __init__(self, engine_config, algo_config):

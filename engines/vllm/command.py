@@ -1,4 +1,4 @@
-"""How one vLLM server is started (the fleet itself is `engines.sglang_server.SGLangFleet`,
+"""How one vLLM server is started (the fleet itself is `engines.fleet.launch.InferenceFleet`,
 which starts servers of `config.backend`).
 
 `<venv>/bin/python -m vllm.entrypoints.openai.api_server` from the vLLM venv made by
@@ -6,24 +6,23 @@ which starts servers of `config.backend`).
 needs: the RL endpoints (`VLLM_SERVER_DEV_MODE=1`: pause / resume, weight version,
 collective RPC), token-in generation (`--enable-scale-out`), log-probs of the distribution
 sampled from (`--logprobs-mode processed_logprobs`: after temperature, as SGLang's) and the
-weight-update group's worker methods (`engines/vllm_worker/`, put on the server's PYTHONPATH).
+weight-update group's worker methods (`engines/vllm/worker/`, put on the server's PYTHONPATH).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
-from areal_like.api.config import SGLangServerConfig
+from areal_like.api.config import ServerConfig
 
-WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "worker"
 WORKER_EXTENSION = "areal_like_vllm_worker.WeightGroupExtension"
 KV_CACHE_GIB = 1  # CPU: the KV cache's share of memory (VLLM_CPU_KVCACHE_SPACE, whole GiB)
 MIN_BATCHED_TOKENS = 8192  # tokens one engine step may compute
 
 
-def build_vllm_command(python: Path, model_path: str, port: int, config: SGLangServerConfig,
+def build_vllm_command(python: Path, model_path: str, port: int, config: ServerConfig,
                        host: str = "127.0.0.1", api_key: Optional[str] = None) -> list[str]:
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -52,7 +51,7 @@ def build_vllm_command(python: Path, model_path: str, port: int, config: SGLangS
     return cmd
 
 
-def vllm_env(env: dict[str, str], config: SGLangServerConfig) -> dict[str, str]:
+def vllm_env(env: dict[str, str], config: ServerConfig) -> dict[str, str]:
     """`env` (the server's, without the trainer's PYTHONPATH) plus what vLLM needs."""
     env = dict(env)
     env.update(VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(WORKER_EXTENSION_DIR),
@@ -66,12 +65,3 @@ def vllm_env(env: dict[str, str], config: SGLangServerConfig) -> dict[str, str]:
     return env
 
 
-def default_venv(backend: str) -> str:
-    return ".venv-vllm" if backend == "vllm" else ".venv-sglang"
-
-
-def install_hint(backend: str, venv: str | os.PathLike[str]) -> str:
-    if backend == "vllm":
-        return f"Run `bash scripts/install_vllm.sh {venv}` to install the vLLM server first."
-    return (f"Run `make sglang` (or `bash scripts/install_sglang.sh {venv}`) to install the "
-            f"SGLang server first.")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from areal_like.api.io_struct import ParamSpec
 from areal_like.utils.tcp_store import bound_store
 
-logger = logging.getLogger("engines.weight_group")
+logger = logging.getLogger("engines.weight_transport.process_group_trainer")
 
 
 def plan_buckets(specs: Sequence[ParamSpec], bucket_bytes: int) -> list[list[ParamSpec]]:

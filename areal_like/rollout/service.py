@@ -1,4 +1,4 @@
-"""What runs inside the rollout controller process (see `rollout_process.py`): the fleet
+"""What runs inside the rollout controller process (see `process.py`): the fleet
 client, the `RolloutController`, the reward workers, and held-out evaluations that run beside
 training rollouts, pinned to the version they evaluate."""
 
@@ -22,7 +22,7 @@ from areal_like.api.rollout_api import remote_calls
 from areal_like.rewards.failures import RewardFunctionError
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
-from areal_like.runtime.evaluation import Evaluator
+from areal_like.rollout.evaluation import Evaluator
 from areal_like.utils.cpus import pin_to_cpus
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines import RemoteInferenceEngine

@@ -10,16 +10,14 @@ from typing import Any
 
 import aiohttp
 
-logger = logging.getLogger("engines.remote_engine")
+from engines.server.errors import InferenceServerError
+
+logger = logging.getLogger("engines.fleet.client")
 
 CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
 # the server gives up by itself first (server.health_generate_timeout)
 GENERATION_PROBE_TIMEOUT_S = 60.0
 CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
-
-
-class RemoteSGLangError(RuntimeError):
-    """A request or control call to an SGLang server failed; the message names the server."""
 
 
 class RetryableHTTPError(Exception):
@@ -32,7 +30,7 @@ class MalformedReplyError(Exception):
     connection, then reported naming the server, the endpoint and the body's first bytes."""
 
     def __init__(self, addr: str, path: str, text: str, error: Exception) -> None:
-        super().__init__(f"SGLang server {addr}: {path} answered HTTP 200 with a body that is "
+        super().__init__(f"inference server {addr}: {path} answered HTTP 200 with a body that is "
                          f"not valid JSON ({error}; {len(text)} bytes, starting "
                          f"{text[:200]!r})")
 
@@ -63,22 +61,22 @@ async def post_json(session: aiohttp.ClientSession, addr: str, path: str, body: 
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise RemoteSGLangError(f"SGLang server {addr}: {path} returned HTTP "
-                                            f"{resp.status}: {text[:500]}")
+                    raise InferenceServerError(f"inference server {addr}: {path} returned HTTP "
+                                               f"{resp.status}: {text[:500]}")
                 return parse_json_reply(text, addr, path)
         except asyncio.TimeoutError:
-            raise RemoteSGLangError(
-                f"SGLang server {addr}: {path} did not answer within {timeout} s") from None
+            raise InferenceServerError(
+                f"inference server {addr}: {path} did not answer within {timeout} s") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                 MalformedReplyError) as e:
             if attempt == retries:
-                raise RemoteSGLangError(f"SGLang server {addr}: {path} failed after "
-                                        f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
+                raise InferenceServerError(f"inference server {addr}: {path} failed after "
+                                           f"{attempt + 1} tries: {type(e).__name__}: {e}") from e
             logger.warning("%s on %s: %s; retrying", path, addr, e)
             await asyncio.sleep(0.2 * (attempt + 1))
         except aiohttp.ClientError as e:
-            raise RemoteSGLangError(
-                f"SGLang server {addr}: {path} failed: {type(e).__name__}: {e}") from e
+            raise InferenceServerError(
+                f"inference server {addr}: {path} failed: {type(e).__name__}: {e}") from e
     raise AssertionError("unreachable")
 
 
@@ -88,5 +86,16 @@ async def get_json(session: aiohttp.ClientSession, addr: str, path: str,
     async with session.get(f"http://{addr}{path}",
                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
         if resp.status != 200:
-            raise RemoteSGLangError(f"server {addr}: GET {path} returned HTTP {resp.status}")
+            raise InferenceServerError(f"server {addr}: GET {path} returned HTTP {resp.status}")
         return await resp.json(content_type=None)
+
+
+async def get_answers(session: aiohttp.ClientSession, addr: str, path: str,
+                      timeout: float) -> str:
+    """'' when GET `path` answers at all (any status), else why not."""
+    try:
+        async with session.get(f"http://{addr}{path}",
+                               timeout=aiohttp.ClientTimeout(total=timeout)):
+            return ""
+    except RETRYABLE as e:
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -1,4 +1,4 @@
-"""The fleet client's calls to a vLLM server (>= 0.32, started by `engines/vllm_server.py`:
+"""The fleet client's calls to a vLLM server (>= 0.32, started by `engines/vllm/command.py`:
 `VLLM_SERVER_DEV_MODE=1` for its RL endpoints, `--enable-scale-out` for token-in generation,
 our worker extension for the weight-update group).
 
@@ -9,7 +9,7 @@ our worker extension for the weight-update group).
 | load from disk       | POST /collective_rpc areal_like_load_from_disk (vLLM's reload),   |
 |                      | /reset_prefix_cache,                                              |
 |                      | /update_weight_version                                           |
-| weight-update group  | POST /collective_rpc areal_like_* (engines/vllm_worker/)          |
+| weight-update group  | POST /collective_rpc areal_like_* (engines/vllm/worker/)          |
 
 vLLM has no retract: a pause for a weight update aborts the requests in flight, and the
 client continues each from the tokens it has (`aborts_on_pause`), so every token after the
@@ -23,16 +23,11 @@ from typing import Any, Optional
 import aiohttp
 
 from areal_like.api.io_struct import GenerationHyperparameters
-from engines import vllm_protocol
-from engines.server_api import ServerAPI, get_answers
-from engines.sglang_http import (
-    CONTROL_TIMEOUT_S,
-    RETRYABLE,
-    RemoteSGLangError,
-    get_json,
-    post_json,
-)
-from engines.sglang_protocol import GenerateReply, ScoreReply
+from engines.server.api import ServerAPI
+from engines.server.errors import InferenceServerError
+from engines.server.http import CONTROL_TIMEOUT_S, RETRYABLE, get_answers, get_json, post_json
+from engines.server.replies import GenerateReply, ScoreReply
+from engines.vllm import protocol as vllm_protocol
 
 # what a pause does on vLLM for each RolloutConfig.pause_mode
 PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
@@ -41,18 +36,18 @@ PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
 async def _rpc(session: aiohttp.ClientSession, addr: str, method: str,
                kwargs: dict[str, Any], timeout: float, retries: int = 2) -> None:
     """Our method `method` of every worker of the server (vLLM's /collective_rpc; see
-    engines/vllm_worker/), bounded by `timeout`; raises naming the server with the errors the
+    engines/vllm/worker/), bounded by `timeout`; raises naming the server with the errors the
     workers reported."""
     reply = await post_json(session, addr, "/collective_rpc",
                             {"method": method, "kwargs": kwargs, "timeout": timeout},
                             timeout + CONTROL_TIMEOUT_S, retries=retries)
     results = reply.get("results") if isinstance(reply, dict) else None
     if not isinstance(results, list) or not results:
-        raise RemoteSGLangError(f"vLLM server {addr}: {method} answered {reply!r}; expected "
-                                f"one result per worker")
+        raise InferenceServerError(f"vLLM server {addr}: {method} answered {reply!r}; expected "
+                                   f"one result per worker")
     errors = [r for r in results if r != ""]
     if errors:
-        raise RemoteSGLangError(f"vLLM server {addr}: {method} failed: {errors[0]}")
+        raise InferenceServerError(f"vLLM server {addr}: {method} failed: {errors[0]}")
 
 
 class VLLMAPI(ServerAPI):
@@ -92,7 +87,7 @@ class VLLMAPI(ServerAPI):
             return why
         try:
             paused = (await get_json(session, addr, "/is_paused", timeout)).get("is_paused")
-        except RemoteSGLangError as e:  # up, but cannot say: not healthy yet
+        except InferenceServerError as e:  # up, but cannot say: not healthy yet
             return str(e)
         return "paused" if paused else ""
 
@@ -133,9 +128,9 @@ class VLLMAPI(ServerAPI):
                              version: int, timeout: float) -> None:
         try:
             await _rpc(session, addr, "areal_like_load_from_disk", {"path": path}, timeout)
-        except RemoteSGLangError as e:
-            raise RemoteSGLangError(f"vLLM server {addr} failed to load weights from {path}: "
-                                    f"{e}") from e
+        except InferenceServerError as e:
+            raise InferenceServerError(f"vLLM server {addr} failed to load weights from {path}: "
+                                       f"{e}") from e
         await self._serve_as(session, addr, version)
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:

@@ -24,10 +24,10 @@ import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
-from engines.server_api import ServerAPI
-from engines.sglang_http import RemoteSGLangError
+from engines.server.api import ServerAPI
+from engines.server.errors import InferenceServerError
 
-logger = logging.getLogger("engines.remote_engine")
+logger = logging.getLogger("engines.fleet.client")
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -41,7 +41,7 @@ class FleetWeightGroup:
                  session: Callable[[], aiohttp.ClientSession], api: ServerAPI) -> None:
         self.config = config
         self.api = api
-        self.membership = membership  # engines.sglang_membership.FleetMembership
+        self.membership = membership  # engines.fleet.membership.FleetMembership
         self._session = session
         self.groups: dict[str, str] = {}  # server -> name of its joined group
         self._joining: dict[str, tuple[str, asyncio.Task[Any]]] = {}
@@ -57,9 +57,9 @@ class FleetWeightGroup:
                    if not await self.api.answers(self._session(), a, PROBE_TIMEOUT_S)]
         wanted = tuple(sorted(set(self.membership.pool.in_service()) | set(waiting)))
         if not wanted:
-            raise RemoteSGLangError("no SGLang server in service or waiting for weights to "
-                                    "broadcast to; out of service: "
-                                    f"{self.membership.pool.describe_out_of_service()}")
+            raise InferenceServerError("no inference server in service or waiting for weights to "
+                                       "broadcast to; out of service: "
+                                       f"{self.membership.pool.describe_out_of_service()}")
         for addr in [a for a in self.groups if a not in wanted]:
             await self._leave(addr)
         # a restarted server answers at its old address but left its group with its process
@@ -85,7 +85,7 @@ class FleetWeightGroup:
             self._joining[addr] = (name, task)
             joining.append((addr, name, world_size))
         if joining:
-            logger.info("SGLang servers joining weight-update groups (%s): %s", spec.backend,
+            logger.info("inference servers joining weight-update groups (%s): %s", spec.backend,
                         ", ".join(a for a, _, _ in joining))
         members = tuple(a for a in wanted if a not in self.failed)
         return WeightGroupLayout(members=members, joining=tuple(joining))
@@ -113,7 +113,7 @@ class FleetWeightGroup:
         try:
             await self.api.leave_group(self._session(), addr, name)
         except Exception as e:  # noqa: BLE001
-            logger.info("SGLang server %s: leaving weight-update group %s: %s", addr, name, e)
+            logger.info("inference server %s: leaving weight-update group %s: %s", addr, name, e)
 
     async def dissolve(self) -> None:
         for addr in list(self.groups):
@@ -147,15 +147,15 @@ class FleetWeightGroup:
             await self.api.pause(session, addr, "retract")
             try:
                 await self.api.begin_update(session, addr)
-            except RemoteSGLangError as refused:
+            except InferenceServerError as refused:
                 # A broadcast that dropped this server (or a trainer killed mid-broadcast)
                 # left its session open; SGLang refuses a second one until it is ended.
                 # Still paused: the partial weights it ends with are replaced by this one.
                 try:
                     await self.api.end_update(session, addr)
-                except RemoteSGLangError:
+                except InferenceServerError:
                     raise refused from None  # no session was open: the refusal is the fault
-                logger.warning("SGLang server %s: %s; ended the session an earlier broadcast "
+                logger.warning("inference server %s: %s; ended the session an earlier broadcast "
                                "left open, beginning again", addr, refused)
                 await self.api.begin_update(session, addr)
 

@@ -8,19 +8,20 @@ tokenizer never matters (servers run with --skip-tokenizer-init).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from areal_like.api.io_struct import GenerationHyperparameters, TokenScores
-
-# SGLang's finish_reason.type -> ModelResponse.stop_reason
-STOP_REASON_MAP = {"stop": "stop", "length": "length", "abort": "abort"}
-# SGLang's label for weights loaded at start-up when no --weight-version was given.
-DEFAULT_WEIGHT_VERSION_LABEL = "default"
-
-
-class SGLangProtocolError(RuntimeError):
-    """A server reply does not have the expected shape (names the server and the field)."""
+from engines.server.errors import ServerProtocolError
+from engines.server.replies import (
+    DEFAULT_WEIGHT_VERSION_LABEL,
+    LOGPROB_TOLERANCE,
+    STOP_REASON_MAP,
+    GenerateReply,
+    ScoreReply,
+    check_top_k,
+    parse_version_label,
+    versions_from_spans,
+)
 
 
 def sampling_params(
@@ -68,57 +69,6 @@ def generate_payload(
     }
 
 
-def parse_version_label(label: Any, server: str) -> int:
-    """Version labels are the decimal version numbers we send; SGLang's start-up label
-    "default" (a server launched without --weight-version) counts as version 0."""
-    if label == DEFAULT_WEIGHT_VERSION_LABEL:
-        return 0
-    try:
-        return int(label)
-    except (TypeError, ValueError):
-        raise SGLangProtocolError(
-            f"server {server} reported weight version {label!r}; expected an integer label "
-            f"(launch servers with --weight-version N and update them through this engine)"
-        ) from None
-
-
-def versions_from_spans(meta_info: dict[str, Any], n_tokens: int, server: str) -> list[int]:
-    """One version per output token from `meta_info.weight_versions` = [{version, start, end}].
-
-    The spans must tile [0, n_tokens) exactly; a reply without spans (older SGLang) falls back
-    to the single `meta_info.weight_version` for every token.
-    """
-    spans = meta_info.get("weight_versions")
-    if spans is None:
-        if n_tokens == 0:
-            return []
-        if "weight_version" not in meta_info:
-            raise SGLangProtocolError(
-                f"server {server}: reply has neither meta_info.weight_versions nor "
-                f"meta_info.weight_version; cannot tell which weights produced the tokens"
-            )
-        return [parse_version_label(meta_info["weight_version"], server)] * n_tokens
-    versions: list[int] = []
-    for span in spans:
-        start, end = int(span["start"]), int(span["end"])
-        if start != len(versions) or end < start:
-            raise SGLangProtocolError(
-                f"server {server}: meta_info.weight_versions {spans} do not tile the "
-                f"{n_tokens} output tokens contiguously from 0"
-            )
-        versions.extend([parse_version_label(span["version"], server)] * (end - start))
-    if len(versions) != n_tokens:
-        raise SGLangProtocolError(
-            f"server {server}: meta_info.weight_versions {spans} cover {len(versions)} tokens "
-            f"but the reply has {n_tokens} output tokens"
-        )
-    return versions
-
-
-# A log-probability is <= 0; a float32 softmax may round a certain token up by ~1e-6.
-LOGPROB_TOLERANCE = 1e-4
-
-
 def _token_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{value!r} is not a non-negative integer")
@@ -129,49 +79,38 @@ def _logprob_entry(entry: Any, i: int, where: str,
                    field: str = "output_token_logprobs") -> float:
     """The log-probability of entry [logprob, token_id, ...]: a finite number <= 0."""
     if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-        raise SGLangProtocolError(f"{where}: {field}[{i}] = {entry!r}; expected "
+        raise ServerProtocolError(f"{where}: {field}[{i}] = {entry!r}; expected "
                                   "[logprob, token_id, ...]")
     value = entry[0]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SGLangProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; "
+        raise ServerProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; "
                                   f"expected a number")
     if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
-        raise SGLangProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; a "
+        raise ServerProtocolError(f"{where}: {field}[{i}] has log-probability {value!r}; a "
                                   f"log-probability is finite and <= 0")
     return float(value)
-
-
-@dataclass
-class GenerateReply:
-    """One `/generate` reply, checked."""
-
-    output_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    stop_reason: str
-    meta_info: dict[str, Any]
 
 
 def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> GenerateReply:
     where = f"server {server}" + (f", rid={rid}" if rid else "")
     if not isinstance(data, dict) or "output_ids" not in data or "meta_info" not in data:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise SGLangProtocolError(
+        raise ServerProtocolError(
             f"{where}: /generate reply lacks 'output_ids'/'meta_info' (got {keys})"
         )
     meta = data["meta_info"]
     if not isinstance(meta, dict) or not isinstance(data["output_ids"], list):
-        raise SGLangProtocolError(f"{where}: /generate reply has meta_info of type "
+        raise ServerProtocolError(f"{where}: /generate reply has meta_info of type "
                                   f"{type(meta).__name__} and output_ids of type "
                                   f"{type(data['output_ids']).__name__}; expected dict and list")
     try:
         output_ids = [_token_id(t) for t in data["output_ids"]]
     except (TypeError, ValueError) as e:
-        raise SGLangProtocolError(f"{where}: output_ids are not token ids: {e}") from None
+        raise ServerProtocolError(f"{where}: output_ids are not token ids: {e}") from None
     entries = meta.get("output_token_logprobs")
     if entries is None or len(entries) != len(output_ids):
         got = None if entries is None else len(entries)
-        raise SGLangProtocolError(
+        raise ServerProtocolError(
             f"{where}: meta_info.output_token_logprobs has {got} entries for "
             f"{len(output_ids)} output tokens (was return_logprob sent?)"
         )
@@ -179,7 +118,7 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     for i, (entry, token) in enumerate(zip(entries, output_ids, strict=True)):
         logprob = _logprob_entry(entry, i, where)
         if int(entry[1]) != token:
-            raise SGLangProtocolError(
+            raise ServerProtocolError(
                 f"{where}: output_token_logprobs[{i}] is for token {entry[1]} but "
                 f"output_ids[{i}] = {token}"
             )
@@ -187,7 +126,7 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     finish = meta.get("finish_reason")
     kind = finish.get("type") if isinstance(finish, dict) else finish
     if kind not in STOP_REASON_MAP:
-        raise SGLangProtocolError(
+        raise ServerProtocolError(
             f"{where}: meta_info.finish_reason={finish!r}; expected a type in "
             f"{sorted(STOP_REASON_MAP)}"
         )
@@ -222,30 +161,12 @@ def score_payload(sequences: list[list[int]], starts: list[int], rid: str,
     return payload
 
 
-def check_top_k(top_k: int) -> None:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"score: top_k={top_k!r} must be an integer >= 0 (0: no top tokens)")
-
-
-@dataclass
-class ScoreReply:
-    """One scoring reply, checked: per sequence, the log-probs of ids[start:] (and with top_k
-    each position's k most likely tokens)."""
-
-    scores: list[TokenScores]
-    versions: list[int]  # the served version, once per scored token
-
-    @property
-    def logprobs(self) -> list[list[float]]:
-        return [s.logprobs for s in self.scores]
-
-
 def parse_score_reply(data: Any, server: str, rid: str, sequences: list[list[int]],
                       starts: list[int], top_k: int = 0) -> ScoreReply:
     """The batch reply of `score_payload` (a list, one entry per sequence), checked."""
     if not isinstance(data, list) or len(data) != len(sequences):
         got = len(data) if isinstance(data, list) else type(data).__name__
-        raise SGLangProtocolError(f"server {server}, rid={rid}: scoring reply has {got} "
+        raise ServerProtocolError(f"server {server}, rid={rid}: scoring reply has {got} "
                                   f"entries; expected a list of {len(sequences)}")
     reply = ScoreReply([], [])
     for i, (item, ids, start) in enumerate(zip(data, sequences, starts, strict=True)):
@@ -266,20 +187,20 @@ def _parse_top(meta: dict[str, Any], where: str, n_scored: int, top_k: int
     entries = meta.get("input_top_logprobs")
     if not isinstance(entries, list) or len(entries) != n_scored + 1:
         got = len(entries) if isinstance(entries, list) else None
-        raise SGLangProtocolError(f"{where}: meta_info.input_top_logprobs has {got} entries; "
+        raise ServerProtocolError(f"{where}: meta_info.input_top_logprobs has {got} entries; "
                                   f"expected {n_scored + 1} (was top_logprobs_num sent?)")
     ids_out: list[list[int]] = []
     lps_out: list[list[float]] = []
     for i, position in enumerate(entries[1:]):
         field_name = f"input_top_logprobs[{i + 1}]"
         if not isinstance(position, list) or len(position) != top_k:
-            raise SGLangProtocolError(f"{where}: {field_name} = {position!r}; expected "
+            raise ServerProtocolError(f"{where}: {field_name} = {position!r}; expected "
                                       f"{top_k} entries [logprob, token_id, ...]")
         lps = [_logprob_entry(entry, j, where, field_name) for j, entry in enumerate(position)]
         ids = [entry[1] for entry in position]
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids) \
                 or len(set(ids)) != len(ids):
-            raise SGLangProtocolError(f"{where}: {field_name} has token ids {ids}; expected "
+            raise ServerProtocolError(f"{where}: {field_name} has token ids {ids}; expected "
                                       f"{top_k} distinct ids >= 0")
         ids_out.append(ids)
         lps_out.append(lps)
@@ -291,12 +212,12 @@ def _parse_one_score(data: Any, server: str, rid: str, input_ids: list[int],
     where = f"server {server}, rid={rid}"
     meta = data.get("meta_info") if isinstance(data, dict) else None
     if not isinstance(meta, dict):
-        raise SGLangProtocolError(f"{where}: scoring reply lacks meta_info")
+        raise ServerProtocolError(f"{where}: scoring reply lacks meta_info")
     entries = meta.get("input_token_logprobs")
     want = len(input_ids) - start + 1
     if not isinstance(entries, list) or len(entries) != want:
         got = len(entries) if isinstance(entries, list) else None
-        raise SGLangProtocolError(
+        raise ServerProtocolError(
             f"{where}: meta_info.input_token_logprobs has {got} entries; expected {want} "
             f"(positions {start - 1}..{len(input_ids) - 1}: was logprob_start_len sent?)")
     logprobs: list[float] = []
@@ -309,7 +230,7 @@ def _parse_one_score(data: Any, server: str, rid: str, input_ids: list[int],
         logprobs.append(_logprob_entry(entry, i, where, "input_token_logprobs"))
         reported = int(entry[1])
         if reported != input_ids[i] and not (reported == 0 and input_ids[i] == top):
-            raise SGLangProtocolError(f"{where}: input_token_logprobs for position {i} is for "
+            raise ServerProtocolError(f"{where}: input_token_logprobs for position {i} is for "
                                       f"token {entry[1]}, but input_ids[{i}] = {input_ids[i]}")
     label = meta.get("weight_version", DEFAULT_WEIGHT_VERSION_LABEL)
     return logprobs, parse_version_label(label, server)

@@ -35,12 +35,7 @@ from typing import Any, Optional
 import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions for tensors)
 
 from areal_like.api.rollout_api import RolloutAPI, remote_calls
-from areal_like.runtime.rollout_service import (
-    RolloutProcessError,
-    RolloutSetup,
-    _Ref,
-    serve,
-)
+from areal_like.rollout.service import RolloutProcessError, RolloutSetup, _Ref, serve
 
 logger = logging.getLogger(__name__)
 CALL_MARGIN_S = 60.0  # on top of a call's own timeout: the controller enforces that one

@@ -1,15 +1,15 @@
 """The vLLM server's end of the trainer's weight-update group, mixed into vLLM's worker
 (`--worker-extension-cls areal_like_vllm_worker.WeightGroupExtension`; this folder is on the
-server's PYTHONPATH) and called through `/collective_rpc` (`engines/vllm_api.py`).
+server's PYTHONPATH) and called through `/collective_rpc` (`engines/vllm/api.py`).
 
 Runs inside the vLLM venv, so it imports only torch. The group is formed as SGLang forms its
-end (`engines/weight_group.py` is the trainer's): a TCP store client at the trainer's
-`master_address:master_port`, a store prefixed with the group name, a process group of
-`world_size` ranks where this worker is `rank_offset + its tensor-parallel rank`. A bucket
-arrives as one broadcast of its tensors' bytes, concatenated in order; after the last one the
-whole set is loaded by vLLM's in-place `reload_weights` (HF names; vLLM fuses q/k/v and
-gate/up itself). Until then the worker holds the received tensors: a second copy of the
-weights for the length of one update.
+end (`engines/weight_transport/process_group_trainer.py` is the trainer's): a TCP store
+client at the trainer's `master_address:master_port`, a store prefixed with the group name,
+a process group of `world_size` ranks where this worker is `rank_offset + its tensor-
+parallel rank`. A bucket arrives as one broadcast of its tensors' bytes, concatenated in
+order; after the last one the whole set is loaded by vLLM's in-place `reload_weights` (HF
+names; vLLM fuses q/k/v and gate/up itself). Until then the worker holds the received
+tensors: a second copy of the weights for the length of one update.
 
 Every method returns '' or the error as text, never raises: an exception in a worker method
 ends vLLM's engine (the server then answers HTTP 500 to everything), where a refused load must

@@ -33,8 +33,9 @@ from areal_like.api.io_struct import (
     GenerationHyperparameters,
     WeightUpdateMeta,
 )
-from engines.server_api import SGLangAPI
-from engines.sglang_http import CONTROL_TIMEOUT_S, RemoteSGLangError, get_json, post_json
+from engines.server.errors import InferenceServerError
+from engines.server.http import CONTROL_TIMEOUT_S, get_json, post_json
+from engines.sglang.api import SGLangAPI
 
 
 class SGLangLoRAAPI(SGLangAPI):
@@ -123,4 +124,4 @@ def serialize_tensors(adapter: AdapterWeights) -> str:
 def _check(reply: Any, addr: str, what: str) -> None:
     if not (isinstance(reply, dict) and reply.get("success")):
         message = reply.get("error_message") if isinstance(reply, dict) else reply
-        raise RemoteSGLangError(f"SGLang server {addr} {what}: {message}")
+        raise InferenceServerError(f"SGLang server {addr} {what}: {message}")

@@ -1,4 +1,4 @@
-"""Which SGLang server gets a request: fewest in-flight requests (or round robin), sticky by a
+"""Which inference server gets a request: fewest in-flight requests (or round robin), sticky by a
 route key (the request's rid), avoiding servers that failed a moment ago and never choosing a
 server that is out of service (dead, failed a weight update, or not yet loaded with the
 current weights).
@@ -86,7 +86,8 @@ class ServerPool:
         usable = self.in_service()
         if not usable:
             raise NoServerInServiceError(
-                f"no SGLang server in service (out of service: {self.describe_out_of_service()})")
+                "no inference server in service (out of service: "
+                f"{self.describe_out_of_service()})")
         now = time.monotonic()
         sticky = self._sticky.get(route_key)
         if (sticky is not None and sticky in usable and sticky not in exclude

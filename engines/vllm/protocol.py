@@ -14,12 +14,12 @@ import math
 from typing import Any, Optional
 
 from areal_like.api.io_struct import GenerationHyperparameters, TokenScores
-from engines.sglang_protocol import (
+from engines.server.errors import ServerProtocolError
+from engines.server.replies import (
     LOGPROB_TOLERANCE,
     STOP_REASON_MAP,
     GenerateReply,
     ScoreReply,
-    SGLangProtocolError,
     check_top_k,
     versions_from_spans,
 )
@@ -64,7 +64,7 @@ def _where(server: str, rid: Optional[str]) -> str:
 def _logprob(value: Any, where: str, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or value > LOGPROB_TOLERANCE:
-        raise SGLangProtocolError(f"{where}: {field} = {value!r}; a log-probability is a "
+        raise ServerProtocolError(f"{where}: {field} = {value!r}; a log-probability is a "
                                   f"finite number <= 0")
     return float(value)
 
@@ -73,7 +73,7 @@ def _choice(data: Any, where: str) -> dict[str, Any]:
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         got = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise SGLangProtocolError(f"{where}: reply has no single choice (got {got})")
+        raise ServerProtocolError(f"{where}: reply has no single choice (got {got})")
     return choices[0]
 
 
@@ -83,25 +83,25 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
     ids = choice.get("token_ids")
     if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                         for t in ids):
-        raise SGLangProtocolError(f"{where}: choices[0].token_ids = {ids!r}; expected token ids")
+        raise ServerProtocolError(f"{where}: choices[0].token_ids = {ids!r}; expected token ids")
     content = (choice.get("logprobs") or {}).get("content")
     if not isinstance(content, list) or len(content) != len(ids):
         got = len(content) if isinstance(content, list) else None
-        raise SGLangProtocolError(f"{where}: choices[0].logprobs.content has {got} entries for "
+        raise ServerProtocolError(f"{where}: choices[0].logprobs.content has {got} entries for "
                                   f"{len(ids)} output tokens (was sampling_params.logprobs sent?)")
     logprobs = []
     for i, (entry, token) in enumerate(zip(content, ids, strict=True)):
         if not isinstance(entry, dict) or entry.get("token_id") != token:
-            raise SGLangProtocolError(f"{where}: logprobs.content[{i}] = {entry!r} is not for "
+            raise ServerProtocolError(f"{where}: logprobs.content[{i}] = {entry!r} is not for "
                                       f"token_ids[{i}] = {token}")
         logprobs.append(_logprob(entry.get("logprob"), where, f"logprobs.content[{i}].logprob"))
     finish = choice.get("finish_reason")
     if finish not in STOP_REASON_MAP:
-        raise SGLangProtocolError(f"{where}: finish_reason={finish!r}; expected one of "
+        raise ServerProtocolError(f"{where}: finish_reason={finish!r}; expected one of "
                                   f"{sorted(STOP_REASON_MAP)}")
     spans = choice.get("weight_versions")
     if spans is None and ids:
-        raise SGLangProtocolError(f"{where}: reply has no weight_versions; cannot tell which "
+        raise ServerProtocolError(f"{where}: reply has no weight_versions; cannot tell which "
                                   f"weights produced the tokens (vLLM >= 0.32 reports them)")
     meta = {"weight_versions": spans or [], "finish_reason": finish}
     versions = versions_from_spans(meta, len(ids), server)
@@ -131,14 +131,14 @@ def parse_score_reply(data: Any, server: str, rid: str, ids: list[int],
     entries = data.get("prompt_logprobs") if isinstance(data, dict) else None
     if not isinstance(entries, list) or len(entries) != len(ids):
         got = len(entries) if isinstance(entries, list) else None
-        raise SGLangProtocolError(f"{where}: prompt_logprobs has {got} entries for {len(ids)} "
+        raise ServerProtocolError(f"{where}: prompt_logprobs has {got} entries for {len(ids)} "
                                   f"prompt tokens (was prompt_logprobs sent?)")
     logprobs = []
     for t in range(start, len(ids)):
         entry = entries[t]
         value = entry.get(str(ids[t])) if isinstance(entry, dict) else None
         if not isinstance(value, dict):
-            raise SGLangProtocolError(f"{where}: prompt_logprobs[{t}] = {entry!r} has no entry "
+            raise ServerProtocolError(f"{where}: prompt_logprobs[{t}] = {entry!r} has no entry "
                                       f"for the sent token {ids[t]}")
         logprobs.append(_logprob(value.get("logprob"), where, f"prompt_logprobs[{t}]"))
     scores = TokenScores(logprobs)
@@ -157,11 +157,11 @@ def _top_entries(entry: dict[str, Any], top_k: int, where: str, field: str
     scored = []
     for key, value in entry.items():
         if not str(key).isdigit() or not isinstance(value, dict):
-            raise SGLangProtocolError(f"{where}: {field} has entry {key!r}: {value!r}; expected "
+            raise ServerProtocolError(f"{where}: {field} has entry {key!r}: {value!r}; expected "
                                       f"token id: {{logprob, rank}}")
         scored.append((_logprob(value.get("logprob"), where, f"{field}[{key}]"), int(key)))
     if len(scored) < top_k:
-        raise SGLangProtocolError(f"{where}: {field} has {len(scored)} entries; expected at "
+        raise ServerProtocolError(f"{where}: {field} has {len(scored)} entries; expected at "
                                   f"least top_k={top_k} (was prompt_logprobs={top_k} sent?)")
     scored.sort(key=lambda pair: -pair[0])
     return [t for _, t in scored[:top_k]], [lp for lp, _ in scored[:top_k]]

@@ -14,7 +14,7 @@ after one of these modules is imported:
   make `--enable-deterministic-inference` work with the `torch_native` backend, see
   `areal_like_sglang_deterministic.py`.
 - `sglang.srt.entrypoints.engine` (CPU engine, `AREAL_LIKE_SGLANG_FORK=1`, set from
-  `SGLangServerConfig.fork_children`): start the scheduler and detokenizer by fork, so they
+  `ServerConfig.fork_children`): start the scheduler and detokenizer by fork, so they
   inherit the imports instead of repeating them.
 - `sglang.srt.managers.scheduler` (CPU engine): a paused scheduler (`/pause_generation`, as
   every weight update pauses the fleet) waits on its sockets like an idle one under
@@ -49,7 +49,7 @@ def _shimmed_op(name: str) -> Any:
         raise RuntimeError(
             f"torchvision::{name} was called, but torchvision's C++ ops are not available in "
             "this CPU SGLang venv (PyPI ships a CUDA torchvision build). Only an op schema "
-            "stub from engines/sglang_shim/areal_like_sglang_shim.py exists, so that "
+            "stub from engines/sglang/shim/areal_like_sglang_shim.py exists, so that "
             "`import torchvision` works; text-only serving never calls it."
         )
 
@@ -152,7 +152,7 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         _HOOKS["sglang.srt.managers.scheduler"] = _paused_scheduler_waits
     _HOOKS["sglang.srt.lora.layers"] = _unpinned_lora
     _HOOKS["sglang.srt.lora.backend.torch_backend"] = _unpinned_lora
-    if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # SGLangServerConfig.fork_children
+    if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # ServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
     _BEFORE_HOOKS["sglang.srt.models.qwen3_5"] = _qwen3_5_cpu_op_stand_ins
 

@@ -1,4 +1,4 @@
-"""Which SGLang servers serve, with which weights: servers leave service when they die, stop
+"""Which inference servers serve, with which weights: servers leave service when they die, stop
 answering or fail a weight update, and come back (or join) only after loading the current
 weights and version.
 
@@ -27,18 +27,19 @@ import aiohttp
 from areal_like.api.config import RolloutConfig
 from areal_like.api.errors import FleetUnavailableError
 from areal_like.api.io_struct import WeightUpdateMeta
-from engines.server_api import ServerAPI
-from engines.sglang_http import RETRYABLE, RemoteSGLangError
-from engines.sglang_routing import NoServerInServiceError, OwnAborts, ServerPool
+from engines.fleet.routing import NoServerInServiceError, OwnAborts, ServerPool
+from engines.server.api import ServerAPI
+from engines.server.errors import InferenceServerError
+from engines.server.http import RETRYABLE
 
-logger = logging.getLogger("engines.remote_engine")
+logger = logging.getLogger("engines.fleet.client")
 
 PROBE_TIMEOUT_S = 10.0  # a liveness probe (no generation involved)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        logger.error("probing an SGLang server failed", exc_info=task.exception())
+        logger.error("probing an inference server failed", exc_info=task.exception())
 
 
 class FleetMembership:
@@ -124,10 +125,10 @@ class FleetMembership:
                     await self.api.resume(session, addr)
                     logger.warning("%s server %s answered but was not generating "
                                    "(%s): continued it", self.api.name, addr, last)
-                except RemoteSGLangError as e:
+                except InferenceServerError as e:
                     last += f"; continuing it failed: {e}"
             if time.monotonic() > deadline:
-                raise RemoteSGLangError(
+                raise InferenceServerError(
                     f"{self.api.name} server {addr} not healthy within {timeout:.0f} s "
                     f"(RolloutConfig.setup_timeout); last answer: {last}"
                 )
@@ -137,7 +138,7 @@ class FleetMembership:
     def take_out(self, addr: str, reason: str) -> None:
         if self.pool.take_out(addr, reason):
             self.counts["taken_out"] += 1
-            logger.warning("SGLang server %s taken out of service: %s (%d of %d in service)",
+            logger.warning("inference server %s taken out of service: %s (%d of %d in service)",
                            addr, reason, len(self.pool.in_service()), len(self.pool.addresses))
 
     def served_version(self) -> Optional[int]:
@@ -145,7 +146,7 @@ class FleetMembership:
         return None if self.current is None else self.current.version
 
     def lost_weights(self, addr: str, versions: list[int],
-                     floor: Optional[int]) -> Optional[RemoteSGLangError]:
+                     floor: Optional[int]) -> Optional[InferenceServerError]:
         """A reply's tokens older than the version `addr` held when the request was sent:
         the server restarted between requests (launch weights). It leaves service (the watch
         loads the current weights on it) and the error is returned for the caller to retry."""
@@ -154,14 +155,14 @@ class FleetMembership:
         why = (f"answered with weights version {min(versions)} although it held version "
                f"{floor} when the request was sent (restarted?)")
         self.take_out(addr, why)
-        return RemoteSGLangError(f"SGLang server {addr} {why}")
+        return InferenceServerError(f"inference server {addr} {why}")
 
-    def lost_state(self, addr: str, why: str) -> RemoteSGLangError:
+    def lost_state(self, addr: str, why: str) -> InferenceServerError:
         """`addr` refused a request for lacking what every server in service holds (a
         restarted server without the policy's LoRA adapter): out of service like a server
         that lost its weights; the error is returned for the caller to retry."""
         self.take_out(addr, why)
-        return RemoteSGLangError(f"SGLang server {addr} {why}")
+        return InferenceServerError(f"inference server {addr} {why}")
 
     def await_broadcast(self, addr: str, reason: str) -> None:
         """Out of service until the next weight broadcast includes `addr`."""
@@ -169,7 +170,7 @@ class FleetMembership:
         self.pool.out_of_service[addr] = reason
         if addr not in self.awaiting_broadcast:
             self.awaiting_broadcast.add(addr)
-            logger.warning("SGLang server %s joins the weight-update group at the next "
+            logger.warning("inference server %s joins the weight-update group at the next "
                            "update: %s", addr, reason)
 
     def joined_broadcast(self, addr: str, version: int) -> None:
@@ -178,7 +179,7 @@ class FleetMembership:
             self.awaiting_broadcast.discard(addr)
             self.pool.put_back(addr)
             self.counts["readmitted"] += 1
-            logger.warning("SGLang server %s back in service: joined the weight-update group "
+            logger.warning("inference server %s back in service: joined the weight-update group "
                            "and received weights version %d (%d of %d in service)", addr,
                            version, len(self.pool.in_service()), len(self.pool.addresses))
 
@@ -234,7 +235,7 @@ class FleetMembership:
 
     def _unavailable(self, what: str) -> FleetUnavailableError:
         return FleetUnavailableError(
-            f"SGLang fleet unavailable: {what}. {len(self.pool.in_service())} of "
+            f"inference fleet unavailable: {what}. {len(self.pool.in_service())} of "
             f"{len(self.pool.addresses)} servers in service (RolloutConfig.min_servers="
             f"{self.config.min_servers}); out of service: {self.pool.describe_out_of_service()}")
 
@@ -288,7 +289,7 @@ class FleetMembership:
                 if error is None:
                     error = e
                 else:
-                    logger.error("SGLang server %s: could not continue after a failed "
+                    logger.error("inference server %s: could not continue after a failed "
                                  "update: %s", addr, e)
         if error is not None:
             raise error
@@ -312,8 +313,8 @@ class FleetMembership:
                 alive = [a for a in failed if not await self.api.answers(self._session(), a, 5.0)]
                 if alive:
                     errors = "; ".join(str(failed[a]) for a in alive)
-                    raise RemoteSGLangError(f"weight update to version {meta.version} failed "
-                                            f"on every server: {errors}")
+                    raise InferenceServerError(f"weight update to version {meta.version} failed "
+                                               f"on every server: {errors}")
             self.current = meta  # servers out of service load it before they serve again
 
     async def readmit(self, addr: str) -> bool:
@@ -333,7 +334,7 @@ class FleetMembership:
             self.pool.put_back(addr)
             self.counts["readmitted"] += 1
             version = self.current.version if self.current else "initial"
-            logger.warning("SGLang server %s back in service with weights version %s (%d of %d "
+            logger.warning("inference server %s back in service with weights version %s (%d of %d "
                            "in service)", addr, version, len(self.pool.in_service()),
                            len(self.pool.addresses))
             return True
@@ -348,7 +349,7 @@ class FleetMembership:
                 self._on_fatal(e)
                 return
             except Exception:  # noqa: BLE001 - a probe bug must not end the watch silently
-                logger.exception("SGLang fleet watch failed; retrying")
+                logger.exception("inference fleet watch failed; retrying")
             await asyncio.sleep(self.config.health_check_interval)
 
     async def _watch_once(self) -> None:
@@ -399,7 +400,7 @@ class FleetMembership:
                     continue
                 self.pool.add(addr, reason="new: loading the current weights")
                 self.counts["added"] += 1
-                logger.warning("SGLang server %s added from %s", addr, path)
+                logger.warning("inference server %s added from %s", addr, path)
 
     def stats(self) -> dict[str, Any]:
         return {"in_service": len(self.pool.in_service()), "servers": len(self.pool.addresses),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from areal_like.api.config import BACKENDS
-from engines.server_api import ServerAPI, SGLangAPI
-from engines.sglang_lora_api import SGLangLoRAAPI
-from engines.vllm_api import VLLMAPI
+from engines.server.api import ServerAPI
+from engines.sglang.api import SGLangAPI
+from engines.sglang.lora_api import SGLangLoRAAPI
+from engines.vllm.api import VLLMAPI
 
 
 def server_api(backend: str, lora_adapter: str = "") -> ServerAPI:

@@ -33,7 +33,7 @@ def _raising(name: str) -> Callable[..., Any]:
     def shimmed(*args: Any, **kwargs: Any) -> Any:
         raise ShimmedCpuOpCalled(
             f"torch.ops.sgl_kernel.{name} was called, but in this CPU SGLang venv it is only a "
-            "stand-in (engines/sglang_shim/areal_like_sglang_vision.py) so that SGLang's Qwen-VL "
+            "stand-in (engines/sglang/shim/areal_like_sglang_vision.py) so that SGLang's Qwen-VL "
             "processor imports. Qwen3.5 models need SGLang's compiled CPU kernels; serve "
             "Qwen2-VL / Qwen2.5-VL or a dense model here."
         )

@@ -1,4 +1,4 @@
-"""Keep a local SGLang fleet up: restart a server that died (up to `max_restarts` times each),
+"""Keep a local inference fleet up: restart a server that died (up to `max_restarts` times each),
 and stop only when fewer than `min_alive` servers are left, naming every dead one.
 
 Used by the local launcher and by `areal-like serve`. Clients notice a dead server on their own
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, TextIO
 
-from engines.sglang_server import SGLangFleet
+from engines.fleet.launch import InferenceFleet
 
 
 class FleetDownError(RuntimeError):
@@ -20,7 +20,7 @@ class FleetDownError(RuntimeError):
 
 
 class FleetSupervisor:
-    def __init__(self, fleet: SGLangFleet, max_restarts: int, min_alive: int = 1,
+    def __init__(self, fleet: InferenceFleet, max_restarts: int, min_alive: int = 1,
                  out: TextIO = sys.stderr, prefix: str = "[launcher]",
                  on_restart: Callable[[int], None] = lambda i: None) -> None:
         self.fleet = fleet
@@ -45,17 +45,17 @@ class FleetSupervisor:
             death = self.fleet.describe_death(i)
             if self.restarts[i] < self.max_restarts:
                 self.restarts[i] += 1
-                self._say(f"{death}\nrestarting SGLang server {i} "
+                self._say(f"{death}\nrestarting {self.fleet.kind} server {i} "
                           f"(restart {self.restarts[i]} of {self.max_restarts})")
                 self.fleet.restart_server(i)
                 self.on_restart(i)
             else:
                 self.given_up[i] = death
-                self._say(f"{death}\nnot restarting SGLang server {i}: its "
+                self._say(f"{death}\nnot restarting {self.fleet.kind} server {i}: its "
                           f"{self.max_restarts} restart(s) (server.max_restarts) are used up")
         alive = len(self.fleet.processes) - len(self.given_up)
         if alive < self.min_alive:
             dead = "\n".join(self.given_up[i] for i in sorted(self.given_up))
             raise FleetDownError(
-                f"{alive} of {len(self.fleet.processes)} SGLang servers alive, fewer than "
-                f"the minimum {self.min_alive} (rollout.min_servers):\n{dead}")
+                f"{alive} of {len(self.fleet.processes)} {self.fleet.kind} servers alive, fewer "
+                f"than the minimum {self.min_alive} (rollout.min_servers):\n{dead}")

@@ -36,7 +36,7 @@ def _stub(name: str) -> Callable[..., Any]:
     def shimmed(*args: Any, **kwargs: Any) -> Any:
         raise ShimmedKernelCalled(
             f"sgl_kernel.{name} was called, but in this CPU SGLang venv `sgl_kernel` is only an "
-            "import shim (engines/sglang_shim/sgl_kernel). The real kernel is a CUDA build. "
+            "import shim (engines/sglang/shim/sgl_kernel). The real kernel is a CUDA build. "
             "Serve a dense model with --attention-backend torch_native and without speculative "
             "decoding, or install SGLang on a GPU machine."
         )

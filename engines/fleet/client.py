@@ -1,0 +1,499 @@
+"""RemoteInferenceEngine: the HTTP client of a fleet of inference servers, SGLang or vLLM
+(`rollout.backend`; a thin InferenceEngine). `RemoteSGLangEngine` and `RemoteVLLMEngine` fix
+the backend.
+
+It generates, scores given tokens, pauses, resumes and loads weights; workflows run elsewhere.
+What differs between backends is one `engines.server.api.ServerAPI` (the HTTP calls); routing,
+retries, fleet membership and the weight transport below are shared.
+
+Threading model. All HTTP traffic goes through one `aiohttp.ClientSession`, which belongs to
+the event loop it was created on: the loop thread given to `initialize` (the rollout
+controller's, where episodes run and call `agenerate` directly), or one the engine starts for
+itself. `agenerate` awaited on any other loop (a script's `asyncio.run`, a test) is forwarded
+to that loop and awaited there, so the session is never touched from a foreign loop.
+Synchronous callers use `update_weights`, `pause`, `resume`, which run their async twins
+(`aupdate_weights`, `apause`, `aresume`) on the loop and block, bounded by timeouts; calling a
+sync method from the loop itself raises (it would deadlock) — await the async twin there.
+
+Requests: `agenerate(req)` generates one sample (`req.gconfig.n_samples` must be 1);
+`agenerate_n(req)` fans `n_samples` samples out concurrently and returns a list. Servers are
+chosen by fewest in-flight requests (or round robin), sticky by `rid`, so a multi-turn
+conversation that reuses its rid hits the server that holds its prefix cache. Connection errors,
+timeouts, HTTP 5xx, malformed JSON and impossible replies are retried with exponential backoff,
+on another server when one exists; after `request_retries` tries the error names the server
+and the cause. A server that stops answering leaves service (no request or weight update goes
+to it) and comes back only after loading the current weights (`engines/fleet/membership.py`);
+while no server is in service, requests wait for one up to `server_down_timeout` s, and past
+that every `watch_fleet` callback gets the error. Every token's version is the one the
+server reports (SGLang's `meta_info.weight_versions`, vLLM's `weight_versions` spans), not a
+client-side guess; a reply older
+than the weights its server held when the request was sent (the server restarted between
+requests) is retried elsewhere while that server reloads the current weights. If a request is
+aborted because this engine paused the fleet in a mode that aborts (SGLang's "abort"; every
+vLLM pause but "in_place"), it is continued from the tokens it already has once generation
+resumes, so callers never see that abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, Callable, Optional, TypeVar, cast
+
+import aiohttp
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.engine_api import InferenceEngine
+from areal_like.api.io_struct import (
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TokenScores,
+    WeightGroupLayout,
+    WeightGroupSpec,
+    WeightUpdateMeta,
+)
+from areal_like.api.seeding import derive_seed, request_seed
+from areal_like.utils.loop_thread import EventLoopThread
+from engines.fleet.backends import server_api
+from engines.fleet.membership import FleetMembership
+from engines.fleet.routing import OwnAborts, ServerPool
+from engines.server.api import ServerAPI
+from engines.server.errors import InferenceServerError, ServerProtocolError
+from engines.server.http import CONTROL_TIMEOUT_S, MalformedReplyError, parse_json_reply
+from engines.server.http import RETRYABLE as _RETRYABLE
+from engines.server.http import RetryableHTTPError as _RetryableHTTPError
+from engines.server.replies import GenerateReply, ScoreReply
+from engines.weight_transport.process_group_fleet import FleetWeightGroup
+
+__all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
+           "InferenceServerError", "RemoteVLLMEngine"]
+
+logger = logging.getLogger(__name__)
+
+# uvicorn closes idle keep-alive connections after 5 s; drop them first ("Server disconnected")
+KEEPALIVE_S = 4.0
+# A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
+# is treated like one that dropped the connection: the request goes to another server.
+_GENERATE_RETRYABLE = (*_RETRYABLE, ServerProtocolError)
+_NOT_INITIALIZED = "the inference engine is not initialized: call initialize() first"
+T = TypeVar("T")
+R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
+
+
+class RemoteInferenceEngine(InferenceEngine):
+    """Client of a fleet (`config.server_addrs`, or `addresses`) of `config.backend`
+    servers ("" = sglang), see module doc."""
+
+    backend: Optional[str] = None  # set by the subclasses that fix it
+
+    def __init__(self, config: RolloutConfig, addresses: Optional[list[str]] = None) -> None:
+        self.config = config
+        self.api: ServerAPI = server_api(self.backend or config.backend or "sglang",
+                                         config.lora_adapter)
+        self.addresses = list(addresses if addresses is not None else config.server_addrs)
+        if not self.addresses:
+            raise ValueError(f"{type(self).__name__}: no server addresses (RolloutConfig."
+                             "server_addrs is empty and no `addresses` were given)")
+        if config.min_servers > len(self.addresses):
+            raise ValueError(f"RolloutConfig.min_servers={config.min_servers} but the fleet has "
+                             f"{len(self.addresses)} server(s): {self.addresses}")
+        self._loop_thread: Optional[EventLoopThread] = None
+        self._owns_loop = False
+        # called with the error when no server came back within server_down_timeout
+        self._on_fleet_failure: list[Callable[[BaseException], None]] = []
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._version = 0
+        self._version_lock = threading.Lock()
+        self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
+        self._own_aborts = OwnAborts()  # this engine's pauses that abort: continued
+        self.membership = FleetMembership(config, self.servers, self._require_session,
+                                          self._fail, self.api, self._own_aborts)
+        self.weight_group = FleetWeightGroup(config, self.membership, self._require_session,
+                                             self.api)
+        self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
+        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def initialize(
+        self, loop_thread: Optional[EventLoopThread] = None, check_health: bool = True
+    ) -> None:
+        """Open the HTTP session on `loop_thread` (default: a loop thread of the engine's own)
+        and (unless `check_health=False`) wait up to `config.setup_timeout` s until every
+        server answers `/health`."""
+        if self._session is not None:
+            return
+        if loop_thread is None:
+            loop_thread, self._owns_loop = EventLoopThread("sglang-client"), True
+            loop_thread.start()
+        self._loop_thread = loop_thread
+        try:
+            loop_thread.run_coroutine(self._open_session(), timeout=CONTROL_TIMEOUT_S)
+            if check_health:
+                loop_thread.run_coroutine(self.await_healthy(self.config.setup_timeout),
+                                          timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
+            loop_thread.run_coroutine(self._start_watch(), timeout=CONTROL_TIMEOUT_S)
+        except BaseException:
+            self.destroy()
+            raise
+
+    async def _start_watch(self) -> None:
+        self.membership.start()
+
+    def watch_fleet(self, on_failure: Callable[[BaseException], None]) -> None:
+        self._on_fleet_failure.append(on_failure)
+
+    def _fail(self, error: BaseException) -> None:
+        logger.error("%s", error)
+        for callback in self._on_fleet_failure:
+            callback(error)
+
+    async def _open_session(self) -> None:
+        # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+
+    def destroy(self) -> None:
+        """Close the session and, if the engine started it, its loop thread. Safe to call
+        twice; allowed after the fleet failed (clean-up still runs on the loop)."""
+        loop_thread, self._loop_thread = self._loop_thread, None
+        if loop_thread is None:
+            return
+        try:
+            if self._session is not None:
+                loop_thread.run_coroutine(self.membership.stop(), timeout=CONTROL_TIMEOUT_S)
+                session, self._session = self._session, None
+                loop_thread.run_coroutine(session.close(), timeout=CONTROL_TIMEOUT_S)
+        finally:
+            if self._owns_loop:
+                loop_thread.stop()
+
+    async def await_healthy(self, timeout: float) -> None:
+        """Until every server is healthy (error after `timeout` s); a server left paused (by
+        a client that died mid-update) is continued."""
+        await self.membership.await_healthy(self.addresses, timeout)
+
+    # ---- loop plumbing ------------------------------------------------------------------
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(_NOT_INITIALIZED)
+        return self._session
+
+    def _loop_for(self, coro: Coroutine[Any, Any, Any]) -> EventLoopThread:
+        """The rollout loop's thread (RuntimeError, `coro` closed, before initialize())."""
+        if self._loop_thread is None:
+            coro.close()
+            raise RuntimeError(_NOT_INITIALIZED)
+        return self._loop_thread
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run `coro` on the engine's loop from another thread (TimeoutError after
+        `timeout` s), e.g. `engine.run_coroutine(engine.agenerate(req), 60)`; from the loop
+        itself it raises (await the coroutine there instead)."""
+        return self._loop_for(coro).run_coroutine(coro, timeout)
+
+    async def _on_rollout_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on the rollout loop, wherever we are called from."""
+        return await self._loop_for(coro).run_here(coro)
+
+    # ---- generation ---------------------------------------------------------------------
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """One completion of `req` (token ids in, token ids + logprobs + versions out)."""
+        if req.gconfig.n_samples != 1:
+            raise ValueError(
+                f"agenerate generates one sample but req.gconfig.n_samples="
+                f"{req.gconfig.n_samples}; use agenerate_n(req) for a list of samples"
+            )
+        seed = request_seed(req)  # before any await: the order of calls fixes the seeds
+        return await self._on_rollout_loop(
+            self._generate(req, route_key=req.rid, rid=req.rid, seed=seed))
+
+    async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
+        """`req.gconfig.n_samples` completions, sampled concurrently on the server `req.rid` is
+        sticky to (they share the prompt's prefix cache); sample i has rid `<rid>-<i>`."""
+        n = req.gconfig.n_samples
+        one = req.gconfig.new(n_samples=1)
+        seeds = ([derive_seed(req.seed, i) for i in range(n)] if req.seed is not None
+                 else [request_seed(req) for _ in range(n)])
+        coros = [self._generate(req.copy(gconfig=one), route_key=req.rid, rid=f"{req.rid}-{i}",
+                                seed=seeds[i])
+                 for i in range(n)]
+
+        async def fan_out() -> list[ModelResponse]:
+            return list(await asyncio.gather(*coros))
+
+        return await self._on_rollout_loop(fan_out())
+
+    async def _generate(self, req: ModelRequest, route_key: str, rid: str,
+                        seed: int) -> ModelResponse:
+        # requests may share a rid (AReaL-lite's workflows do); the server needs distinct ids
+        rid = self.servers.claim_rid(rid)
+        try:
+            return await self._generate_as(req, route_key, rid, seed)
+        finally:
+            self.servers.release_rid(rid)
+
+    async def _generate_as(self, req: ModelRequest, route_key: str, rid: str,
+                           seed: int) -> ModelResponse:
+        g = req.gconfig
+        start = time.monotonic()
+        epoch = self._own_aborts.epoch
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        ttft: Optional[float] = None
+        segment = 0
+        while True:
+            # After an abort we continue from the tokens we have (a new rid: SGLang may still
+            # be cleaning up the old one).
+            seg_rid = rid if segment == 0 else f"{rid}#cont{segment}"
+            payload = self.api.generate_payload(
+                list(req.input_ids) + tokens, g, seg_rid,
+                max_new_tokens=g.max_new_tokens - len(tokens),
+                min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
+                seed=seed,  # a continuation draws what the uninterrupted request would have
+            )
+            if req.image_data:
+                payload = self.api.add_images(payload, req.image_data)
+            addr, reply = await self._post_generate(payload, route_key, seg_rid,
+                                                    self.api.parse_generate_reply)
+            if ttft is None:
+                ttft = time.monotonic() - start
+            tokens += reply.output_ids
+            logprobs += reply.logprobs
+            versions += reply.versions
+            stop_reason = reply.stop_reason
+            if stop_reason != "abort" or not self._own_aborts.ours(epoch):
+                break  # a real abort (not caused by our pause) is reported as such
+            epoch = self._own_aborts.epoch
+            segment += 1
+            if len(tokens) >= g.max_new_tokens:
+                stop_reason = "length"
+                break
+        return ModelResponse(
+            input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs,
+            output_versions=versions, stop_reason=cast(StopReason, stop_reason),  # checked there
+            latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
+            metadata={"server": addr, "segments": segment + 1,
+                      "num_retractions": reply.meta_info.get("num_retractions", 0),
+                      # the last segment's prompt as the server counted it (images expanded)
+                      "prompt_tokens": reply.meta_info.get("prompt_tokens")},
+        )
+
+    # ---- retries ------------------------------------------------------------
+    async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
+                           rid: str = "score") -> list[list[float]]:
+        """One prefill batch on one server (nothing sampled; one request where the backend takes
+        a batch, else one each, concurrently); routed, retried and checked like generation."""
+        return [s.logprobs for s in await self.ascore_top_batch(sequences, starts, 0, rid)]
+
+    async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
+                               rid: str = "score") -> list[TokenScores]:
+        """`ascore_batch`, and at every scored position the `top_k` most likely tokens."""
+        if len(sequences) != len(starts) or not sequences:
+            raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
+                             f"expected as many, at least one")
+        batches = ([(list(range(len(sequences))), rid)] if self.api.scores_in_one_request
+                   else [([i], f"{rid}_{i}") for i in range(len(sequences))])
+
+        async def score(indices: list[int], name: str) -> list[TokenScores]:
+            seqs, firsts = [list(sequences[i]) for i in indices], [starts[i] for i in indices]
+            payload = self.api.score_payload(seqs, firsts, name, top_k)
+
+            def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
+                return self.api.parse_score_reply(data, addr, sent_rid, seqs, firsts, top_k)
+
+            claimed = self.servers.claim_rid(name)
+            try:
+                _, reply = await self._post_generate(payload, rid, claimed, parse)
+            finally:
+                self.servers.release_rid(claimed)
+            return reply.scores
+
+        async def score_all() -> list[TokenScores]:
+            parts = await asyncio.gather(*(score(ix, name) for ix, name in batches))
+            return [lps for part in parts for lps in part]
+
+        return await self._on_rollout_loop(score_all())
+
+    async def _post_generate(
+        self, payload: dict[str, Any], route_key: str, rid: str,
+        parse: Callable[[Any, str, str], R],
+    ) -> tuple[str, R]:
+        session = self._require_session()
+        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout)
+        tried: list[str] = []
+        last_error: BaseException | None = None
+        for attempt in range(self.config.request_retries):
+            addr = await self.membership.wait_in_service(route_key, frozenset(tried))
+            floor = self.membership.served_version()  # what `addr` holds at least, now
+            tried.append(addr)
+            # A retry gets a fresh rid: the failed server may still hold the old one.
+            sent_rid = rid if attempt == 0 else f"{rid}#retry{attempt}"
+            self.api.set_rid(payload, sent_rid)
+            self.servers.inflight[addr] += 1
+            try:
+                path = self.api.generate_path
+                async with session.post(f"http://{addr}{path}", json=payload,
+                                        timeout=timeout) as resp:
+                    if resp.status >= 500:
+                        raise _RetryableHTTPError(resp.status, await resp.text())
+                    lost = (self.api.lost_state(resp.status, await resp.text())
+                            if resp.status != 200 else "")
+                    if lost:  # restarted between requests: out, reloaded, then back
+                        last_error = self.membership.lost_state(addr, lost)
+                        continue
+                    if resp.status != 200:
+                        raise InferenceServerError(
+                            f"{self.api.name} server {addr} rejected {path} rid={sent_rid}: "
+                            f"HTTP {resp.status}: {(await resp.text())[:500]}"
+                        )
+                    data = parse_json_reply(await resp.text(), addr, path)
+                    reply = parse(data, addr, sent_rid)
+                last_error = self.membership.lost_weights(addr, reply.versions, floor)
+                if last_error is None:
+                    return addr, reply
+            except _GENERATE_RETRYABLE as e:
+                if session.closed:  # this engine's destroy() closed it: no server is at fault
+                    raise InferenceServerError(f"generate rid={sent_rid}: the engine was "
+                                               f"destroyed while the request ran") from e
+                last_error = e
+                self.servers.mark_failed(addr)
+                if isinstance(e, aiohttp.ClientConnectorError):  # nothing listens: it is down
+                    self.membership.take_out(addr, f"connection refused ({e})")
+                elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
+                    self.membership.check_soon(addr, e)  # dead or hung: out of service
+                logger.warning("%s server %s failed rid=%s (try %d/%d): %s: %s", self.api.name,
+                               addr, sent_rid, attempt + 1, self.config.request_retries,
+                               type(e).__name__,
+                               str(e) or f"no reply within {self.config.request_timeout} s")
+                if isinstance(e, asyncio.TimeoutError):
+                    self._abort_later(addr, sent_rid)
+                if attempt + 1 < self.config.request_retries:
+                    await asyncio.sleep(self.config.retry_backoff * 2**attempt)
+            finally:
+                self.servers.inflight[addr] -= 1
+        cause = (f"timed out after {self.config.request_timeout} s (RolloutConfig."
+                 f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
+                 else f"{type(last_error).__name__}: {last_error}")
+        raise InferenceServerError(
+            f"{self.api.generate_path} rid={rid} failed after {len(tried)} tries (servers "
+            f"tried: {tried}); last error from {self.api.name} server {tried[-1]}: {cause}"
+        ) from last_error
+
+    def _abort_later(self, addr: str, rid: str) -> None:
+        """Best effort: stop a timed-out request from burning the server's compute."""
+
+        async def abort() -> None:
+            try:
+                await self.api.abort(self._require_session(), addr, rid)
+            except (InferenceServerError, *_RETRYABLE) as e:
+                logger.warning("could not abort rid=%s on %s: %s", rid, addr, e)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- control calls ------------------------------------------------------------------
+    async def _pause_servers(self, mode: str) -> None:
+        with self._own_aborts.pause(aborts=self.api.aborts_on_pause(mode)):
+            await self.membership.pause_all(mode)
+
+    async def apause(self) -> None:
+        """Pause generation on every server (`config.pause_mode`)."""
+        await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
+
+    async def aresume(self) -> None:
+        await self._on_rollout_loop(self.membership.continue_all())
+
+    def pause(self) -> None:
+        self.run_coroutine(self.apause(), 2 * CONTROL_TIMEOUT_S)
+
+    def resume(self) -> None:
+        self.run_coroutine(self.aresume(), 2 * CONTROL_TIMEOUT_S)
+
+    async def aupdate_weights(self, meta: WeightUpdateMeta) -> None:
+        """On every server in service, each on its own: pause (retract: in-flight requests
+        are kept; a LoRA fleet aborts and continues them), load `meta` (a folder, or a LoRA
+        adapter in memory) labelled `meta.version`, continue (always, in a `finally`).
+        Requests in flight finish, their tokens carrying both versions. Each step is bounded
+        by `config.weight_update_timeout`; a server that fails leaves service, and the call
+        raises only when every server failed."""
+        if meta.type == "distributed":
+            raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
+                             "areal_like.runtime.weight_sync.push_weights")
+        await self._on_rollout_loop(self._update_per_server(meta))
+
+    async def _update_per_server(self, meta: WeightUpdateMeta) -> None:
+        await self.membership.update_all(meta)  # per server: pause -> load -> continue
+        self.set_version(meta.version)
+
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        # twice: it may first wait for a server's readmission (itself a load) to finish
+        self.run_coroutine(self.aupdate_weights(meta),
+                           2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S)
+
+    # ---- the distributed transport (see engines.weight_transport.process_group_fleet) ----
+    def _group_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.run_coroutine(coro, self.config.weight_update_timeout + 2 * CONTROL_TIMEOUT_S)
+
+    def form_weight_group(self, spec: WeightGroupSpec,
+                          force: bool = False) -> WeightGroupLayout:
+        return self._group_call(self.weight_group.form(spec, force))
+
+    def join_weight_group(self) -> dict[str, str]:
+        return self._group_call(self.weight_group.join())
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        return self._group_call(self.weight_group.begin(meta))
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        return self._group_call(self.weight_group.receive(meta, index, members))
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> dict[str, str]:
+        dropped = self._group_call(self.weight_group.end(meta, failed))
+        if self.membership.current is meta:  # some server received it
+            self.set_version(meta.version)
+        return dropped
+
+    def set_version(self, version: int) -> None:
+        with self._version_lock:
+            self._version = int(version)
+
+    def get_version(self) -> int:
+        with self._version_lock:
+            return self._version
+
+    def inflight(self) -> dict[str, int]:  # per server, a snapshot
+        return dict(self.servers.inflight)
+
+    def in_service(self) -> list[str]:  # the servers that get requests and updates now
+        return self.servers.in_service()
+
+    def add_server(self, addr: str) -> None:
+        """Add a server to a running fleet: it loads the current weights and version, then
+        takes traffic (within `health_check_interval` s of answering)."""
+        if self._loop_thread is None:
+            raise RuntimeError(_NOT_INITIALIZED)
+        self._loop_thread.call_soon(self.servers.add, addr, "new: loading the current weights")
+
+    def fleet_stats(self) -> dict[str, float]:
+        """Servers in service, and how many times servers left, came back or joined."""
+        return {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
+
+
+class RemoteSGLangEngine(RemoteInferenceEngine):
+    """Client of an SGLang fleet (whatever `config.backend` says)."""
+
+    backend = "sglang"
+
+
+class RemoteVLLMEngine(RemoteInferenceEngine):
+    """Client of a vLLM fleet (whatever `config.backend` says)."""
+
+    backend = "vllm"

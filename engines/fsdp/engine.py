@@ -1,0 +1,499 @@
+"""FSDP2 train engine: packed micro-batches, forward / train_batch, checkpoints, weight export.
+
+Start every rank under `torchrun` (any world size; a plain single process also works and gets
+a one-rank group). CPU uses gloo, CUDA uses NCCL (`TrainEngineConfig.backend="auto"`).
+
+Data-parallel convention: **every rank passes its own local shard** of the global batch
+(different rows on different ranks, any sizes, even empty). Use
+`engines.fsdp.packing.shard_batch(full_batch, rank, world_size, group_size)` when every rank
+holds the full batch. Losses are still one global weighted mean over all ranks:
+
+    loss = sum_{ranks r, micro-batches m} w_rm * loss_fn(logits_rm, mb_rm) / sum_{r, m} w_rm,
+    w_rm = loss_weight_fn(mb_rm)   (finite, >= 0; a micro-batch with w = 0 skips loss_fn)
+
+so the update does not depend on how the batch was split into ranks or micro-batches.
+
+Micro-batches: each rank counts the micro-batches first-fit-decreasing packing needs under
+`mb_spec.max_tokens_per_mb` tokens (at least `mb_spec.n_mbs`); ranks agree on the maximum count
+(FSDP collectives need the same number of forwards everywhere), then each rank spreads its rows
+over that many micro-batches, balanced by tokens within the budget. A rank with fewer rows than
+micro-batches runs dummy one-token micro-batches that contribute zero gradient.
+
+`loss_fn(logits, mb)` and `post_hook(logits, mb)` get `logits` [T, V] for the packed tokens
+(critic: values [T]) and the packed micro-batch (see `engines.fsdp.packing`): per-token keys
+[T], per-sequence keys [n_seqs], `cu_seqlens`, `position_ids`. For next-token quantities use
+`areal_like.utils.packed_logprobs` (label of token t = token t+1 of the same sequence).
+`train_batch` does not step the LR scheduler: call `step_lr_scheduler()` once per global step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from areal_like.api.config import TrainEngineConfig
+from areal_like.api.engine_api import LossFn, LossWeightFn, TrainEngine
+from areal_like.api.io_struct import (
+    AdapterWeights,
+    FinetuneSpec,
+    ParamSpec,
+    SaveLoadMeta,
+    WeightUpdateMeta,
+)
+from areal_like.utils.packed_logprobs import next_token_logprobs
+from areal_like.utils.quiet import silence_library_progress_bars
+from engines.fsdp import lora as lora_io
+from engines.fsdp import model_io as ckpt
+from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
+from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
+from engines.fsdp.optim import build_optimizer, build_scheduler
+from engines.fsdp.packing import (
+    count_micro_batches,
+    pack_sequences,
+    partition_into_micro_batches,
+    sequence_lengths,
+    unpack_to_padded,
+)
+from engines.fsdp.vision import (
+    freeze_vision_tower,
+    is_vision_language,
+    require_vision_language,
+    vision_model_kwargs,
+    with_dummy_image,
+)
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PostHook = Callable[[torch.Tensor, TensorDict], torch.Tensor]
+
+
+class FSDPEngine(TrainEngine):
+    """An HF model (causal LM, or a value model when `config.model.is_critic`) sharded with
+    FSDP2, trained with AdamW on packed micro-batches. See the module docstring."""
+
+    def __init__(self, config: TrainEngineConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.lr_scheduler: Optional[LambdaLR] = None
+        self.device = torch.device("cpu")
+        self.rank, self.world_size = 0, 1
+        self._owns_group = False
+        self._version = 0
+        self._pad_token_id = 0
+        self._vision_language = False  # images in micro-batches (engines/fsdp/vision.py)
+        self._served_names: Optional[list[str]] = None
+
+    # ------------------------------------------------------------------ set-up
+    def initialize(self, addr: Optional[str] = None,
+                   ft_spec: Optional[FinetuneSpec] = None) -> None:
+        cfg = self.config
+        if addr is not None:
+            raise ValueError(f"FSDPEngine.initialize(addr={addr!r}): the process group comes "
+                             f"from the launcher's environment (torchrun / Ray); pass None")
+        total_steps = ft_spec.total_train_steps if ft_spec is not None else cfg.total_train_steps
+        if ft_spec is not None and cfg.total_train_steps not in (0, total_steps):
+            logger.info("LR schedule over FinetuneSpec's %d steps (not actor.total_train_steps="
+                        "%d)", total_steps, cfg.total_train_steps)
+        if not cfg.model.path:
+            raise ValueError("TrainEngineConfig.model.path is empty: set it to an HF model folder")
+        if cfg.freeze_vision_tower:  # before the process group exists: nothing to tear down
+            require_vision_language(cfg.model.path, "TrainEngineConfig.freeze_vision_tower")
+        silence_library_progress_bars()  # no "Writing model shards" bar on every export
+        self.device, backend = resolve_device_and_backend(cfg.backend)
+        self._owns_group = ensure_process_group(backend, self.device,
+                                                self.config.collective_timeout)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+
+        model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic,
+                                        _DTYPES[cfg.model.dtype],
+                                        choose_attn_implementation(self.device))
+        self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self._vision_language = is_vision_language(model.config)
+        if cfg.freeze_vision_tower:
+            frozen = freeze_vision_tower(model)
+            logger.info("vision tower frozen: %d parameters take no gradient", frozen)
+        if cfg.lora.enabled:
+            if cfg.model.is_critic:
+                raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
+                                 "must train; use LoRA on the actor only")
+            model = lora_io.apply_lora(model, cfg.lora, cfg.model.path)  # base frozen
+        if cfg.gradient_checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        if self.device.type == "cuda":
+            torch.nn.Module.to(model, self.device)  # (HF types `to` for dtypes only)
+        shard_kwargs: dict[str, Any] = {"mesh": mesh}
+        if cfg.param_dtype != "float32" or cfg.reduce_dtype != "float32":
+            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
+        if cfg.cpu_offload:
+            if self.device.type == "cuda":
+                shard_kwargs["offload_policy"] = CPUOffloadPolicy()
+            else:
+                logger.info("cpu_offload ignored: the engine already runs on CPU")
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+        if not blocks:
+            raise ValueError(f"{type(model).__name__} declares no decoder-layer classes "
+                             f"(_no_split_modules={sorted(block_names)}); cannot shard per layer")
+        for block in blocks:
+            fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+        self.model = model
+
+        self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad],
+                                         cfg.optimizer)
+        self.lr_scheduler = build_scheduler(self.optimizer, cfg.optimizer, total_steps)
+
+    def destroy(self) -> None:
+        self.model = self.optimizer = self.lr_scheduler = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    def _require_initialized(self) -> tuple[torch.optim.Optimizer, LambdaLR]:
+        """The optimizer and its scheduler (RuntimeError before initialize())."""
+        if self.model is None or self.optimizer is None or self.lr_scheduler is None:
+            raise RuntimeError("FSDPEngine is not initialized: call initialize() first")
+        return self.optimizer, self.lr_scheduler
+
+    def train(self, mode: bool = True) -> FSDPEngine:
+        self._require_initialized()
+        self.model.train(mode)
+        return self
+
+    # ------------------------------------------------------------------ micro-batches
+    def _split(self, batch: TensorDict) -> tuple[list[list[int]], list[Optional[TensorDict]]]:
+        """(row indices, packed micro-batch) per micro-batch of this rank, as many as on every
+        other rank; a micro-batch without rows is None (run as a dummy)."""
+        if not isinstance(batch, TensorDict):
+            raise TypeError(f"batch must be a TensorDict, got {type(batch).__name__}")
+        spec = self.config.mb_spec
+        lengths = sequence_lengths(batch["attention_mask"]).tolist() if batch.numel() else []
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if empty:
+            raise ValueError(f"batch row {empty[0]} has no real tokens (attention_mask all 0)")
+        local = count_micro_batches(lengths, spec.max_tokens_per_mb, spec.n_mbs)
+        count = int(all_reduce_scalar(local, self.device, op="max"))
+        groups = partition_into_micro_batches(lengths, spec.max_tokens_per_mb, count)
+        return groups, [pack_sequences(batch, g).to(self.device) if g else None for g in groups]
+
+    def _dummy_micro_batch(self) -> TensorDict:
+        ids = torch.tensor([self._pad_token_id], device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        return TensorDict({"input_ids": ids, "position_ids": zero,
+                           "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
+
+    def _logits(self, mb: TensorDict) -> torch.Tensor:
+        n_tokens = mb["input_ids"].shape[0]
+        if self._vision_language:  # the vision tower runs on every rank (engines/fsdp/vision.py)
+            mb = with_dummy_image(mb, self.model.config)
+            inputs = vision_model_kwargs(self.model, mb)
+        else:
+            inputs = {"position_ids": mb["position_ids"][None]}
+        out = self.model(input_ids=mb["input_ids"][None], attention_mask=None, use_cache=False,
+                         **inputs, **packed_model_kwargs(mb["cu_seqlens"]))
+        logits = out.logits[0, :n_tokens]
+        return logits.squeeze(-1) if self.config.model.is_critic else logits
+
+    def _weights(self, mbs: list[Optional[TensorDict]],
+                 loss_weight_fn: LossWeightFn) -> tuple[list[float], float]:
+        weights = [0.0 if mb is None else float(loss_weight_fn(mb)) for mb in mbs]
+        bad = [w for w in weights if not math.isfinite(w) or w < 0]
+        if bad:
+            raise ValueError(f"loss_weight_fn returned {bad[0]}; weights must be finite and >= 0")
+        total = all_reduce_scalar(sum(weights), self.device)
+        if total <= 0:
+            raise ValueError("loss_weight_fn gives a total weight of 0 over all micro-batches and "
+                             "ranks: nothing to train on (e.g. every loss_mask is empty)")
+        return weights, total
+
+    # ------------------------------------------------------------------ primitives
+    @torch.no_grad()
+    def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
+                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
+        """Per-token outputs of the local batch without gradients (model mode unchanged).
+
+        `post_hook(logits, mb)` must return a per-token tensor [T, ...]; default: log-probs of
+        the next tokens (critic: the values). The outputs are cut into one tensor per row, in
+        the batch's original order, and passed to `aggregate_fn`; default: back to the padded
+        [B, L, ...] layout (0 at padding; log-probs are 0 at each row's last real token)."""
+        self._require_initialized()
+        hook = post_hook or ((lambda v, mb: v.float()) if self.config.model.is_critic
+                             else next_token_logprobs)
+        groups, mbs = self._split(batch)
+        per_row: dict[int, torch.Tensor] = {}
+        for mb, rows in zip(mbs, groups, strict=True):
+            if mb is None:
+                self._logits(self._dummy_micro_batch())
+                continue
+            out = hook(self._logits(mb), mb)
+            n_tokens = mb["input_ids"].shape[0]
+            if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != n_tokens:
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(f"post_hook must return a per-token tensor [T={n_tokens}, ...], "
+                                 f"got {got}")
+            for row, piece in zip(rows, out.split(mb["cu_seqlens"].diff().tolist()), strict=True):
+                per_row[row] = piece.to(batch["input_ids"].device)
+        values = [per_row[i] for i in range(batch.shape[0])] if batch.numel() else []
+        if aggregate_fn is not None:
+            return aggregate_fn(values)
+        if not values:
+            return torch.zeros(batch["input_ids"].shape)
+        return unpack_to_padded(values, batch["attention_mask"])
+
+    def train_batch(self, batch: TensorDict, loss_fn: LossFn,
+                    loss_weight_fn: LossWeightFn) -> dict[str, float]:
+        """One AdamW step on the global weighted-mean loss (see module docstring).
+
+        Returns loss, grad_norm (before clipping), lr, n_tokens, n_seqs (global), n_mbs (per
+        rank) and update_successful (0.0 when the gradient norm was not finite: the step is
+        skipped, weights and optimizer state stay as they were)."""
+        optimizer, _ = self._require_initialized()
+        self.model.train()
+        _, mbs = self._split(batch)
+        weights, total = self._weights(mbs, loss_weight_fn)
+        optimizer.zero_grad(set_to_none=True)
+        weighted_loss = 0.0
+        for mb, w in zip(mbs, weights, strict=True):
+            if mb is None or w == 0:
+                # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
+                # the same forward/backward collectives on every rank.
+                mb = mb if mb is not None else self._dummy_micro_batch()
+                (self._logits(mb).sum() * 0.0).backward()
+                continue
+            loss = self._scalar_loss(loss_fn(self._logits(mb), mb))
+            weighted_loss += float(loss.detach()) * w
+            # FSDP averages gradients over ranks; scale by world size to get the global sum.
+            (loss * (w * self.world_size / total)).backward()
+        grad_norm = self._clip_gradients()
+        ok = math.isfinite(grad_norm)
+        if ok:
+            optimizer.step()
+        else:
+            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+        return {
+            "loss": all_reduce_scalar(weighted_loss, self.device) / total,
+            "grad_norm": grad_norm,
+            "lr": float(optimizer.param_groups[0]["lr"]),
+            "update_successful": 1.0 if ok else 0.0,
+            **self._count_stats(mbs),
+        }
+
+    @torch.no_grad()
+    def eval_batch(self, batch: TensorDict, loss_fn: LossFn,
+                   loss_weight_fn: LossWeightFn) -> dict[str, float]:
+        """The weighted-mean loss of `train_batch`, without gradients or a step."""
+        self._require_initialized()
+        _, mbs = self._split(batch)
+        weights, total = self._weights(mbs, loss_weight_fn)
+        weighted_loss = 0.0
+        for mb, w in zip(mbs, weights, strict=True):
+            if mb is None or w == 0:
+                self._logits(mb if mb is not None else self._dummy_micro_batch())
+                continue
+            weighted_loss += float(self._scalar_loss(loss_fn(self._logits(mb), mb))) * w
+        return {"loss": all_reduce_scalar(weighted_loss, self.device) / total,
+                **self._count_stats(mbs)}
+
+    @staticmethod
+    def _scalar_loss(loss: Any) -> torch.Tensor:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(f"loss_fn must return a scalar tensor, got {got}")
+        return loss.reshape(())
+
+    def _count_stats(self, mbs: list[Optional[TensorDict]]) -> dict[str, float]:
+        real = [mb for mb in mbs if mb is not None]
+        n_tokens = sum(int(mb["cu_seqlens"][-1]) for mb in real)
+        n_seqs = sum(mb["cu_seqlens"].numel() - 1 for mb in real)
+        return {"n_tokens": all_reduce_scalar(n_tokens, self.device),
+                "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs))}
+
+    def _clip_gradients(self) -> float:
+        """Global gradient L2 norm (all ranks, all shards); clips in place when finite."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        norm = float(total)
+        max_norm = self.config.optimizer.gradient_clipping
+        if math.isfinite(norm) and max_norm > 0 and norm > max_norm:
+            coef = max_norm / (norm + 1e-6)
+            for g in grads:
+                g.mul_(coef)
+        return norm
+
+    def step_lr_scheduler(self) -> None:
+        _, scheduler = self._require_initialized()
+        scheduler.step()
+
+    def set_version(self, version: int) -> None:
+        self._version = int(version)
+
+    def get_version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ LoRA
+    @property
+    def lora_enabled(self) -> bool:
+        return self.config.lora.enabled
+
+    def adapter_weights(self) -> Optional[AdapterWeights]:
+        """Collective: the current LoRA adapter (config + full tensors) at rank 0, None on
+        the other ranks. What travels to the fleet after each step instead of the model."""
+        self._require_initialized()
+        if not self.lora_enabled:
+            raise ValueError("adapter_weights: this engine trains the full weights "
+                             "(TrainEngineConfig.lora.rank = 0)")
+        return lora_io.gather_adapter(self.model, self.rank)
+
+    def base_model_view(self) -> FrozenBaseView:
+        """The frozen base model (adapters off) as an engine with `forward`: the KL
+        reference of a LoRA run, without a second copy of the base weights."""
+        if not self.lora_enabled:
+            raise ValueError("base_model_view: this engine has no LoRA adapters; start a "
+                             "separate reference engine instead")
+        return FrozenBaseView(self)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, meta: SaveLoadMeta) -> None:
+        """`hf`: safetensors + config (+ `meta.tokenizer`) written by rank 0; `dcp`: the full
+        training state (model, optimizer when `with_optim`, scheduler, RNG, version)."""
+        optimizer, scheduler = self._require_initialized()
+        if meta.weight_format == "hf":
+            if meta.with_optim:
+                raise ValueError("SaveLoadMeta(weight_format='hf') holds weights only; use "
+                                 "weight_format='dcp' to save optimizer state")
+            self._export_hf(meta.path, tokenizer=meta.tokenizer, copy_tokenizer=False)
+        elif meta.weight_format == "dcp":
+            ckpt.save_dcp(meta.path, self.model, optimizer, scheduler,
+                          {"version": self._version}, meta.with_optim)
+        else:
+            raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
+                             f"use 'hf' or 'dcp'")
+
+    def load(self, meta: SaveLoadMeta) -> None:
+        """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""
+        optimizer, scheduler = self._require_initialized()
+        if meta.weight_format == "hf":
+            if self.lora_enabled:
+                raise ValueError("SaveLoadMeta(weight_format='hf') load into a LoRA engine: "
+                                 "an HF folder holds merged weights; start from it with "
+                                 "model.path, or load a 'dcp' checkpoint (base + adapter)")
+            ckpt.load_hf_weights(self.model, meta.path, self.config.model.is_critic)
+        elif meta.weight_format == "dcp":
+            extra = ckpt.load_dcp(meta.path, self.model, optimizer, scheduler,
+                                  meta.with_optim)
+            self._version = int(extra["version"])
+        else:
+            raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
+                             f"use 'hf' or 'dcp'")
+        dist.barrier()
+
+    def update_weights(self, meta: WeightUpdateMeta) -> dict[str, float]:
+        """Export the current weights as an HF folder at `meta.path` (rank 0 writes; tokenizer
+        files are copied from the model folder); every rank returns once the folder is complete.
+        Returns {"update_weights_seconds": wall time of the export}."""
+        self._require_initialized()
+        if meta.type != "disk":
+            raise ValueError(f"WeightUpdateMeta.type={meta.type!r}: the engine exports only "
+                             f"'disk'; the distributed transport streams iter_weight_buckets "
+                             f"(areal_like.runtime.weight_sync.push_weights)")
+        start = time.perf_counter()
+        if self.lora_enabled:  # the adapter alone: the fleet keeps the base
+            if not meta.path:
+                raise ValueError("WeightUpdateMeta.path is required")
+            adapter = self.adapter_weights()
+            if adapter is not None:
+                lora_io.write_adapter_folder(adapter, meta.path)
+            dist.barrier()
+        else:
+            self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
+        return {"update_weights_seconds": time.perf_counter() - start}
+
+    def _served_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        if self.config.model.is_critic:
+            raise ValueError("a critic's weights are not served: nothing to send to the fleet")
+        if self.lora_enabled:
+            raise ValueError("a LoRA engine sends its adapter (adapter_weights), not weight "
+                             "buckets of the whole model")
+        if self._served_names is None:  # the HF folder's names, which servers load by
+            self._served_names = ckpt.checkpoint_names(
+                self.model, [name for name, _ in self.model.named_parameters()])
+        params = [p for _, p in self.model.named_parameters()]  # tied weights once, as saved
+        return list(zip(self._served_names, params, strict=True))
+
+    def weight_specs(self) -> list[ParamSpec]:
+        self._require_initialized()
+        return [ParamSpec(name, str(p.dtype).removeprefix("torch."), tuple(p.shape))
+                for name, p in self._served_parameters()]
+
+    def iter_weight_buckets(self, buckets: Sequence[Sequence[ParamSpec]]
+                            ) -> Iterator[Optional[list[torch.Tensor]]]:
+        self._require_initialized()
+        params = dict(self._served_parameters())
+        for bucket in buckets:
+            tensors = []
+            for spec in bucket:
+                if spec.name not in params:
+                    raise KeyError(f"weight bucket names {spec.name!r}, which the model lacks")
+                p = params[spec.name].detach()
+                tensors.append(p.full_tensor() if isinstance(p, DTensor) else p)  # collective
+            yield tensors if self.rank == 0 else None
+            del tensors
+
+    def _export_hf(self, path: Optional[str], tokenizer: Any, copy_tokenizer: bool) -> None:
+        if not path:
+            raise ValueError("an export path is required "
+                             "(SaveLoadMeta.path / WeightUpdateMeta.path)")
+        source = os.path.realpath(self.config.model.path)
+        if os.path.realpath(path) == source:
+            raise ValueError(f"refusing to export over the source model folder {path!r}")
+        state_dict = ckpt.gather_full_state_dict(self.model)
+        if self.rank == 0 and self.lora_enabled:  # a complete HF model: base + adapter merged
+            state_dict = lora_io.merged_state_dict(self.model, state_dict)
+        if self.rank == 0:
+            tok_dir = self.config.model.tokenizer_path or self.config.model.path
+            hf_model = self.model.get_base_model() if self.lora_enabled else self.model
+            ckpt.write_hf_folder(hf_model, state_dict, path, tokenizer=tokenizer,
+                                 copy_tokenizer_from=tok_dir if copy_tokenizer else None,
+                                 processor_from=self.config.model.path)
+        del state_dict
+        dist.barrier()
+
+
+class FrozenBaseView:
+    """`forward` of an engine's model with its LoRA adapters switched off (see
+    `FSDPEngine.base_model_view`); shares the engine's weights, trains nothing."""
+
+    def __init__(self, engine: FSDPEngine) -> None:
+        self.engine = engine
+
+    def eval(self) -> FrozenBaseView:
+        self.engine.eval()
+        return self
+
+    def train(self, mode: bool = True) -> FrozenBaseView:
+        self.engine.train(mode)
+        return self
+
+    def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
+                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
+        with self.engine.model.disable_adapter():
+            return self.engine.forward(batch, post_hook=post_hook, aggregate_fn=aggregate_fn)

@@ -1,0 +1,1 @@
+"""The vLLM backend: its `ServerAPI`, protocol, command line and worker extension."""

@@ -60,7 +60,7 @@ def run_mode(eta: int, steps: int, model: Path, log_dir: Path, seed: int,
              extra: list[str]) -> dict[str, float]:
     trial = f"eta{eta}"
     cmd = [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={model}",
-           f"rollout.max_head_offpolicyness={eta}", f"total_train_steps={steps}",
+           f"rollout.staleness.max_head_offpolicyness={eta}", f"total_train_steps={steps}",
            f"evaluation.freq_steps={steps}", "evaluation.n_prompts=200",
            "checkpoint.freq_steps=0", f"logging.log_dir={log_dir}", f"logging.trial_name={trial}",
            "logging.tensorboard=false", "logging.plot=false", f"seed={seed}",

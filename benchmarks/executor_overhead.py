@@ -45,6 +45,7 @@ from areal_like.api import (  # noqa: E402
     validate_trajectory,
 )
 from areal_like.api.config import RolloutConfig  # noqa: E402
+from areal_like.api.rollout_config import StalenessConfig  # noqa: E402
 from areal_like.rollout import WorkflowExecutor, concat_padded  # noqa: E402
 
 PROMPT = list(range(1, 17))
@@ -122,11 +123,11 @@ def part1(args: argparse.Namespace) -> None:
             concat_padded(out)
         return time.perf_counter() - start
 
-    cfg = RolloutConfig(max_concurrent_rollouts=256, max_head_offpolicyness=1,
-                        consumer_batch_size=args.batch)
+    cfg = RolloutConfig(staleness=StalenessConfig(
+        max_concurrent_rollouts=256, max_head_offpolicyness=1, consumer_batch_size=args.batch))
     # a bound that never binds, to time submit/wait alone
-    unbounded = RolloutConfig(max_concurrent_rollouts=256, max_head_offpolicyness=10**9,
-                              consumer_batch_size=1)
+    unbounded = RolloutConfig(staleness=StalenessConfig(
+        max_concurrent_rollouts=256, max_head_offpolicyness=10**9, consumer_batch_size=1))
     ex = WorkflowExecutor(unbounded, engine, wait_timeout=600)
     ex.initialize()
 
@@ -258,8 +259,9 @@ def part2(args: argparse.Namespace) -> None:
         fleet = stack.enter_context(InferenceFleet(model_dir, ServerConfig(n_servers=1)))
         addr = fleet.addresses[0]
         # at most concurrency / k episodes of k requests each: `concurrency` requests in flight
-        config = RolloutConfig(server_addrs=[addr], max_concurrent_rollouts=args.concurrency // k,
-                               consumer_batch_size=n_groups, max_head_offpolicyness=0)
+        config = RolloutConfig(server_addrs=[addr], staleness=StalenessConfig(
+            max_concurrent_rollouts=args.concurrency // k, consumer_batch_size=n_groups,
+            max_head_offpolicyness=0))
 
         def new_engine() -> RolloutController:
             engine = RolloutController(config, RemoteSGLangEngine(config))

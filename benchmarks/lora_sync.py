@@ -38,6 +38,7 @@ from areal_like.api.config import (  # noqa: E402
     TrainEngineConfig,
 )
 from areal_like.api.lora_config import DECODER_LINEAR_MODULES, LoRAConfig  # noqa: E402
+from areal_like.api.rollout_config import WeightTransportConfig  # noqa: E402
 from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
 from areal_like.runtime.weight_sync import push_weights  # noqa: E402
@@ -78,7 +79,8 @@ def measure(size: str, rank: int, rounds: int, tmp: Path) -> dict[str, Any]:
     server = ServerConfig(n_servers=1, max_total_tokens=4096, lora_rank=rank,
                           lora_target_modules=list(DECODER_LINEAR_MODULES))
     with InferenceFleet(base, server, log_dir=tmp / f"{size}-logs") as fleet:
-        plain = RolloutConfig(server_addrs=fleet.addresses, weight_transport="distributed")
+        plain = RolloutConfig(server_addrs=fleet.addresses,
+                              weights=WeightTransportConfig(transport="distributed"))
         client = RemoteInferenceEngine(plain)
         client.initialize()
         broadcaster = WeightBroadcaster(plain)

@@ -34,6 +34,7 @@ import aiohttp  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, ServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
+from areal_like.api.rollout_config import StalenessConfig  # noqa: E402
 from engines.fleet.backends import server_api  # noqa: E402
 from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
 from engines.fleet.launch import InferenceFleet  # noqa: E402
@@ -127,7 +128,7 @@ def main() -> None:
             vocab = AutoConfig.from_pretrained(model_dir).vocab_size
         engine = RemoteInferenceEngine(RolloutConfig(
             server_addrs=[addr], backend=args.backend,
-            max_concurrent_rollouts=args.concurrency))
+            staleness=StalenessConfig(max_concurrent_rollouts=args.concurrency)))
         engine.initialize()
         stack.callback(engine.destroy)
         g = GenerationHyperparameters(max_new_tokens=args.new_tokens,

@@ -29,6 +29,7 @@ from PIL import Image  # noqa: E402
 
 from areal_like.api.config import RolloutConfig, ServerConfig  # noqa: E402
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest  # noqa: E402
+from areal_like.api.rollout_config import StalenessConfig  # noqa: E402
 from areal_like.models.tiny_vl import build_tiny_vl_model  # noqa: E402
 from areal_like.models.vision import VisionProcessor, VisionPrompt  # noqa: E402
 from benchmarks.rollout_throughput import bounded_gather, flush_cache  # noqa: E402
@@ -75,8 +76,9 @@ def main() -> None:
         model_dir = build_tiny_vl_model(stack.enter_context(tempfile.TemporaryDirectory()))
         fleet = stack.enter_context(InferenceFleet(model_dir, ServerConfig(n_servers=1)))
         addr = fleet.addresses[0]
-        engine = RemoteInferenceEngine(RolloutConfig(server_addrs=[addr],
-                                                     max_concurrent_rollouts=args.concurrency))
+        engine = RemoteInferenceEngine(RolloutConfig(
+            server_addrs=[addr],
+            staleness=StalenessConfig(max_concurrent_rollouts=args.concurrency)))
         engine.initialize()
         stack.callback(engine.destroy)
         processor = VisionProcessor(model_dir)

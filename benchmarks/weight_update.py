@@ -45,6 +45,7 @@ from areal_like.api.config import (  # noqa: E402
     ServerConfig,
     TrainEngineConfig,
 )
+from areal_like.api.rollout_config import WeightTransportConfig  # noqa: E402
 from areal_like.models.tiny import build_tiny_model  # noqa: E402
 from areal_like.runtime.weight_broadcast import WeightBroadcaster  # noqa: E402
 from areal_like.runtime.weight_sync import push_weights  # noqa: E402
@@ -109,8 +110,8 @@ def measure(size: str, rounds: int, bucket_mb: float, tmp: Path,
     engine.initialize()
     n_params = sum(p.numel() for p in engine.model.parameters())
     nbytes = sum(p.nbytes for p in engine.weight_specs())
-    config = RolloutConfig(weight_transport="distributed", weight_bucket_mb=bucket_mb,
-                           backend=backend)
+    config = RolloutConfig(backend=backend, weights=WeightTransportConfig(
+        transport="distributed", bucket_mb=bucket_mb))
     result: dict[str, Any] = {"size": size, "params_m": n_params / 1e6, "mb": nbytes / 2**20,
                               "paused_loop": paused_loop, "backend": backend}
     os.environ["AREAL_LIKE_SGLANG_PAUSED_SPIN"] = "1" if paused_loop == "spin" else "0"

@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def workflow(rl: RLSetup, greedy: bool = False) -> MemoryAgentWorkflow:
         gconfig = config.gconfig.new(greedy=True, n_samples=1) if greedy else config.gconfig
-        return MemoryAgentWorkflow(gconfig, rl.tokenizer, config.max_steps, config.beta,
-                                   config.gamma, config.answerer)
+        agent = config.agent
+        return MemoryAgentWorkflow(gconfig, rl.tokenizer, agent.max_steps, agent.beta,
+                                   agent.gamma, agent.answerer)
 
     rl = RLSetup(config, eval_workflow=lambda rl: workflow(rl, greedy=True))
     actor = PPOActor(rl.actor_engine, config.algorithm)

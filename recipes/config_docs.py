@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from areal_like.api import algorithm_config as algo
 from areal_like.api import config as core
+from areal_like.api import rollout_config as rollout
 from areal_like.api.io_struct import GenerationHyperparameters
 
 HEADER = """# Configuration reference
@@ -42,7 +43,10 @@ in each class's `__post_init__` and name the key at fault.
 # top-level key -> where it is defined; nested sections follow their class's table
 SECTIONS: list[tuple[str, str]] = [
     ("model", "ModelConfig"), ("gconfig", "GenerationHyperparameters"),
-    ("rollout", "RolloutConfig"), ("server", "ServerConfig"),
+    ("rollout", "RolloutConfig"), ("rollout.client", "FleetClientConfig"),
+    ("rollout.staleness", "StalenessConfig"), ("rollout.health", "HealthConfig"),
+    ("rollout.controller", "ControllerProcessConfig"), ("rollout.weights", "WeightTransportConfig"),
+    ("server", "ServerConfig"),
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
     ("actor.lora", "LoRAConfig"), ("algorithm", "AlgorithmConfig"),
@@ -56,10 +60,12 @@ SECTIONS: list[tuple[str, str]] = [
     ("evaluation", "EvaluationConfig"), ("logging", "LoggingConfig"),
     ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
     ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
-    ("teacher", "TeacherConfig (distill recipe)"),
+    ("teacher", "TeacherConfig (distill recipe)"), ("agent", "MemoryAgentConfig (agent recipe)"),
 ]
 
 
+ROLLOUT_SECTIONS = [rollout.FleetClientConfig, rollout.StalenessConfig, rollout.HealthConfig,
+                    rollout.ControllerProcessConfig, rollout.WeightTransportConfig]
 ALGORITHM_SECTIONS = [algo.AdvantageConfig, algo.AdvantageNormConfig, algo.PolicyLossConfig,
                       algo.OffPolicyConfig, algo.KLConfig, algo.RewardShapingConfig,
                       algo.GroupFilterConfig, algo.UpdateConfig]
@@ -71,7 +77,7 @@ def documented_classes() -> list[type]:
 
     return [
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
-        core.RolloutConfig, core.ServerConfig, core.TrainEngineConfig,
+        core.RolloutConfig, *ROLLOUT_SECTIONS, core.ServerConfig, core.TrainEngineConfig,
         core.OptimizerConfig, core.MicroBatchSpec, core.LoRAConfig, core.AlgorithmConfig,
         *ALGORITHM_SECTIONS,
         core.DatasetConfig,
@@ -79,7 +85,7 @@ def documented_classes() -> list[type]:
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
         recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,
         recipes.DistillConfig, recipes.TeacherConfig, recipes.MultiTurnConfig, recipes.AgentConfig,
-        recipes.SFTConfig,
+        recipes.MemoryAgentConfig, recipes.SFTConfig,
     ]
 
 
@@ -165,8 +171,12 @@ def class_table(cls: type) -> str:
     for f in dataclasses.fields(cls):
         if f.name not in annotations:
             continue
+        description = comments.get(f.name, "")
+        bound = f.metadata.get("bound")
+        if bound is not None:  # a declared range (config_checks.bounded)
+            description = "; ".join(d for d in (description, f"checked: {bound.expected}") if d)
         lines.append(f"| `{f.name}` | `{_cell(annotations[f.name])}` | "
-                     f"{_cell(format_default(f))} | {_cell(comments.get(f.name, ''))} |")
+                     f"{_cell(format_default(f))} | {_cell(description)} |")
     return "\n".join(lines) + "\n"
 
 

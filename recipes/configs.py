@@ -12,7 +12,15 @@ from areal_like.api.config import (
     ModelConfig,
     TrainEngineConfig,
 )
-from areal_like.api.config_checks import address_list, check, cpu_list, one_of
+from areal_like.api.config_checks import (
+    address_list,
+    at_least,
+    bounded,
+    check,
+    check_bounds,
+    choices,
+    cpu_list,
+)
 from areal_like.api.config_loader import register_config_dir, register_schema
 
 
@@ -91,19 +99,28 @@ class MultiTurnConfig(GRPOConfig):
 
 
 @dataclass
+class MemoryAgentConfig:
+    """The memory agent's own knobs (the `agent:` section)."""
+
+    max_steps: int = bounded(1, bound=at_least(1))  # generated turns per chunk (each one action)
+    beta: float = 0.05  # weight of memory compression (r3) in every action's reward
+    gamma: float = 0.1  # weight of the action's content quality (r4)
+    # retrieval (a memory lookup) | policy (untrained turns)
+    answerer: str = bounded("retrieval", bound=choices("retrieval", "policy"))
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "agent")
+
+
+@dataclass
 class AgentConfig(GRPOConfig):
     """The memory agent (Mem-alpha): tool calls build a memory, then the questions are
     answered from it; `gconfig.n_samples` rollouts per item."""
 
-    max_steps: int = 1  # generated turns per chunk (each one action)
-    beta: float = 0.05  # weight of memory compression (r3) in every action's reward
-    gamma: float = 0.1  # weight of the action's content quality (r4)
-    answerer: str = "retrieval"  # retrieval (a memory lookup) | policy (untrained turns)
+    agent: MemoryAgentConfig = field(default_factory=MemoryAgentConfig)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        one_of("AgentConfig", "answerer", self.answerer, ("retrieval", "policy"))
-        check("AgentConfig", "max_steps", self.max_steps >= 1, self.max_steps, ">= 1")
+    # top-level keys before the `agent:` section; refused naming their place
+    moved_keys = {k: f"agent.{k}" for k in ("max_steps", "beta", "gamma", "answerer")}
 
 
 @dataclass

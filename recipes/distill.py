@@ -13,7 +13,7 @@ teacher.top_k > 0 the teacher sends its k most likely next tokens at every posit
 loss takes the exact reverse KL to that distribution at each sampled position instead.
 
 A teacher fleet that does not answer stops the run before training (every rank checks it,
-within `rollout.setup_timeout`), naming `teacher.server_addrs` (`TeacherUnavailableError`).
+within `rollout.client.setup_timeout`), naming `teacher.server_addrs` (`TeacherUnavailableError`).
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ def teacher_client(config: DistillConfig) -> RolloutConfig:
     the teacher's addresses and request timeout."""
     return dataclasses.replace(
         config.rollout, server_addrs=config.teacher.server_addrs,
-        request_timeout=config.teacher.request_timeout, weight_transport="disk")
+        client=dataclasses.replace(config.rollout.client,
+                                   request_timeout=config.teacher.request_timeout),
+        weights=dataclasses.replace(config.rollout.weights, transport="disk"))
 
 
 def connect_teacher(config: RolloutConfig) -> RemoteInferenceEngine:
     """A started client of the teacher fleet (its weights never change: version 0; its
     backend is the student fleet's: the launcher serves both with `server`). Fails within
-    `rollout.setup_timeout` (plus one health probe) naming `teacher.server_addrs`."""
+    `rollout.client.setup_timeout` (plus one health probe) naming `teacher.server_addrs`."""
     engine = RemoteInferenceEngine(config)
     try:
         engine.initialize()

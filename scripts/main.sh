@@ -2,7 +2,7 @@
 # The main job: asynchronous GRPO on 2-digit addition with a real SGLang server and an FSDP2
 # trainer, on the CPU. Installs what is missing, builds the tiny model, makes (and caches) an
 # SFT warm start, then runs RL through the local launcher. Extra args are Hydra overrides for
-# the GRPO recipe, e.g. `bash scripts/main.sh rollout.max_head_offpolicyness=0`.
+# the GRPO recipe, e.g. `bash scripts/main.sh rollout.staleness.max_head_offpolicyness=0`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

@@ -87,6 +87,6 @@ def failing_run_args(where: str, model_dir: Path, log_dir: Path, overrides: list
     return ["tests/failing_trainer.py", "--config", "examples/user_script/config.yaml",
             f"launcher.trainer_env.FAIL_AT={where}",
             f"model.path={model_dir}", f"logging.log_dir={log_dir}", "total_train_steps=50",
-            "gconfig.n_samples=2", "gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2",
+            "gconfig.n_samples=2", "gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2",
             "train_dataset.batch_size=1", "evaluation.n_prompts=2", "evaluation.freq_steps=100",
             "logging.tensorboard=false", "logging.plot=false", *overrides]

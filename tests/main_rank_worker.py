@@ -23,10 +23,11 @@ from pathlib import Path
 import reward_fns
 import torch
 import torch.distributed as dist
+from config_helpers import rollout_config
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters
-from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config import RewardConfig
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
 from areal_like.runtime.main_rank import MainRankError, run_on_main
@@ -69,7 +70,7 @@ def main() -> None:
     if rank == 0 and args.mode != "unguarded":
         # set up before the group exists: the other rank's collective timeout bounds only
         # what follows, however long a busy machine takes to start a controller
-        rollout = RolloutConfig(
+        rollout = rollout_config(
             server_addrs=[args.addr], api_key=args.api_key, seed=1, request_retries=2,
             retry_backoff=0.1, request_timeout=60, server_down_timeout=5.0,
             health_check_interval=0.5)  # the only server dies: stop 5 s later

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from config_helpers import rollout_config
 from transformers import AutoModelForCausalLM
 
-from areal_like.api.config import RolloutConfig
 from areal_like.rollout.controller import RolloutController
 from engines.fleet.client import RemoteInferenceEngine
 from engines.fleet.launch import InferenceFleet
@@ -49,7 +49,7 @@ def require_sglang_venv() -> None:
 def make_engine(addresses: list[str], api_key: str | None,
                 **config: object) -> RemoteInferenceEngine:
     """A client of the fleet at `addresses` (`backend="vllm"` among `config` for vLLM's)."""
-    engine = RemoteInferenceEngine(RolloutConfig(server_addrs=list(addresses), api_key=api_key,
+    engine = RemoteInferenceEngine(rollout_config(server_addrs=list(addresses), api_key=api_key,
                                                  **config))  # type: ignore[arg-type]
     engine.initialize()
     return engine
@@ -63,7 +63,7 @@ def fleet_engine(fleet: InferenceFleet, **config: object) -> RemoteInferenceEngi
 def make_controller(addresses: list[str], api_key: str | None,
                     **config: object) -> RolloutController:
     """A real fleet client with the executor that runs workflows on it (in this process)."""
-    rollout = RolloutConfig(server_addrs=list(addresses), api_key=api_key,
+    rollout = rollout_config(server_addrs=list(addresses), api_key=api_key,
                             **config)  # type: ignore[arg-type]
     controller = RolloutController(rollout, RemoteInferenceEngine(rollout))
     controller.initialize()
@@ -179,7 +179,7 @@ def revive_spare(fleet: InferenceFleet, model_dir: str | Path) -> None:
 def attach_args(fleet: InferenceFleet) -> list[str]:
     """Overrides that make a recipe or the launcher use `fleet` instead of starting servers."""
     return [f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
-            f"rollout.api_key={fleet.api_key}", f"server.backend={fleet.config.backend}"]
+            f"rollout.client.api_key={fleet.api_key}", f"server.backend={fleet.config.backend}"]
 
 
 def _server_version(addr: str, headers: dict[str, str], backend: str = "sglang") -> int:

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from config_helpers import rollout_config
 from tensordict import TensorDict
 from test_algo_actors import _grpo_ref
 from test_algo_ref_engine import RefEngine, _batch, _model, _true_logprobs
@@ -42,7 +43,6 @@ from areal_like.api.algorithm_presets import algorithm_config
 from areal_like.api.config import (
     AlgorithmConfig,
     GenerationHyperparameters,
-    RolloutConfig,
     resolve_algorithm,
 )
 from areal_like.utils.stats_tracker import StatsTracker
@@ -65,7 +65,7 @@ def test_dr_grpo_constant_is_the_generation_budget():
     algo = algorithm_preset("dr_grpo", group_size=4)
     assert algo.loss.agg_constant is None
     resolve_algorithm(algo, GenerationHyperparameters(n_samples=4, max_new_tokens=24),
-                      RolloutConfig())
+                      rollout_config())
     assert algo.loss.agg_constant == 24.0 and algo.shaping.max_response_tokens == 24
     with pytest.raises(ValueError, match="algorithm.loss.agg_constant"):
         PPOActor(None, algorithm_preset("dr_grpo", group_size=4))

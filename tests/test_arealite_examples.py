@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from config_helpers import rollout_config
 from sglang_helpers import attach_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,14 +135,13 @@ def test_fsdp_reinforce_actor_makes_a_rewarded_sequence_likelier(tiny_model_dir)
 
 
 def test_finetune_spec_and_initialize_arguments_are_checked():
-    from areal_like.api.config import RolloutConfig
     from areal_like.arealite import FinetuneSpec, RemoteSGLangEngine
 
     spec = FinetuneSpec(total_train_epochs=3, dataset_size=100, train_batch_size=8)
     assert (spec.steps_per_epoch, spec.total_train_steps) == (12, 36)
     with pytest.raises(ValueError, match=r"FinetuneSpec.train_batch_size=0 is invalid"):
         FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=0)
-    rollout = RemoteSGLangEngine(RolloutConfig(server_addrs=["127.0.0.1:1"]))
+    rollout = RemoteSGLangEngine(rollout_config(server_addrs=["127.0.0.1:1"]))
     with pytest.raises(ValueError, match=r"initialize\(addr='10.0.0.1:9'\).*server_addrs"):
         rollout.initialize("10.0.0.1:9", spec)
 
@@ -184,10 +184,10 @@ def test_connect_engine_then_update_weights_moves_the_fleet(sglang_fleet, tiny_m
     from conftest import SGLANG_TEST_API_KEY
     from sglang_helpers import fleet_version
 
-    from areal_like.api.config import ModelConfig, RolloutConfig, TrainEngineConfig
+    from areal_like.api.config import ModelConfig, TrainEngineConfig
     from areal_like.arealite import FSDPEngine, RemoteSGLangEngine, WeightUpdateMeta
 
-    rollout = RemoteSGLangEngine(RolloutConfig(server_addrs=list(sglang_fleet.addresses),
+    rollout = RemoteSGLangEngine(rollout_config(server_addrs=list(sglang_fleet.addresses),
                                                api_key=SGLANG_TEST_API_KEY))
     rollout.initialize(None, None)
     actor = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(tiny_model_dir))))

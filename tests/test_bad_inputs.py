@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 import reward_fns
 import torch
+from config_helpers import rollout_config
 from fake_server import MisbehavingServer
 from tensordict import TensorDict
 
-from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config import RewardConfig
 from areal_like.api.config_loader import load_config
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.api.trajectory import TrajectoryError, validate_trajectory
@@ -69,21 +70,21 @@ CONFIG_CASES = [
     ("server.max_total_tokens=10", "max_total_tokens"),
     ("server.threads_per_server=0", "threads_per_server"),
     ("server.nice=-5", "nice"),
-    ("rollout.controller_nice=20", "controller_nice"),
+    ("rollout.controller.nice=20", "controller.nice"),
     ("server.cpus=[-1]", "cpus"),
-    ("rollout.controller_cpus=[1,1]", "controller_cpus"),
+    ("rollout.controller.cpus=[1,1]", "controller.cpus"),
     ("launcher.trainer_cpus=[0,0]", "trainer_cpus"),
-    ("rollout.max_head_offpolicyness=-1", "max_head_offpolicyness"),
-    ("rollout.consumer_batch_size=0", "consumer_batch_size"),
-    ("rollout.request_timeout=0", "request_timeout"),
-    ("rollout.generation_probe_timeout=0", "generation_probe_timeout"),
+    ("rollout.staleness.max_head_offpolicyness=-1", "staleness.max_head_offpolicyness"),
+    ("rollout.staleness.consumer_batch_size=0", "staleness.consumer_batch_size"),
+    ("rollout.client.request_timeout=0", "client.request_timeout"),
+    ("rollout.health.generation_probe_timeout=0", "health.generation_probe_timeout"),
     ("rollout.server_addrs=[nohost]", "server_addrs"),
-    ("rollout.queue_size=-2", "queue_size"),
-    ("rollout.weight_transport=nfs", "weight_transport"),
-    ("rollout.weight_bucket_mb=0", "weight_bucket_mb"),
-    ("rollout.weight_group_backend=mpi", "weight_group_backend"),
-    ("rollout.weight_broadcast_timeout=0", "weight_broadcast_timeout"),
-    ("rollout.on_weight_broadcast_failure=ignore", "on_weight_broadcast_failure"),
+    ("rollout.staleness.queue_size=-2", "staleness.queue_size"),
+    ("rollout.weights.transport=nfs", "weights.transport"),
+    ("rollout.weights.bucket_mb=0", "weights.bucket_mb"),
+    ("rollout.weights.group_backend=mpi", "weights.group_backend"),
+    ("rollout.weights.broadcast_timeout=0", "weights.broadcast_timeout"),
+    ("rollout.weights.on_broadcast_failure=ignore", "weights.on_broadcast_failure"),
     ("launcher.placement_strategy=RANDOM", "placement_strategy"),
     ("launcher.cpus_per_trainer=0", "cpus_per_trainer"),
     ("launcher.cpus_per_server=-1", "cpus_per_server"),
@@ -349,7 +350,7 @@ def test_bad_server_reply_names_the_server(reply, message):
 def test_malformed_json_is_retried_then_names_server_and_endpoint(body):
     server = MisbehavingServer("body", body)
     addr = f"127.0.0.1:{server.port}"
-    engine = RemoteSGLangEngine(RolloutConfig(server_addrs=[addr], request_retries=3,
+    engine = RemoteSGLangEngine(rollout_config(server_addrs=[addr], request_retries=3,
                                               retry_backoff=0.01, request_timeout=30))
     try:
         engine.initialize()

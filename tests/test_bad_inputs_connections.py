@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from config_helpers import rollout_config
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import reset_fleet
 
@@ -96,7 +97,7 @@ async def test_episodes_waiting_for_a_dead_teacher_share_one_attempt(kind):
         return connect_teacher(config)
 
     with bad_address(kind) as addr:
-        config = RolloutConfig(server_addrs=[addr], setup_timeout=2.0)
+        config = rollout_config(server_addrs=[addr], setup_timeout=2.0)
         scorer = TeacherScorer(functools.partial(connect, config), timeout=30,
                                addresses=[addr])
         start = time.monotonic()
@@ -118,10 +119,10 @@ async def test_episodes_waiting_for_a_dead_teacher_share_one_attempt(kind):
 
 def _recipe_args(model_dir: Path, log_dir: Path, *extra: str) -> list[str]:
     return [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
-            f"rollout.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=2",
+            f"rollout.client.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=2",
             "evaluation.freq_steps=2", "evaluation.n_prompts=4", "valid_dataset.size=8",
             "train_dataset.size=200", "logging.tensorboard=false", "gconfig.max_new_tokens=4",
-            "gconfig.n_samples=2", "rollout.consumer_batch_size=2",
+            "gconfig.n_samples=2", "rollout.staleness.consumer_batch_size=2",
             "train_dataset.batch_size=2", *extra]
 
 
@@ -132,11 +133,11 @@ def test_distill_with_a_teacher_that_never_answers_fails_at_start(kind, sglang_f
                                                                    tiny_model_dir, tmp_path):
     """The recipe on the session's student fleet: the teacher is checked before the trainer
     starts anything (no step, no request to the student fleet), within
-    rollout.setup_timeout, and the error names teacher.server_addrs and the address."""
+    rollout.client.setup_timeout, and the error names teacher.server_addrs and the address."""
     with bad_address(kind) as addr:
         args = _recipe_args(tiny_model_dir, tmp_path / "runs",
                             f"rollout.server_addrs=[{','.join(sglang_fleet.addresses)}]",
-                            f"teacher.server_addrs=[{addr}]", "rollout.setup_timeout=3")
+                            f"teacher.server_addrs=[{addr}]", "rollout.client.setup_timeout=3")
         start = time.monotonic()
         try:
             proc = subprocess.run([sys.executable, "-m", "recipes.distill", *args], cwd=REPO,
@@ -161,14 +162,14 @@ def test_launcher_stops_before_any_server_starts_when_the_teacher_is_silent(tiny
         proc = subprocess.run(
             [sys.executable, "-m", "areal_like.launcher.local", "distill",
              f"model.path={tiny_model_dir}", f"teacher.server_addrs=[{addr}]",
-             "rollout.setup_timeout=3", f"logging.log_dir={tmp_path / 'runs'}"],
+             "rollout.client.setup_timeout=3", f"logging.log_dir={tmp_path / 'runs'}"],
             cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
         elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"launch failed: teacher.server_addrs=['{addr}']: the teacher "
                            f"fleet does not answer"), last
-    assert f"server {addr} not healthy within 3 s (RolloutConfig.setup_timeout)" in last
+    assert f"server {addr} not healthy within 3 s (rollout.client.setup_timeout)" in last
     assert "starting" not in proc.stdout and "[trainer]" not in proc.stdout
     assert elapsed < BOUND_S
 

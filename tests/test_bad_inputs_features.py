@@ -70,7 +70,7 @@ CASES = [
     ("bound-without-correction", "grpo", [f"{OFF_POLICY}correction_low=0.5"],
      "correction_low=0.5 is invalid: expected None with correction='none'"),
     ("cap-without-decoupled-loss", "grpo",
-     ["rollout.max_head_offpolicyness=0", f"{OFF_POLICY}decoupled=false",
+     ["rollout.staleness.max_head_offpolicyness=0", f"{OFF_POLICY}decoupled=false",
       f"{OFF_POLICY}recompute_logprob=false"],
      "behav_imp_weight_cap=5.0 is invalid: expected None with decoupled=false"),
     # filters

@@ -11,6 +11,7 @@ import pytest
 
 from areal_like.api.config import BaseExperimentConfig, OptimizerConfig
 from areal_like.api.config_loader import ConfigError, load_config, register_schema, to_yaml
+from areal_like.api.rollout_config import ROLLOUT_MOVED_KEYS
 
 register_schema("test_base_schema", BaseExperimentConfig)
 
@@ -37,7 +38,7 @@ def conf(tmp_path):
 
 def test_yaml_and_overrides_compose_into_validated_dataclass(conf):
     cfg = load_config(BaseExperimentConfig, conf, [
-        "actor.optimizer.lr=2e-5", "rollout.max_head_offpolicyness=4",
+        "actor.optimizer.lr=2e-5", "rollout.staleness.max_head_offpolicyness=4",
         "rollout.server_addrs=[10.0.0.1:1,10.0.0.2:2]", "gconfig.stop_token_ids=[2,5]",
     ])
     assert isinstance(cfg, BaseExperimentConfig)
@@ -45,11 +46,11 @@ def test_yaml_and_overrides_compose_into_validated_dataclass(conf):
     assert cfg.seed == 7
     assert cfg.actor.optimizer.lr == pytest.approx(2e-5)
     assert cfg.actor.optimizer.lr_scheduler_type == "cosine"
-    assert cfg.rollout.max_head_offpolicyness == 4
+    assert cfg.rollout.staleness.max_head_offpolicyness == 4
     assert cfg.rollout.server_addrs == ["10.0.0.1:1", "10.0.0.2:2"]
     assert cfg.gconfig.stop_token_ids == [2, 5]
     # defaults from the dataclass fill what the YAML does not state
-    assert cfg.rollout.consumer_batch_size == BaseExperimentConfig().rollout.consumer_batch_size
+    assert cfg.rollout.staleness.consumer_batch_size == BaseExperimentConfig().rollout.staleness.consumer_batch_size
     assert "lr: 2.0e-05" in to_yaml(cfg)
 
 
@@ -139,13 +140,13 @@ def test_yaml_typo_names_key_and_closest(tmp_path):
 
 
 def test_wrong_type_names_key(conf):
-    with pytest.raises(ConfigError, match=r"bad value for config key 'rollout\.consumer_batch_size'"):
-        load_config(BaseExperimentConfig, conf, ["rollout.consumer_batch_size=many"])
+    with pytest.raises(ConfigError, match=r"bad value for config key 'rollout\.staleness\.consumer_batch_size'"):
+        load_config(BaseExperimentConfig, conf, ["rollout.staleness.consumer_batch_size=many"])
 
 
 def test_invalid_value_names_key(conf):
     with pytest.raises(ConfigError, match=r"max_head_offpolicyness=-1"):
-        load_config(BaseExperimentConfig, conf, ["rollout.max_head_offpolicyness=-1"])
+        load_config(BaseExperimentConfig, conf, ["rollout.staleness.max_head_offpolicyness=-1"])
     with pytest.raises(ConfigError, match=r"lr_scheduler_type='exp'"):
         load_config(BaseExperimentConfig, conf, ["actor.optimizer.lr_scheduler_type=exp"])
     with pytest.raises(ConfigError, match=r"server_addrs='nohost'"):
@@ -244,3 +245,46 @@ def test_a_recipe_run_by_hand_uses_the_launchers_threads(env_threads, overrides,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[-2] == expected
+
+
+@pytest.mark.parametrize("old", sorted(ROLLOUT_MOVED_KEYS))
+def test_an_old_flat_rollout_key_names_its_new_place(conf, tmp_path, old):
+    """Each of the 24 keys `rollout` had before it nested by concern, as an override and in a
+    YAML file: refused naming its new place (nothing silently ignored)."""
+    new = f"rollout.{ROLLOUT_MOVED_KEYS[old]}"
+    with pytest.raises(ConfigError, match=f"'rollout.{old}' is now '{new}'"):
+        load_config(BaseExperimentConfig, conf, [f"rollout.{old}=1"])
+    path = tmp_path / "old.yaml"
+    path.write_text(YAML + f"  {old}: 1\n")
+    with pytest.raises(ConfigError, match=f"'rollout.{old}' is now '{new}'"):
+        load_config(BaseExperimentConfig, path)
+
+
+def test_a_nested_rollout_section_composes_and_checks_its_bounds(conf):
+    config = load_config(BaseExperimentConfig, conf, [
+        "rollout.staleness.max_head_offpolicyness=3", "rollout.weights.transport=distributed",
+        "rollout.client.request_retries=5", "rollout.health.check_interval=0.5",
+        "rollout.controller.cpus=[0]"])
+    rollout = config.rollout
+    assert (rollout.staleness.max_head_offpolicyness, rollout.weights.transport,
+            rollout.client.request_retries, rollout.health.check_interval,
+            rollout.controller.cpus) == (3, "distributed", 5, 0.5, [0])
+    assert rollout.staleness.consumer_batch_size == 8  # the rest keep their defaults
+    with pytest.raises(ConfigError, match=r"rollout\.client\.request_retries=0 is invalid: "
+                                          r"expected >= 1"):
+        load_config(BaseExperimentConfig, conf, ["rollout.client.request_retries=0"])
+    with pytest.raises(ConfigError, match=r"rollout\.controller\.nice=20 is invalid: "
+                                          r"expected in 0\.\.19"):
+        load_config(BaseExperimentConfig, conf, ["rollout.controller.nice=20"])
+
+
+def test_an_old_top_level_agent_key_names_its_section():
+    from recipes.configs import AgentConfig
+
+    conf_dir = Path(__file__).resolve().parents[1] / "recipes" / "conf"
+    with pytest.raises(ConfigError, match="'answerer' is now 'agent.answerer'"):
+        load_config(AgentConfig, conf_dir / "agent_memory.yaml", ["answerer=policy"])
+    config = load_config(AgentConfig, conf_dir / "agent_memory.yaml", ["agent.answerer=policy"])
+    assert config.agent.answerer == "policy" and config.agent.max_steps == 1
+    with pytest.raises(ConfigError, match=r"agent\.answerer='oracle' is invalid"):
+        load_config(AgentConfig, conf_dir / "agent_memory.yaml", ["agent.answerer=oracle"])

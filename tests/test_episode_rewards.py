@@ -11,15 +11,16 @@ import pickle
 from typing import Any, Optional
 
 import pytest
+from config_helpers import rollout_config
 from tensordict import TensorDict
 from test_executor_fakes import GroupWorkflow, InstantEngine, items
 
 from areal_like.api import InferenceEngine
-from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config import RewardConfig
 from areal_like.rewards.reward_executor import RewardExecutor, UsesRewards
 from areal_like.rollout import WorkflowExecutor
 
-CONFIG = RolloutConfig(max_concurrent_rollouts=8, max_head_offpolicyness=10**6,
+CONFIG = rollout_config(max_concurrent_rollouts=8, max_head_offpolicyness=10**6,
                        consumer_batch_size=1)
 
 

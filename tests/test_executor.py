@@ -10,9 +10,9 @@ import threading
 import traceback
 
 import pytest
+from config_helpers import rollout_config
 from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
 
-from areal_like.api.config import RolloutConfig
 from areal_like.api.trajectory import TrajectoryError
 from areal_like.rollout import (
     ExecutorClosedError,
@@ -31,7 +31,7 @@ def make_engine():
     engines: list[InstantEngine] = []
 
     def make(**cfg) -> InstantEngine:
-        engine = InstantEngine(RolloutConfig(**cfg))
+        engine = InstantEngine(rollout_config(**cfg))
         engine.initialize()
         engines.append(engine)
         return engine
@@ -307,7 +307,7 @@ def test_run_coroutine_on_the_loop(make_engine):
 
 
 def test_destroy_cancels_and_wakes_waiters():
-    engine = InstantEngine(RolloutConfig(max_head_offpolicyness=10))
+    engine = InstantEngine(rollout_config(max_head_offpolicyness=10))
     engine.initialize()
     ex = engine.executor
     gate = threading.Event()

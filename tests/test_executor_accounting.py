@@ -10,17 +10,17 @@ import logging
 from typing import Optional
 
 import pytest
+from config_helpers import rollout_config
 from tensordict import TensorDict
 from test_executor_fakes import GroupWorkflow, InstantEngine, items
 
-from areal_like.api.config import RolloutConfig
 from areal_like.rewards.failures import GroupRewardFailure, RewardBudgetExceeded, RewardFailure
 from areal_like.rollout import NoTrajectoriesError, RolloutWorkflowError
 
 
 @pytest.fixture
 def engine():
-    engine = InstantEngine(RolloutConfig(max_head_offpolicyness=0, consumer_batch_size=4))
+    engine = InstantEngine(rollout_config(max_head_offpolicyness=0, consumer_batch_size=4))
     engine.initialize()
     yield engine
     engine.destroy()

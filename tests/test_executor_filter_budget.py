@@ -17,12 +17,12 @@ from typing import Optional
 
 import pytest
 import torch
+from config_helpers import rollout_config
 from tensordict import TensorDict
 from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
 
 from areal_like.algorithms import ZeroVarianceGroupFilter, drop_zero_variance_groups
 from areal_like.api import InferenceEngine
-from areal_like.api.config import RolloutConfig
 from areal_like.rollout import RolloutError, RolloutTimeoutError, wait_progress
 from areal_like.rollout.filter_budget import FilterBudgetExceeded
 
@@ -49,7 +49,7 @@ class SomeVary(GroupWorkflow):
 
 @pytest.fixture
 def executor():
-    engine = InstantEngine(RolloutConfig(**CONFIG))
+    engine = InstantEngine(rollout_config(**CONFIG))
     engine.initialize()
     yield engine.executor
     engine.destroy()
@@ -167,7 +167,7 @@ def test_dapo_on_a_model_that_never_earns_a_reward_stops_the_run(fresh_fleet, ti
            f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
            "algorithm.preset=dapo", "algorithm.filters.max_rejected_batches=1",
            "reward.fn=reward_fns:always_zero", "total_train_steps=20", "gconfig.n_samples=2",
-           "gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2",
+           "gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2",
            "train_dataset.batch_size=2", "train_dataset.size=64", "valid_dataset.size=4",
            "evaluation.n_prompts=4", "evaluation.freq_steps=100", "logging.tensorboard=false",
            "logging.plot=false", *attach_args(fresh_fleet)]

@@ -8,10 +8,10 @@ import io
 from typing import Optional
 
 import torch
+from config_helpers import rollout_config
 from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
 
 from areal_like.api import ModelRequest, ModelResponse
-from areal_like.api.config import RolloutConfig
 from areal_like.api.seeding import data_key, derive_seed, request_seed
 
 
@@ -40,7 +40,7 @@ class HeldFrom(GroupWorkflow):
 
 
 def started(**config) -> SeededEngine:
-    engine = SeededEngine(RolloutConfig(**config))
+    engine = SeededEngine(rollout_config(**config))
     engine.initialize()
     return engine
 
@@ -129,7 +129,7 @@ def test_items_in_flight_at_a_checkpoint_draw_their_samples_again_after_restore(
     blob = io.BytesIO()
     torch.save(state, blob)
     blob.seek(0)
-    second = SeededEngine(RolloutConfig(**{**config, "seed": 1234}))  # the state's seed wins
+    second = SeededEngine(rollout_config(**{**config, "seed": 1234}))  # the state's seed wins
     second.initialize()
     try:
         second.executor.load_state_dict(torch.load(blob, weights_only=True))

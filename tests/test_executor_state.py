@@ -8,9 +8,9 @@ import threading
 
 import pytest
 import torch
+from config_helpers import rollout_config
 from test_executor_fakes import GroupWorkflow, InstantEngine, eventually, group_ids, items
 
-from areal_like.api.config import RolloutConfig
 from areal_like.rollout import DataCursor, RolloutError
 
 # max_concurrent_rollouts=1: episodes finish in submission order, so the sequence of data ids
@@ -23,7 +23,7 @@ def loader() -> list[list[dict]]:
 
 
 def started_engine(version: int = 0) -> InstantEngine:
-    engine = InstantEngine(RolloutConfig(**CONFIG))
+    engine = InstantEngine(rollout_config(**CONFIG))
     engine.initialize()
     engine.set_version(version)
     return engine
@@ -74,7 +74,7 @@ def test_state_dict_round_trip_resumes_exactly(base: int):
     if base == 0:  # a state saved before the start version was recorded: its run began at 0
         del restored_state["start_version"]
 
-    second = InstantEngine(RolloutConfig(**CONFIG))
+    second = InstantEngine(rollout_config(**CONFIG))
     second.initialize()
     try:
         second.executor.load_state_dict(restored_state)
@@ -115,7 +115,7 @@ def test_a_state_restored_twice_counts_every_submission_once():
         engine.destroy()
     assert len(state["pending_data"]) == 2 and state["counters"]["submitted"] == 14
     for _ in range(2):  # restore, save at once, restore that
-        again = InstantEngine(RolloutConfig(**CONFIG))
+        again = InstantEngine(rollout_config(**CONFIG))
         again.executor.load_state_dict(state)
         state = again.executor.state_dict()
         assert state["counters"]["submitted"] == 14
@@ -168,7 +168,7 @@ def test_load_state_dict_needs_a_fresh_executor():
         with pytest.raises(RolloutError, match="fresh executor"):
             engine.executor.load_state_dict(state)
         with pytest.raises(KeyError, match="missing"):
-            InstantEngine(RolloutConfig(**CONFIG)).executor.load_state_dict({"format": 1})
+            InstantEngine(rollout_config(**CONFIG)).executor.load_state_dict({"format": 1})
     finally:
         engine.destroy()
 

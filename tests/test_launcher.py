@@ -40,7 +40,7 @@ def test_typo_fails_before_any_process_starts():
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("key", ["launcher.trainer_cpus", "rollout.controller_cpus",
+@pytest.mark.parametrize("key", ["launcher.trainer_cpus", "rollout.controller.cpus",
                                  "server.cpus"])
 def test_cpus_the_machine_lacks_fail_before_any_process_starts(key, tiny_model_dir):
     proc = _launch(["grpo", f"model.path={tiny_model_dir}", f"{key}=[4096]"])
@@ -60,11 +60,11 @@ def test_split_on_one_core_says_it_shares_them(tiny_model_dir):
     one = min(os.sched_getaffinity(0))
     # an explicit id the machine lacks still stops the launch after the allocation line
     proc = _launch(["grpo", f"model.path={tiny_model_dir}", "launcher.cpu_allocation=split",
-                    "rollout.controller_cpus=[4096]"],
+                    "rollout.controller.cpus=[4096]"],
                    preexec_fn=lambda: os.sched_setaffinity(0, {one}))
     out, _ = proc.communicate(timeout=120)
     assert "launcher.cpu_allocation=split: 1 core(s) leave none beside the trainer's 1" in out
-    assert proc.returncode == 1 and "rollout.controller_cpus=[4096]: CPU [4096]" in out
+    assert proc.returncode == 1 and "rollout.controller.cpus=[4096]: CPU [4096]" in out
     assert "starting" not in out
 
 
@@ -95,7 +95,7 @@ def test_server_dying_at_start_stops_launch_with_log_tail(tmp_path, tiny_model_d
 def _run_args(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
     return ["grpo", f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"total_train_steps={steps}", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
-            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "rollout.staleness.consumer_batch_size=4", "train_dataset.batch_size=4",
             "train_dataset.size=400", "valid_dataset.size=16", "evaluation.n_prompts=16",
             "evaluation.freq_steps=100", "checkpoint.freq_steps=2", "checkpoint.recover=auto",
             "logging.tensorboard=false", "logging.plot=false"]
@@ -188,7 +188,7 @@ def test_local_launcher_runs_a_users_script(tiny_model_dir, tmp_path, fresh_flee
     proc = _launch([*SCRIPT, f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
                     "total_train_steps=2", "evaluation.freq_steps=100",
                     "logging.tensorboard=false", "logging.plot=false", *attach_args(fresh_fleet),
-                    f"launcher.trainer_cpus=[{cpus[-1]}]", f"rollout.controller_cpus=[{cpus[-1]}]"])
+                    f"launcher.trainer_cpus=[{cpus[-1]}]", f"rollout.controller.cpus=[{cpus[-1]}]"])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     if (os.cpu_count() or 1) > 1:  # pinned to one of several: the trainer says where it runs
@@ -219,14 +219,14 @@ def test_ray_disk_weights_need_the_servers_beside_rank_0_or_a_shared_dir(transpo
     from recipes.configs import GRPOConfig
 
     config = GRPOConfig()
-    config.rollout.weight_transport, config.launcher.shared_dir = transport, shared_dir
+    config.rollout.weights.transport, config.launcher.shared_dir = transport, shared_dir
     members = []
     for name, ip in (("server_0", "10.0.0.2"), ("server_1", "10.0.0.1"), ("trainer_0", "10.0.0.1")):
         members.append(Member(name, name.split("_")[0], None, Path(f"{name}.log")))
         members[-1].node = {"ip": ip, "node_id": f"id-{ip}", "hostname": f"host-{ip}"}
     if refused:
         with pytest.raises(LaunchError, match=r"server_0 \(node 10.0.0.2, host host-10.0.0.2.*"
-                                              r"rollout.weight_transport=distributed.*shared_dir"):
+                                              r"rollout.weights.transport=distributed.*shared_dir"):
             check_weight_path(config, members[:2], members[2])
     else:
         check_weight_path(config, members[:2], members[2])

@@ -333,10 +333,10 @@ def test_grpo_with_lora_on_the_fleet_serves_every_version_exactly(lora_fleet, ti
                                           os.environ.get("PYTHONPATH", "")])}
     args = ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
             "total_train_steps=3", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
-            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "rollout.staleness.consumer_batch_size=4", "train_dataset.batch_size=4",
             "train_dataset.size=64", "valid_dataset.size=8", "evaluation.n_prompts=8",
             "evaluation.freq_steps=100", "logging.tensorboard=false", "logging.plot=false",
-            "rollout.max_head_offpolicyness=0", "rollout.weight_transport=distributed",
+            "rollout.staleness.max_head_offpolicyness=0", "rollout.weights.transport=distributed",
             "actor.lora.rank=8", "actor.lora.alpha=16", "actor.optimizer.lr=5e-3",
             "use_ref_model=true", "algorithm.kl.coef=0.01", "reward.fn=reward_fns:even_length",
             *attach_args(lora_fleet)]

@@ -145,9 +145,9 @@ def _run(launcher: str, args: list[str], **kwargs) -> subprocess.Popen:
 def _common(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
     return [f"model.path={model_dir}", f"logging.log_dir={log_dir}", f"total_train_steps={steps}",
             "launcher.n_trainer_procs=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=4",
-            "rollout.consumer_batch_size=4", "train_dataset.batch_size=4",
+            "rollout.staleness.consumer_batch_size=4", "train_dataset.batch_size=4",
             "train_dataset.size=400", "valid_dataset.size=16", "evaluation.n_prompts=16",
-            "evaluation.freq_steps=100", "rollout.max_head_offpolicyness=0",
+            "evaluation.freq_steps=100", "rollout.staleness.max_head_offpolicyness=0",
             "logging.tensorboard=false", "logging.plot=false"]
 
 
@@ -172,7 +172,7 @@ def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_
     sent over process groups, vs the local launcher's torchrun with disk weights on the
     session fleet (as new), eta = 0."""
     on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
-              "rollout.weight_transport=distributed", FORK]
+              "rollout.weights.transport=distributed", FORK]
     runs = {}
     for launcher, extra in (("ray", on_ray), ("local", attach_args(fresh_fleet))):
         log_dir = tmp_path / launcher
@@ -204,7 +204,7 @@ def test_grpo_on_ray_with_vllm_servers(ray_address, tiny_model_dir, tmp_path):
     require_venv("vllm")
     proc = _run("ray", ["grpo", *_common(tiny_model_dir, tmp_path, 2),
                         f"launcher.ray_address={ray_address}", "server.backend=vllm",
-                        "rollout.weight_transport=distributed"])
+                        "rollout.weights.transport=distributed"])
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     run = tmp_path / "grpo_addition" / "trial0"
@@ -253,7 +253,7 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
     run = tmp_path / "user_script" / "trial0"
     proc = _run("ray", [*SCRIPT, *_common(model_dir, tmp_path, 100_000),
                         f"launcher.ray_address={ray_address}",
-                        "rollout.weight_transport=distributed",  # whichever node the server is on
+                        "rollout.weights.transport=distributed",  # whichever node the server is on
                         FORK, *overrides],
                 start_new_session=True)
     try:
@@ -307,7 +307,7 @@ def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path
         taken_too.listen(1)
         proc = _run("ray", ["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
                             f"launcher.ray_address={ray_address}", f"launcher.master_port={port}",
-                            "rollout.weight_transport=distributed"])
+                            "rollout.weights.transport=distributed"])
         out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert re.search(rf"launcher.master_port={port} is in use on 127\.0\.0\.[23]", out), out
@@ -363,7 +363,7 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list
     run = tmp_path / "grpo_addition" / "trial0"
     proc = _run("ray", ["grpo", *_common(model_dir, tmp_path, steps),
                         f"launcher.ray_address={ray_address}",
-                        "rollout.weight_transport=distributed", FORK, "checkpoint.freq_steps=2",
+                        "rollout.weights.transport=distributed", FORK, "checkpoint.freq_steps=2",
                         "server.max_restarts=1",
                         f"launcher.max_trainer_restarts={trainer_restarts}", *overrides],
                 start_new_session=True)

@@ -26,7 +26,7 @@ def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,
     reset_fleet(fleet, model_dir)
     args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
-            f"rollout.api_key={SGLANG_TEST_API_KEY}", f"total_train_steps={steps}",
+            f"rollout.client.api_key={SGLANG_TEST_API_KEY}", f"total_train_steps={steps}",
             "evaluation.freq_steps=2", "evaluation.n_prompts=4", "valid_dataset.size=8",
             "train_dataset.size=200", "logging.tensorboard=false", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -42,7 +42,7 @@ def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,
     return read_metrics(run_dir / "metrics.jsonl")
 
 
-SMALL = ["gconfig.max_new_tokens=4", "rollout.consumer_batch_size=2", "train_dataset.batch_size=2"]
+SMALL = ["gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2", "train_dataset.batch_size=2"]
 
 
 @pytest.mark.parametrize("recipe, extra", [
@@ -81,7 +81,7 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
 # GRPO whose runs differ wherever sampling does: the untrained model earns no task reward, so
 # the entropy bonus (at a high lr) is what moves the weights, and it depends on every token.
 EQUIVALENCE = [*SMALL, "gconfig.n_samples=4", "gconfig.max_new_tokens=6",
-               "rollout.max_head_offpolicyness=0", "algorithm.loss.entropy_coef=0.05",
+               "rollout.staleness.max_head_offpolicyness=0", "algorithm.loss.entropy_coef=0.05",
                "actor.optimizer.lr=1e-3", "evaluation.freq_steps=3", "evaluation.pass_k=2"]
 
 

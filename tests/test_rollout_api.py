@@ -9,8 +9,9 @@ import inspect
 from typing import Any
 
 import pytest
+from config_helpers import rollout_config
 
-from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config import RewardConfig
 from areal_like.api.rollout_api import LOCAL_METHODS, RolloutAPI, remote_calls
 from areal_like.rollout import process as rollout_process
 from areal_like.rollout.controller import RolloutController
@@ -78,7 +79,7 @@ class _RecordingPipe:
 
 
 def _proxy(pipe: _RecordingPipe, timeouts: list[float], monkeypatch) -> RolloutProcess:
-    setup = RolloutSetup(rollout=RolloutConfig(weight_update_timeout=7.0),
+    setup = RolloutSetup(rollout=rollout_config(weight_update_timeout=7.0),
                          reward=RewardConfig(), eval_timeout=11.0, wait_timeout=13.0)
     process = RolloutProcess(setup)
     process._process, process._conn = _Process(), pipe

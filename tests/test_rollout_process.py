@@ -10,12 +10,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from config_helpers import rollout_config
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import fleet_version, make_controller
 from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
-from areal_like.api.config import RewardConfig, RolloutConfig
+from areal_like.api.config import RewardConfig
 from areal_like.rewards import exact_match_reward
 from areal_like.rollout.evaluation import Evaluator
 from areal_like.rollout.process import RolloutProcess, RolloutProcessError
@@ -29,7 +30,7 @@ ITEMS = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"What is {i} 
 
 
 def _process(fleet, tokenizer, eval_timeout: float = 600.0, **rollout) -> RolloutProcess:
-    config = RolloutConfig(server_addrs=list(fleet.addresses), api_key=SGLANG_TEST_API_KEY,
+    config = rollout_config(server_addrs=list(fleet.addresses), api_key=SGLANG_TEST_API_KEY,
                            seed=3, **rollout)
     evaluator = Evaluator(ITEMS[:4], exact_match_reward, tokenizer, GCONFIG)
     process = RolloutProcess(RolloutSetup(rollout=config, reward=RewardConfig(max_workers=1),

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from config_helpers import rollout_config
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import make_engine, require_sglang_venv, revive_spare
 
-from areal_like.api.config import RolloutConfig, ServerConfig
+from areal_like.api.config import ServerConfig
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.rollout import FleetUnavailableError
 from areal_like.utils.network import HIGH_PORT, LOW_PORT
@@ -35,7 +36,7 @@ def test_missing_venv_says_to_run_make_sglang(tiny_model_dir):
 
 async def test_unreachable_server_fails_with_a_clear_error():
     addr = f"127.0.0.1:{find_free_port()}"  # nothing listens there
-    config = RolloutConfig(server_addrs=[addr], setup_timeout=1.0, request_timeout=5.0,
+    config = rollout_config(server_addrs=[addr], setup_timeout=1.0, request_timeout=5.0,
                            request_retries=2, retry_backoff=0.05, server_down_timeout=1.0,
                            health_check_interval=0.2)
     engine = RemoteSGLangEngine(config)

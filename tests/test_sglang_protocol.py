@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from config_helpers import rollout_config
 
 from areal_like.api.io_struct import GenerationHyperparameters
 from engines.fleet.routing import NoServerInServiceError, ServerPool
@@ -171,14 +172,13 @@ def test_requests_sharing_a_rid_are_sent_under_distinct_ones():
 def test_a_reply_older_than_the_weights_its_server_held_takes_the_server_out():
     """The floor is the version every server in service held when the request was sent; a
     request in flight across an update starts at that version and ends at a newer one."""
-    from areal_like.api.config import RolloutConfig
     from engines.fleet.membership import FleetMembership
     from engines.fleet.routing import OwnAborts
     from engines.sglang.api import SGLangAPI
 
     a, b = "127.0.0.1:1", "127.0.0.1:2"
     pool = ServerPool([a, b])
-    membership = FleetMembership(RolloutConfig(server_addrs=[a, b]), pool,
+    membership = FleetMembership(rollout_config(server_addrs=[a, b]), pool,
                                  session=lambda: None, on_fatal=lambda e: None,  # type: ignore
                                  api=SGLangAPI(), own_aborts=OwnAborts())
     assert membership.served_version() is None

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 import vision_worker as VW
+from config_helpers import rollout_config
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from sglang_helpers import LOGPROB_ATOL
@@ -504,7 +505,7 @@ def test_shapes_episodes_cross_the_rollout_process_and_train_on_what_the_server_
     from conftest import SGLANG_TEST_API_KEY
     from sglang_helpers import fleet_version
 
-    from areal_like.api.config import MicroBatchSpec, RewardConfig, RolloutConfig
+    from areal_like.api.config import MicroBatchSpec, RewardConfig
     from areal_like.data.shapes import load_shapes
     from areal_like.rewards import exact_match_reward
     from areal_like.rollout.process import RolloutProcess
@@ -512,7 +513,7 @@ def test_shapes_episodes_cross_the_rollout_process_and_train_on_what_the_server_
     from engines import FSDPEngine
     from workflows import VisionRLVRWorkflow
 
-    config = RolloutConfig(server_addrs=list(vl_server.addresses), api_key=SGLANG_TEST_API_KEY,
+    config = rollout_config(server_addrs=list(vl_server.addresses), api_key=SGLANG_TEST_API_KEY,
                            seed=3, consumer_batch_size=2)
     process = RolloutProcess(RolloutSetup(rollout=config, reward=RewardConfig(max_workers=1)))
     process.initialize()

@@ -41,8 +41,8 @@ from engines.fleet.launch import InferenceFleet
 
 pytestmark = [pytest.mark.e2e]
 PROMPT = [11, 22, 33, 44, 55]
-TIMEOUT_S = 60.0  # rollout.weight_update_timeout of these tests: a failure ends well inside it
-# rollout.weight_broadcast_timeout of the tests that kill a server: a peer killed mid-broadcast
+TIMEOUT_S = 60.0  # rollout.weights.update_timeout of these tests: a failure ends well inside it
+# rollout.weights.broadcast_timeout of the tests that kill a server: a peer killed mid-broadcast
 # is noticed by gloo only when this runs out (gloo's sender waits for the dead receiver's notice
 # until its timeout). The others keep the default (120 s): a busy machine may starve a server
 # past 15 s, and there this bound is for a hang only.
@@ -232,7 +232,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         version = client.get_version() + 1
         start = time.monotonic()
         broadcaster.push(trainer, client, version)  # on_weight_broadcast_failure=retry
-        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weight_update_timeout
+        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
         assert client.get_version() == version
         assert client.in_service() == [survivor] and victim in client.servers.out_of_service
         assert list(broadcaster.groups) == [survivor]  # the dead server's group is gone
@@ -278,7 +278,7 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
         with pytest.raises(WeightBroadcastFailed, match=victim) as info:
             broadcaster.push(trainer, client, version)
         # bounded by the broadcast timeout (plus the HTTP calls around it), not a hang
-        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weight_update_timeout
+        assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
         assert "on_weight_broadcast_failure=stop" in str(info.value)
         assert survivor not in str(info.value)
         monkeypatch.undo()
@@ -305,7 +305,7 @@ def _run_two_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra
     reset_fleet(fleet, model_dir)  # every run starts as on a fresh fleet (see _run_recipe)
     args = [f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"rollout.server_addrs=[{','.join(fleet.addresses)}]",
-            f"rollout.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=3",
+            f"rollout.client.api_key={SGLANG_TEST_API_KEY}", "total_train_steps=3",
             "evaluation.n_prompts=4", "valid_dataset.size=8", "train_dataset.size=200",
             "logging.tensorboard=false", "logging.plot=false", *EQUIVALENCE, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
@@ -332,8 +332,8 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
 
     disk = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "disk")
     dist = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "dist",
-                          "rollout.weight_transport=distributed",
-                          f"rollout.weight_bucket_mb={BUCKET_MB}")
+                          "rollout.weights.transport=distributed",
+                          f"rollout.weights.bucket_mb={BUCKET_MB}")
     assert [r["step"] for r in dist] == [0, 1, 2, 3]
     assert_same_records([_compared(r) for r in disk], [_compared(r) for r in dist])
     assert all(r["weight_sync/buckets"] > 1 for r in dist[1:])

@@ -80,7 +80,7 @@ def test_own_task_and_reward_sft_then_async_grpo(tiny_model_dir, tmp_path, fresh
     (home / "configs" / "rl.yaml").write_text(
         "defaults:\n  - grpo_addition\n  - _self_\ntotal_train_steps: 3\n" + TASK_YAML
         + "  freq_steps: 3\nreward:\n  fn: my_task:score\ngconfig:\n  n_samples: 4\n"
-        "  max_new_tokens: 6\nrollout:\n  consumer_batch_size: 4\n"
+        "  max_new_tokens: 6\nrollout:\n  staleness:\n    consumer_batch_size: 4\n"
         "  workflow: my_task:DoubledRewards\n"
         "logging:\n  experiment_name: my_rl\n  log_dir: runs\n  tensorboard: false\n"
         "  plot: false\n")

@@ -302,34 +302,6 @@ class UpdateConfig:
                self.n_minibatches, ">= 1")
 
 
-@dataclass
-class AlgorithmConfig:
-    """An algorithm = advantage estimator + policy loss + aggregation, all chosen by name.
-
-    Names are looked up in `areal_like.algorithms` registries when an actor is built, so users
-    can register their own. `preset` names the ready-made combination (GRPO, Dr.GRPO, DAPO,
-    RLOO, REINFORCE++, GSPO, ReMax, PPO, CISPO, CPGD) the values came from: a config file
-    applies it under its own keys, in Python `algorithm_preset(name, **overrides)` does.
-    """
-
-    # a registered preset (grpo, dapo, ...): its values under the section's own keys
-    preset: Optional[str] = None
-    group_size: int = 1  # samples per prompt when the batch has no `group_id`/`uid` key
-    temperature: float = 1.0  # sampling temperature: log-probs are taken of logits / temperature
-    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
-    norm: AdvantageNormConfig = field(default_factory=AdvantageNormConfig)
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
-    kl: KLConfig = field(default_factory=KLConfig)
-    shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
-    filters: GroupFilterConfig = field(default_factory=GroupFilterConfig)
-    update: UpdateConfig = field(default_factory=UpdateConfig)
-
-    def __post_init__(self) -> None:
-        _check("algorithm", "group_size", self.group_size >= 1, self.group_size, ">= 1")
-        _check("algorithm", "temperature", self.temperature > 0, self.temperature, "> 0")
-
-
 # every key of the old flat section -> its place now (under `algorithm.`)
 MOVED_KEYS: dict[str, str] = {
     "adv_estimator": "adv.estimator", "group_std": "adv.group_std",
@@ -358,6 +330,36 @@ MOVED_KEYS: dict[str, str] = {
     "clip_filter_flat_weight": "filters.clip_filter_flat_weight",
     "ppo_epochs": "update.epochs", "ppo_n_minibatches": "update.n_minibatches",
 }
+
+
+@dataclass
+class AlgorithmConfig:
+    """An algorithm = advantage estimator + policy loss + aggregation, all chosen by name.
+
+    Names are looked up in `areal_like.algorithms` registries when an actor is built, so users
+    can register their own. `preset` names the ready-made combination (GRPO, Dr.GRPO, DAPO,
+    RLOO, REINFORCE++, GSPO, ReMax, PPO, CISPO, CPGD) the values came from: a config file
+    applies it under its own keys, in Python `algorithm_preset(name, **overrides)` does.
+    """
+
+    # a registered preset (grpo, dapo, ...): its values under the section's own keys
+    preset: Optional[str] = None
+    group_size: int = 1  # samples per prompt when the batch has no `group_id`/`uid` key
+    temperature: float = 1.0  # sampling temperature: log-probs are taken of logits / temperature
+    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
+    norm: AdvantageNormConfig = field(default_factory=AdvantageNormConfig)
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
+    filters: GroupFilterConfig = field(default_factory=GroupFilterConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+
+    moved_keys = MOVED_KEYS  # an old flat key is refused naming its place
+
+    def __post_init__(self) -> None:
+        _check("algorithm", "group_size", self.group_size >= 1, self.group_size, ">= 1")
+        _check("algorithm", "temperature", self.temperature > 0, self.temperature, "> 0")
 
 
 def moved_key_message(key: str) -> Optional[str]:

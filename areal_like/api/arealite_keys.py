@@ -16,6 +16,7 @@ import re
 from typing import Any, Callable
 
 from areal_like.api.algorithm_config import MOVED_KEYS
+from areal_like.api.rollout_config import ROLLOUT_MOVED_KEYS
 
 # top-level keys only AReaL-lite's experiment configs have: one of them marks a YAML as such
 TOP_LEVEL = ("experiment_name", "trial_name", "allocation_mode", "cluster", "total_train_epochs",
@@ -30,7 +31,7 @@ ACTOR_ALGORITHM_KEYS = (
 # AReaL-lite's name -> ours, in `algorithm`
 ACTOR_ALGORITHM_RENAMED = {"eps_clip_higher": "loss.eps_clip_high"}
 # keys of AReaL-lite's actor that change nothing a run computes here (names, logging, how
-# weights travel: our rollout.weight_transport decides that)
+# weights travel: our rollout.weights.transport decides that)
 ACTOR_IGNORED = ("experiment_name", "trial_name", "log_agent_stats", "log_agent_stats_keys",
                  "max_new_tokens", "weight_update_mode", "pad_to_maximum", "bucket_size")
 # keys of AReaL-lite's actor whose non-default value we cannot honour: (default, what instead)
@@ -275,12 +276,15 @@ def _top_level(out: dict[str, Any], notices: list[str]) -> None:
         raise ArealiteKeyError("server_only=true: serve a fleet without a trainer with "
                                "`areal-like serve --model-path DIR --n-servers N`")
     if out.get("async_training") is False:
-        _section(out, "rollout")["max_head_offpolicyness"] = 0
-        notices.append("async_training=false: rollout.max_head_offpolicyness=0 (our recipes "
-                       "are synchronous at eta = 0)")
+        _section(_section(out, "rollout"), "staleness")["max_head_offpolicyness"] = 0
+        notices.append("async_training=false: rollout.staleness.max_head_offpolicyness=0 (our "
+                       "recipes are synchronous at eta = 0)")
     rollout = out.get("rollout") or {}
     if "queue_size" in rollout and rollout["queue_size"] is None:
         rollout["queue_size"] = 0  # unbounded, AReaL-lite's null
+    for key in [k for k in rollout if k in ROLLOUT_MOVED_KEYS]:  # flat there, by concern here
+        section, _, leaf = ROLLOUT_MOVED_KEYS[key].partition(".")
+        _section(rollout, section).setdefault(leaf, rollout.pop(key))
     for key in ("experiment_name", "trial_name", "enable_rollout_tracing"):
         rollout.pop(key, None)
 

@@ -9,22 +9,32 @@ section (`RewardConfig`) in `reward_config.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from areal_like.api.algorithm_config import AlgorithmConfig
-from areal_like.api.config_checks import IMPORT_PATH
-from areal_like.api.config_checks import address_list as _address_list
+from areal_like.api.config_checks import (
+    IMPORT_PATH,
+    Bound,
+    above,
+    at_least,
+    bounded,
+    check_bounds,
+    choices,
+    cpu_ids,
+    within,
+)
 from areal_like.api.config_checks import check as _check
-from areal_like.api.config_checks import cpu_list as _cpu_list
 from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.launcher_config import LauncherConfig
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.lora_serving import serve_actor_lora
 from areal_like.api.reward_config import RewardConfig
+from areal_like.api.rollout_config import BACKENDS, RolloutConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
-BACKENDS = ("sglang", "vllm")  # the inference servers a fleet can run
+FRACTION = Bound("in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+FRACTION_BELOW_1 = Bound("in [0, 1)", lambda v: 0.0 <= v < 1.0)
 
 
 @dataclass
@@ -44,49 +54,31 @@ class ModelConfig:
 
 @dataclass
 class OptimizerConfig:
-    type: str = "adamw"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    lr_scheduler_type: str = "constant"
-    warmup_steps_proportion: float = 0.0
-    min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of `lr`
-    gradient_clipping: float = 1.0
+    type: str = bounded("adamw", bound=choices("adamw"))
+    lr: float = bounded(1e-5, bound=at_least(0))
+    weight_decay: float = bounded(0.0, bound=at_least(0))
+    beta1: float = bounded(0.9, bound=FRACTION_BELOW_1)
+    beta2: float = bounded(0.999, bound=FRACTION_BELOW_1)
+    eps: float = bounded(1e-8, bound=above(0))
+    lr_scheduler_type: str = bounded("constant", bound=choices("constant", "linear", "cosine"))
+    warmup_steps_proportion: float = bounded(0.0, bound=FRACTION)
+    # cosine/linear decay floor, as a fraction of `lr`
+    min_lr_ratio: float = bounded(0.0, bound=FRACTION)
+    gradient_clipping: float = bounded(1.0, bound=at_least(0, " (0: off)"))
 
     def __post_init__(self) -> None:
-        _one_of("OptimizerConfig", "type", self.type, ("adamw",))
-        _one_of("OptimizerConfig", "lr_scheduler_type", self.lr_scheduler_type,
-                ("constant", "linear", "cosine"))
-        _check("OptimizerConfig", "lr", self.lr >= 0, self.lr, ">= 0")
-        warmup = self.warmup_steps_proportion
-        _check("OptimizerConfig", "warmup_steps_proportion", 0.0 <= warmup <= 1.0, warmup,
-               "in [0, 1]")
-        _check("OptimizerConfig", "min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0,
-               self.min_lr_ratio, "in [0, 1]")
-        _check("OptimizerConfig", "weight_decay", self.weight_decay >= 0, self.weight_decay,
-               ">= 0")
-        for key in ("beta1", "beta2"):
-            _check("OptimizerConfig", key, 0.0 <= getattr(self, key) < 1.0, getattr(self, key),
-                   "in [0, 1)")
-        _check("OptimizerConfig", "eps", self.eps > 0, self.eps, "> 0")
-        _check("OptimizerConfig", "gradient_clipping", self.gradient_clipping >= 0,
-               self.gradient_clipping, ">= 0 (0: off)")
+        check_bounds(self, "OptimizerConfig")
 
 
 @dataclass
 class MicroBatchSpec:
     """How a batch is split: by a token budget per micro-batch (first-fit-decreasing)."""
 
-    max_tokens_per_mb: int = 4096
-    n_mbs: int = 1  # minimum number of micro-batches
+    max_tokens_per_mb: int = bounded(4096, bound=at_least(1))
+    n_mbs: int = bounded(1, bound=at_least(1))  # minimum number of micro-batches
 
     def __post_init__(self) -> None:
-        _check("MicroBatchSpec", "max_tokens_per_mb", self.max_tokens_per_mb >= 1,
-               self.max_tokens_per_mb, ">= 1")
-        _check("MicroBatchSpec", "n_mbs", self.n_mbs >= 1, self.n_mbs, ">= 1")
-
+        check_bounds(self, "MicroBatchSpec")
 
 @dataclass
 class TrainEngineConfig:
@@ -122,160 +114,45 @@ class ServerConfig:
     """How the local launcher starts inference servers (ignored when attaching to a fleet,
     except `backend`, which the client follows unless rollout.backend is set)."""
 
-    backend: str = "sglang"  # sglang | vllm (docs/deployment.md: what each provides)
-    n_servers: int = 1
-    device: str = "cpu"
+    # sglang | vllm (docs/deployment.md: what each provides)
+    backend: str = bounded("sglang", bound=choices(*BACKENDS))
+    n_servers: int = bounded(1, bound=at_least(1))
+    device: str = bounded("cpu", bound=choices("cpu", "cuda"))
     venv: str = ""  # the backend's own virtual environment; empty: .venv-sglang / .venv-vllm
-    dtype: str = "float32"
-    max_total_tokens: int = 65536
-    mem_fraction_static: float = 0.1
-    context_length: int = 1024
-    threads_per_server: int = 1
-    gpus_per_server: int = 1  # CUDA: each server gets its own slice of the visible GPUs (TP)
+    dtype: str = bounded("float32", bound=choices("float32", "bfloat16", "float16", "auto"))
+    max_total_tokens: int = 65536  # checked: >= context_length
+    mem_fraction_static: float = bounded(0.1, bound=Bound("in (0, 1]", lambda v: 0.0 < v <= 1.0))
+    context_length: int = bounded(1024, bound=at_least(1, " tokens"))
+    threads_per_server: int = bounded(1, bound=at_least(1))
+    # CUDA: each server gets its own slice of the visible GPUs (TP)
+    gpus_per_server: int = bounded(1, bound=at_least(1))
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
     fork_children: bool = False  # CPU: fork, not spawn, the scheduler + detokenizer (no re-import)
-    startup_timeout: float = 300.0
+    startup_timeout: float = bounded(300.0, bound=above(0, " seconds"))
     # how long the server's /health_generate waits for one generated token before it answers
     # "not generating" (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT): how soon a hung scheduler is found
-    health_generate_timeout: int = 20
-    max_restarts: int = 3  # per server: the launcher restarts a dead server this many times
+    health_generate_timeout: int = bounded(20, bound=at_least(1, " second"))
+    # per server: the launcher restarts a dead server this many times
+    max_restarts: int = bounded(3, bound=at_least(0))
     # Niceness (0-19) of the server processes. Where they share cores with the trainer, a
     # positive value lets the trainer (the critical path) run first; rollouts fill the gaps.
-    nice: int = 0
+    nice: int = bounded(0, bound=within(0, 19))
     # CPU ids the servers (and the scheduler/detokenizer they start) run on; empty: any
     # the servers' share of the cores, as GPUs are their share on a GPU machine
-    cpus: List[int] = field(default_factory=list)
-    lora_rank: int = 0  # LoRA serving: the largest adapter rank (filled from actor.lora)
+    cpus: List[int] = bounded(default_factory=list, bound=cpu_ids())
+    # LoRA serving: the largest adapter rank (filled from actor.lora)
+    lora_rank: int = bounded(0, bound=at_least(0, " (0: no LoRA)"))
     # LoRA serving: the modules adapted (filled from actor.lora.target_modules)
     lora_target_modules: List[str] = field(default_factory=list)
     extra_args: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _one_of("ServerConfig", "backend", self.backend, BACKENDS)
-        _one_of("ServerConfig", "device", self.device, ("cpu", "cuda"))
-        name = "ServerConfig"
-        _check(name, "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
-        _one_of(name, "dtype", self.dtype, ("float32", "bfloat16", "float16", "auto"))
-        _check(name, "context_length", self.context_length >= 1, self.context_length,
-               ">= 1 tokens")
-        _check(name, "max_total_tokens", self.max_total_tokens >= self.context_length,
+        check_bounds(self, "ServerConfig")
+        _check("ServerConfig", "max_total_tokens", self.max_total_tokens >= self.context_length,
                self.max_total_tokens, f">= context_length={self.context_length}")
-        _check(name, "mem_fraction_static", 0.0 < self.mem_fraction_static <= 1.0,
-               self.mem_fraction_static, "in (0, 1]")
-        _check(name, "threads_per_server", self.threads_per_server >= 1,
-               self.threads_per_server, ">= 1")
-        _check(name, "gpus_per_server", self.gpus_per_server >= 1, self.gpus_per_server, ">= 1")
-        _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
-               "> 0 seconds")
-        _check(name, "health_generate_timeout", self.health_generate_timeout >= 1,
-               self.health_generate_timeout, ">= 1 second")
-        _check(name, "max_restarts", self.max_restarts >= 0, self.max_restarts, ">= 0")
-        _check(name, "nice", 0 <= self.nice <= 19, self.nice, "in 0..19")
-        _cpu_list(name, "cpus", self.cpus)
-        _check(name, "lora_rank", self.lora_rank >= 0, self.lora_rank, ">= 0 (0: no LoRA)")
-
 
 
 SGLangServerConfig = ServerConfig  # the old name (it configures vLLM servers too)
-
-@dataclass
-class RolloutConfig:
-    """The rollout side: where the servers are and how far rollout may run ahead."""
-
-    server_addrs: List[str] = field(default_factory=list)  # host:port; empty: launch locally
-    backend: str = ""  # the fleet's: sglang | vllm; empty: server.backend (a bare client: sglang)
-    # Import path of your own workflow class, 'my_pkg.flows:MyWorkflow', built as
-    # cls(reward_fn, gconfig, tokenizer) by the RLVR recipes (grpo, ppo); empty: theirs.
-    workflow: str = ""
-    api_key: Optional[str] = None
-    max_concurrent_rollouts: int = 32
-    max_head_offpolicyness: int = 0  # eta: how many versions rollout may run ahead
-    consumer_batch_size: int = 8  # trajectories (groups) per training step
-    queue_size: int = 0  # 0: unbounded
-    request_timeout: float = 120.0
-    request_retries: int = 3
-    retry_backoff: float = 0.5
-    setup_timeout: float = 120.0
-    weight_update_timeout: float = 300.0
-    schedule_policy: str = "least_inflight"
-    pause_mode: str = "retract"
-    # the LoRA adapter every request names (set from actor.lora); empty: the base weights
-    lora_adapter: str = ""
-    seed: Optional[int] = None  # of all sampling; None: the recipe's seed (bare engine: random)
-    # A server that dies, hangs or fails a weight update leaves service; it comes back after
-    # loading the current weights. The run stops when fewer than min_servers are in service
-    # for server_down_timeout seconds (long enough for the launcher to restart one).
-    min_servers: int = 1
-    server_down_timeout: float = 300.0
-    health_check_interval: float = 2.0  # how often servers out of service are probed
-    # a vLLM server that emits no token of a one-token probe within this long is hung; an
-    # SGLang server bounds its own probe, server.health_generate_timeout
-    generation_probe_timeout: float = 20.0
-    server_addrs_file: str = ""  # host:port per line, re-read: servers added there join
-    # Niceness (0-19) of the rollout controller process and its reward workers (see
-    # ServerConfig.nice): a positive value yields the cores to the trainer first.
-    controller_nice: int = 0
-    # CPU ids of the rollout controller process and its reward workers; empty: the trainer's
-    controller_cpus: List[int] = field(default_factory=list)
-    # How weights reach the fleet: "disk" (an HF folder every server reads) or "distributed"
-    # (trainer rank 0 broadcasts them over a process group the servers join; no shared disk)
-    weight_transport: str = "disk"
-    weight_bucket_mb: float = 256.0  # distributed: bytes gathered and sent per broadcast
-    weight_group_backend: str = "auto"  # distributed: gloo | nccl | auto (nccl on GPU)
-    weight_group_addr: str = "127.0.0.1"  # distributed: trainer rank 0's address, as servers see it
-    # distributed: the group's collective timeout; a server that dies mid-broadcast ends the
-    # update after at most this long (a bucket must reach every server within it)
-    weight_broadcast_timeout: float = 120.0
-    # distributed: after a failed broadcast, "retry" once with the servers that still answer,
-    # or "stop" the run
-    on_weight_broadcast_failure: str = "retry"
-
-    def __post_init__(self) -> None:
-        _check("RolloutConfig", "min_servers", self.min_servers >= 1, self.min_servers, ">= 1")
-        _check("RolloutConfig", "workflow", not self.workflow or bool(IMPORT_PATH.match(
-            self.workflow)), self.workflow, "empty or an import path like 'my_pkg.flows:Flow'")
-        for key in ("server_down_timeout", "health_check_interval", "generation_probe_timeout"):
-            _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
-                   "> 0 seconds")
-        _check("RolloutConfig", "max_head_offpolicyness", self.max_head_offpolicyness >= 0,
-               self.max_head_offpolicyness, ">= 0")
-        _check("RolloutConfig", "max_concurrent_rollouts", self.max_concurrent_rollouts >= 1,
-               self.max_concurrent_rollouts, ">= 1")
-        _check("RolloutConfig", "consumer_batch_size", self.consumer_batch_size >= 1,
-               self.consumer_batch_size, ">= 1")
-        _check("RolloutConfig", "request_timeout", self.request_timeout > 0,
-               self.request_timeout, "> 0")
-        _check("RolloutConfig", "request_retries", self.request_retries >= 1,
-               self.request_retries, ">= 1")
-        _one_of("RolloutConfig", "schedule_policy", self.schedule_policy,
-                ("least_inflight", "round_robin"))
-        _one_of("RolloutConfig", "pause_mode", self.pause_mode, ("retract", "abort", "in_place"))
-        _one_of("RolloutConfig", "backend", self.backend, ("", *BACKENDS))
-        _check("RolloutConfig", "queue_size", self.queue_size >= 0, self.queue_size,
-               ">= 0 (0: unbounded)")
-        _check("RolloutConfig", "retry_backoff", self.retry_backoff >= 0, self.retry_backoff,
-               ">= 0 seconds")
-        for key in ("setup_timeout", "weight_update_timeout", "weight_broadcast_timeout"):
-            _check("RolloutConfig", key, getattr(self, key) > 0, getattr(self, key),
-                   "> 0 seconds")
-        _check("RolloutConfig", "seed", self.seed is None or self.seed >= 0, self.seed,
-               "None or >= 0")
-        _check("RolloutConfig", "controller_nice", 0 <= self.controller_nice <= 19,
-               self.controller_nice, "in 0..19")
-        _cpu_list("RolloutConfig", "controller_cpus", self.controller_cpus)
-        _one_of("RolloutConfig", "weight_transport", self.weight_transport,
-                ("disk", "distributed"))
-        _check("RolloutConfig", "weight_bucket_mb", self.weight_bucket_mb > 0,
-               self.weight_bucket_mb, "> 0")
-        _one_of("RolloutConfig", "weight_group_backend", self.weight_group_backend,
-                ("auto", "gloo", "nccl"))
-        _one_of("RolloutConfig", "on_weight_broadcast_failure",
-                self.on_weight_broadcast_failure, ("retry", "stop"))
-        _check("RolloutConfig", "weight_group_addr", bool(self.weight_group_addr),
-               self.weight_group_addr, "a host name or IP address the servers can reach")
-        _address_list("RolloutConfig", "server_addrs", self.server_addrs)
-
-
 
 
 @dataclass
@@ -470,11 +347,13 @@ def resolve_algorithm(algo: AlgorithmConfig, gconfig: GenerationHyperparameters,
             f"{gconfig.n_samples} (samples per prompt): set group_size to n_samples (or 1 when "
             f"batches carry a group_id)"
         )
-    if rollout.max_head_offpolicyness > 0 and not algo.off_policy.decoupled:
+    if rollout.staleness.max_head_offpolicyness > 0 and not algo.off_policy.decoupled:
         raise ValueError(
-            f"rollout.max_head_offpolicyness={rollout.max_head_offpolicyness} lets rollouts be "
+            "rollout.staleness.max_head_offpolicyness="
+            f"{rollout.staleness.max_head_offpolicyness} lets rollouts be "
             f"generated by policies up to that many versions old, but "
             f"algorithm.off_policy.decoupled=false would train on them without the off-policy "
             f"correction; set algorithm.off_policy.decoupled=true (with "
-            f"algorithm.off_policy.recompute_logprob=true) or rollout.max_head_offpolicyness=0"
+            "algorithm.off_policy.recompute_logprob=true) or "
+            "rollout.staleness.max_head_offpolicyness=0"
         )

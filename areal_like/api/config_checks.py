@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any, Callable
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # my_pkg.module:name
 
@@ -27,3 +29,52 @@ def address_list(cls_name: str, key: str, addrs: list) -> None:
     for addr in addrs:
         host, _, port = str(addr).rpartition(":")
         check(cls_name, key, bool(host) and port.isdigit(), addr, "entries of the form host:port")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A field's declared range: `ok(value)` and the text of what is expected."""
+
+    expected: str
+    ok: Callable[[Any], bool]
+
+
+def at_least(low: float, unit: str = "") -> Bound:
+    return Bound(f">= {low}{unit}", lambda v: v >= low)
+
+
+def above(low: float, unit: str = "") -> Bound:
+    return Bound(f"> {low}{unit}", lambda v: v > low)
+
+
+def within(low: int, high: int) -> Bound:
+    return Bound(f"in {low}..{high}", lambda v: low <= v <= high)
+
+
+def choices(*options: str) -> Bound:
+    return Bound(f"one of {options}", lambda v: v in options)
+
+
+def cpu_ids() -> Bound:
+    return Bound("distinct CPU ids >= 0 (empty: not pinned)",
+                 lambda v: all(isinstance(c, int) and c >= 0 for c in v) and len(set(v)) == len(v))
+
+
+def nonempty(what: str) -> Bound:
+    return Bound(what, bool)
+
+
+def bounded(default: Any = dataclasses.MISSING, *, bound: Bound,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field whose value `check_bounds` checks against `bound`."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={"bound": bound})
+
+
+def check_bounds(obj: Any, section: str) -> None:
+    """Check every declared bound of dataclass `obj`; the error names `section.key`."""
+    for f in dataclasses.fields(obj):
+        bound = f.metadata.get("bound")
+        if bound is not None:
+            value = getattr(obj, f.name)
+            check(section, f.name, bound.ok(value), value, bound.expected)

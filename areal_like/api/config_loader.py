@@ -29,7 +29,6 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from areal_like.api.algorithm_config import moved_key_message
 from areal_like.api.algorithm_presets import AlgorithmKeyError, preset_values
 from areal_like.api.arealite_keys import (
     ArealiteKeyError,
@@ -160,6 +159,16 @@ def _root_message(exc: BaseException) -> str:
     return text if len(text) <= 400 else text[:400] + " ..."  # merge errors dump whole configs
 
 
+def _moved_key_message(config_cls: type, parent: str, leaf: str) -> Optional[str]:
+    """Where an old flat key of a section that now nests by concern went (the section's
+    class lists them in `moved_keys`: old key -> new place, relative to it), else None."""
+    new = getattr(_class_at(config_cls, parent), "moved_keys", {}).get(leaf)
+    if new is None:
+        return None
+    where = f"{parent}." if parent else ""
+    return f"'{where}{leaf}' is now '{where}{new}'"
+
+
 def explain_config_error(exc: BaseException, config_cls: type, source: str,
                          section_types: Optional[dict[str, Any]] = None) -> ConfigError:
     """Build a `ConfigError` from a Hydra/OmegaConf exception raised while composing;
@@ -174,8 +183,9 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str,
     valid = _fields_at(config_cls, parent) or []
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
-    if parent == "algorithm" and moved_key_message(leaf):
-        return ConfigError(f"{source}: bad config key '{key}': {moved_key_message(leaf)}")
+    moved = _moved_key_message(config_cls, parent, leaf)
+    if moved:
+        return ConfigError(f"{source}: bad config key '{key}': {moved}")
     cls, hint, params = _class_at(config_cls, parent), "", []
     if cls is not None and hasattr(cls, "suggestable_keys"):  # keys depend on the section's type
         valid, params = cls.suggestable_keys((section_types or {}).get(parent))

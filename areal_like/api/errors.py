@@ -31,7 +31,7 @@ class NoTrajectoriesError(RolloutError):
 
 
 class RolloutQueueFullError(RolloutError):
-    """`submit` found the input queue at `RolloutConfig.queue_size`."""
+    """`submit` found the input queue at `rollout.staleness.queue_size`."""
 
 
 class ExecutorClosedError(RolloutError):

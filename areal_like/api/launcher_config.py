@@ -37,7 +37,7 @@ class LauncherConfig:
     gpus_per_trainer: int = -1  # -1: one GPU per trainer rank where the cluster has GPUs
     # A folder every node mounts at the same path: the run directory goes there so the disk
     # weight transport reaches servers on other nodes (empty: servers must share the node of
-    # trainer rank 0, or use rollout.weight_transport=distributed).
+    # trainer rank 0, or use rollout.weights.transport=distributed).
     shared_dir: str = ""
     placement_timeout: float = 300.0  # seconds for the cluster to grant the resources
     actor_unresponsive_timeout: float = 60.0  # an actor silent this long counts as dead

@@ -89,7 +89,8 @@ class RemoteSGLangEngine(RolloutController):
     over our HTTP client."""
 
     def __init__(self, config: RolloutConfig) -> None:
-        config = dataclasses.replace(config)  # its own: set_version may lift its bound
+        config = dataclasses.replace(  # its own: set_version may lift its bound
+            config, staleness=dataclasses.replace(config.staleness))
         super().__init__(config, _SGLangClient(config))
 
     def set_version(self, version: int) -> None:
@@ -97,7 +98,7 @@ class RemoteSGLangEngine(RolloutController):
         ("no off-policyness control"), lifts this engine's staleness bound: our tokens carry
         the servers' versions, which such a version would otherwise make all stale."""
         if version >= NO_STALENESS_CONTROL_VERSION:
-            self.config.max_head_offpolicyness = NO_STALENESS_CONTROL_VERSION * 1000
+            self.config.staleness.max_head_offpolicyness = NO_STALENESS_CONTROL_VERSION * 1000
         super().set_version(version)
 
     def pause(self) -> None:
@@ -168,7 +169,7 @@ class FSDPEngine(_FSDPEngine):
         if meta.type != "disk":
             raise ValueError(f"connect_engine: WeightUpdateMeta.type={meta.type!r}; ported "
                              f"scripts use 'disk' (the distributed transport: "
-                             f"rollout.weight_transport=distributed in our recipes)")
+                             f"rollout.weights.transport=distributed in our recipes)")
         self._rollout = rollout
         if self.lora_enabled:  # the servers hold the base only: serve the initial adapter
             adapter = self.adapter_weights()

@@ -12,10 +12,10 @@ which receives `--config FILE key=value ...` with `rollout.server_addrs` added).
 with `[trainer]` / `[server i]` prefixes (the trainer's also go to `<run dir>/trainer.log`).
 A server that dies is restarted up to `server.max_restarts` times (the trainer keeps going on
 the others and loads its current weights on the restarted one); the run stops when fewer than
-`rollout.min_servers` are left, with every dead server's exit code or signal and log tail as the
-last thing on the screen. Ctrl-C stops everything. On CUDA machines servers take the first GPUs
-and trainers the next ones; `launcher.cpu_allocation=split` splits the CPU cores the same way
-(or `server.cpus`, `launcher.trainer_cpus`, `rollout.controller_cpus` name them).
+`rollout.health.min_servers` are left, with every dead server's exit code or signal and log
+tail as the last thing on the screen. Ctrl-C stops everything. On CUDA machines servers take
+the first GPUs and trainers the next ones; `launcher.cpu_allocation=split` splits the CPU cores
+the same way (or `server.cpus`, `launcher.trainer_cpus`, `rollout.controller.cpus` name them).
 """
 
 from __future__ import annotations
@@ -126,13 +126,13 @@ def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
         else:
             trainer_cpus = trainer_cpus or split[1]
             server_cpus = server_cpus or split[0]
-            if not rollout.controller_cpus:
-                overrides.append(f"rollout.controller_cpus=[{','.join(map(str, split[0]))}]")
+            if not rollout.controller.cpus:
+                overrides.append(f"rollout.controller.cpus=[{','.join(map(str, split[0]))}]")
             CONSOLE.line(f"[launcher] cores: trainer {trainer_cpus}, servers {server_cpus}, "
-                         f"rollout controller {rollout.controller_cpus or split[0]}")
+                         f"rollout controller {rollout.controller.cpus or split[0]}")
     try:  # before anything starts
         for key, cpus in (("launcher.trainer_cpus", trainer_cpus), ("server.cpus", server_cpus),
-                          ("rollout.controller_cpus", rollout.controller_cpus)):
+                          ("rollout.controller.cpus", rollout.controller.cpus)):
             check_cpus(key, cpus)
     except ValueError as e:
         raise LaunchError(str(e)) from None
@@ -141,7 +141,7 @@ def _allocate_cpus(config: Any, overrides: list[str]) -> tuple[Any, set[int]]:
 
 def _check_teacher(config: Any) -> None:
     """Before anything starts: a teacher fleet given by address answers (within
-    rollout.setup_timeout); the teacher the launcher would serve exists, its cores too."""
+    rollout.client.setup_timeout); the teacher the launcher would serve exists, its cores too."""
     teacher = getattr(config, "teacher", None)
     if teacher is None:
         return
@@ -150,7 +150,8 @@ def _check_teacher(config: Any) -> None:
         from workflows.distill import TeacherUnavailableError
 
         CONSOLE.line(f"[launcher] checking that teacher.server_addrs={teacher.server_addrs} "
-                     f"answer (up to rollout.setup_timeout={config.rollout.setup_timeout} s)")
+                     "answer (up to rollout.client.setup_timeout="
+                     f"{config.rollout.client.setup_timeout} s)")
         try:
             check_teacher(config)
         except TeacherUnavailableError as e:
@@ -176,7 +177,7 @@ def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
     fleet = InferenceFleet(teacher.model_path,
                            dataclasses.replace(server_config, n_servers=teacher.n_servers,
                                         cpus=list(teacher.cpus)),
-                        api_key=config.rollout.api_key, log_dir=log_dir / "teacher_servers")
+                        api_key=config.rollout.client.api_key, log_dir=log_dir / "teacher_servers")
     try:
         fleet.start()
     except ServerStartError as e:
@@ -208,7 +209,8 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
 
             CONSOLE.line(f"[launcher] starting {config.server.n_servers} "
                          f"{config.server.backend} server(s) on {config.model.path}")
-            fleet = InferenceFleet(config.model.path, server_config, api_key=config.rollout.api_key,
+            fleet = InferenceFleet(config.model.path, server_config,
+                                   api_key=config.rollout.client.api_key,
                                    log_dir=log_dir / "servers")
             try:
                 fleet.start()
@@ -254,7 +256,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
             from engines.fleet.supervisor import FleetSupervisor
 
             supervisor = FleetSupervisor(fleet, config.server.max_restarts,
-                                         config.rollout.min_servers)
+                                         config.rollout.health.min_servers)
         while trainer.poll() is None:
             time.sleep(1.0)
             if supervisor is not None:

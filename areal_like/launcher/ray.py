@@ -8,7 +8,7 @@ servers (`server.n_servers` x `launcher.cpus_per_server` CPUs, `server.gpus_per_
 CUDA) and one for the trainer ranks (`launcher.n_trainer_procs` x `launcher.cpus_per_trainer`
 CPUs, `launcher.gpus_per_trainer` GPUs), starts each server on its node's address and then the
 trainer ranks as one torch.distributed job (rank 0's node hosts the rendezvous). Weights reach the
-servers by `rollout.weight_transport`: `distributed` always works across nodes; `disk` needs the
+servers by `rollout.weights.transport`: `distributed` always works across nodes; `disk` needs the
 servers on trainer rank 0's node or `launcher.shared_dir`. Logs of every actor are copied to
 `<run dir>/logs/`.
 
@@ -137,7 +137,7 @@ class RayJob:
             CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
                          f"server(s) on {config.model.path}")
             calls = [(s, s.handle.start_server.remote(config.model.path, config.server,
-                                                      config.rollout.api_key))
+                                                      config.rollout.client.api_key))
                      for s in self.servers]
             addrs = self._gather(calls, config.server.startup_timeout + 60, "start its server")
             CONSOLE.line(f"[launcher] servers ready: {addrs}")
@@ -157,8 +157,8 @@ class RayJob:
         if self.servers:
             extra += [f"rollout.server_addrs=[{','.join(s.address for s in self.servers)}]",
                       f"rollout.server_addrs_file={self.node_dir}/server_addrs.txt"]
-        if config.rollout.weight_transport == "distributed":
-            extra.append(f"rollout.weight_group_addr={rank0.node['ip']}")
+        if config.rollout.weights.transport == "distributed":
+            extra.append(f"rollout.weights.group_addr={rank0.node['ip']}")
         if self.trainer_restarts:
             extra.append("checkpoint.recover=auto")
         self._tell_rank0()
@@ -330,7 +330,7 @@ class RayJob:
         self._await_actor(s, old_pid)
         config = self.config
         s.address = self._gather([(s, s.handle.start_server.remote(
-            config.model.path, config.server, config.rollout.api_key, s.address))],
+            config.model.path, config.server, config.rollout.client.api_key, s.address))],
             config.server.startup_timeout + 60, "restart its server")[0]
         s.pid = self._gather([(s, s.handle.child_pids.remote())], 60, "report its pid")[0][0]
         s.failure, s.last_answer = "", time.monotonic()  # silent while it restarted

@@ -165,7 +165,7 @@ class RolloutController(InferenceEngine, RolloutAPI):
 
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Wait for the work started with `run_at_version` (within
-        `weight_update_timeout`), then load `meta` on the fleet."""
+        `rollout.weights.update_timeout`), then load `meta` on the fleet."""
         self._wait_for_pinned(meta)
         self.engine.update_weights(meta)
 
@@ -190,15 +190,15 @@ class RolloutController(InferenceEngine, RolloutAPI):
         return self.engine.end_weight_broadcast(meta, failed)
 
     def _wait_for_pinned(self, meta: WeightUpdateMeta) -> None:
-        deadline = time.monotonic() + self.config.weight_update_timeout
+        deadline = time.monotonic() + self.config.weights.update_timeout
         for future in list(self._held):
             try:
                 future.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 raise TimeoutError(
                     f"a task pinned to version {self.get_version()} (e.g. an evaluation) did "
-                    f"not finish within RolloutConfig.weight_update_timeout="
-                    f"{self.config.weight_update_timeout} s; weights v{meta.version} not loaded"
+                    f"not finish within rollout.weights.update_timeout="
+                    f"{self.config.weights.update_timeout} s; weights v{meta.version} not loaded"
                 ) from None
             except Exception:
                 pass  # its owner reads the error from its future; the update may go on
@@ -217,7 +217,7 @@ class RolloutController(InferenceEngine, RolloutAPI):
         seeds = self.evaluator.draw_seeds(self)  # now, in call order: runs repeat exactly
         future = self.run_at_version(self.evaluator.arun(self.engine, seeds))
         self._evaluations.append((version, future))
-        if self.config.max_head_offpolicyness == 0:
+        if self.config.staleness.max_head_offpolicyness == 0:
             # eta = 0 is the synchronous reference and repeats bit for bit: nothing it
             # trains on may share the servers with evaluation requests (see docs)
             done, _ = concurrent.futures.wait([future], timeout=self.eval_timeout)

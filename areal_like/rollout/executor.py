@@ -331,7 +331,7 @@ class WorkflowExecutor:
                         self._state.enqueue(item, workflow, should_accept, bounded=True)
                     need -= len(items)
 
-        batch = self.config.consumer_batch_size
+        batch = self.config.staleness.consumer_batch_size
         return self._wait_groups(batch, timeout, refill, what=f"prepare_batch({batch} groups)")
 
     def _cursor_for(self, dataloader: Iterable[Any]) -> DataCursor:

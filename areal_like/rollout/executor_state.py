@@ -121,7 +121,7 @@ class ExecutorState:
     def __post_init__(self) -> None:
         if self.config.seed is not None:
             self.seed = self.config.seed
-        self.filters = FilterBudgets(self.config.consumer_batch_size)
+        self.filters = FilterBudgets(self.config.staleness.consumer_batch_size)
 
     # ---- errors and lifecycle -----------------------------------------------------------
     def set_fatal(self, exc: BaseException) -> None:
@@ -183,11 +183,11 @@ class ExecutorState:
         with self.cond:
             if self.closed:
                 raise ExecutorClosedError("WorkflowExecutor was destroyed")
-            limit = self.config.queue_size
+            limit = self.config.staleness.queue_size
             if respect_limit and limit > 0 and len(self.queued) >= limit:
                 raise RolloutQueueFullError(
                     f"rollout input queue is full ({len(self.queued)} items, "
-                    f"RolloutConfig.queue_size={limit}); wait() for results first"
+                    f"rollout.staleness.queue_size={limit}); wait() for results first"
                 )
             seq = self.next_seq
             self.next_seq += 1
@@ -218,7 +218,7 @@ class ExecutorState:
 
     def capacity(self, version: int) -> int:
         with self.cond:
-            cfg = self.config
+            cfg = self.config.staleness
             return admission_capacity(cfg.max_head_offpolicyness,
                                       self.versions_since_start(version),
                                       cfg.consumer_batch_size,
@@ -230,7 +230,7 @@ class ExecutorState:
         with self.cond:
             if self.paused or self.closed:
                 return started
-            free = self.config.max_concurrent_rollouts - len(self.running)
+            free = self.config.staleness.max_concurrent_rollouts - len(self.running)
             while free > 0 and self.queued_sync:
                 started.append(self.queued_sync.popleft())
                 free -= 1
@@ -296,7 +296,7 @@ class ExecutorState:
         self.oldest_ready = min(versions, default=math.inf)
 
     def _drop_stale_locked(self, version: int) -> int:
-        eta = self.config.max_head_offpolicyness
+        eta = self.config.staleness.max_head_offpolicyness
         if self.oldest_ready >= version - eta:
             return 0
         keep = [r for r in self.ready if not is_stale(r.min_version, version, eta)]
@@ -314,7 +314,7 @@ class ExecutorState:
         v - η or earlier is stale at the next version, so it goes into this batch (the long
         answers of a heavy-tailed workload would otherwise be overtaken and dropped). The
         admission bound keeps such groups at most one batch's worth."""
-        eta = self.config.max_head_offpolicyness
+        eta = self.config.staleness.max_head_offpolicyness
         due_ready = sum(1 for r in self.ready
                         if r.min_version is not None and r.min_version <= version - eta)
         if due_ready >= count:
@@ -337,7 +337,7 @@ class ExecutorState:
         admits at `version` is queued, plus one consumer batch of slack so rejected groups
         are replaced while the trainer is busy."""
         with self.cond:
-            cfg = self.config
+            cfg = self.config.staleness
             bound = staleness_bound(cfg.max_head_offpolicyness,
                                     self.versions_since_start(version), cfg.consumer_batch_size)
             in_pipeline = (self.counters.staleness_accepted + self.running_bounded
@@ -393,7 +393,7 @@ class ExecutorState:
 
     def drop_stale_results(self, outcomes: list[tuple[Outcome, Any]],
                            version: int) -> list[EpisodeResult]:
-        eta = self.config.max_head_offpolicyness
+        eta = self.config.staleness.max_head_offpolicyness
         results = [payload for kind, payload in outcomes if kind is Outcome.ACCEPTED]
         fresh = [r for r in results if not is_stale(r.min_version, version, eta)]
         with self.cond:
@@ -416,7 +416,7 @@ class ExecutorState:
     def describe(self, version: int) -> str:
         """A one-paragraph account of where every submitted item went, with hints."""
         with self.cond:
-            c, cfg = self.counters, self.config
+            c, cfg = self.counters, self.config.staleness
             eta, b = cfg.max_head_offpolicyness, cfg.consumer_batch_size
             queued = len(self.queued) + len(self.queued_sync)
             capacity = self.capacity(version)

@@ -68,7 +68,7 @@ class RolloutProcess(RolloutAPI):
 
     def spawn(self, nice: int = 0, cpus: Sequence[int] = ()) -> None:
         """Start the controller process before its set-up is known: it imports (seconds) and
-        places itself (`rollout.controller_nice`, `rollout.controller_cpus`) while the trainer
+        places itself (`rollout.controller.nice`, `rollout.controller.cpus`) while the trainer
         loads its data and engine; `start(setup)` hands it the set-up. Call it from the thread
         that lives as long as the run (the main thread): the controller stops when that thread
         ends (it watches its parent)."""
@@ -96,7 +96,7 @@ class RolloutProcess(RolloutAPI):
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(f"the rollout controller's set-up (workflows, evaluation data, "
                             f"reward functions) cannot be pickled: {e}") from e
-        self.spawn(self.setup.rollout.controller_nice, self.setup.rollout.controller_cpus)
+        self.spawn(self.setup.rollout.controller.nice, self.setup.rollout.controller.cpus)
         # it may have ended already (e.g. could not pin itself): `wait_ready` reports why
         with contextlib.suppress(OSError, EOFError):
             self._conn.send_bytes(setup_bytes)
@@ -105,7 +105,7 @@ class RolloutProcess(RolloutAPI):
         """Wait until the started controller reached every server (or raise its error)."""
         assert self.setup is not None, "start() first"
         try:
-            self._receive("start-up", self.setup.rollout.setup_timeout + CALL_MARGIN_S)
+            self._receive("start-up", self.setup.rollout.client.setup_timeout + CALL_MARGIN_S)
         except BaseException:
             self.destroy()
             raise
@@ -209,7 +209,7 @@ def _batch_timeout(setup: RolloutSetup, args: dict[str, Any]) -> float:
 
 
 def _weight_timeout(setup: RolloutSetup, args: dict[str, Any]) -> float:
-    return setup.rollout.weight_update_timeout
+    return setup.rollout.weights.update_timeout
 
 
 CALL_TIMEOUTS: dict[str, CallTimeout] = {

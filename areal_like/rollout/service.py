@@ -124,7 +124,7 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
     if nice:  # before the reward workers start: they inherit it
         os.nice(nice)
     try:
-        pin_to_cpus("rollout.controller_cpus", cpus)
+        pin_to_cpus("rollout.controller.cpus", cpus)
     except ValueError as e:
         conn.send(("error", _portable(e)))
         return

@@ -32,7 +32,7 @@ from areal_like.rollout.evaluation import evaluate
 from areal_like.runtime.held_out import held_out_items
 from areal_like.runtime.recipe_args import set_threads, split_args
 
-EVAL_TIMEOUT_S = 3600.0  # all episodes together; each request has rollout.request_timeout
+EVAL_TIMEOUT_S = 3600.0  # all episodes together; each request has rollout.client.request_timeout
 
 
 def load_eval_config(model: Path, argv: list[str]) -> tuple[BaseExperimentConfig, Path]:
@@ -68,7 +68,7 @@ def evaluate_model(config: BaseExperimentConfig) -> dict[str, float]:
     rewards = RewardExecutor(config.reward)
     rewards.check(reward_fn, items[0])  # a broken verifier fails before servers start
     log_dir = Path(tempfile.mkdtemp(prefix="areal_like_eval_"))
-    fleet = InferenceFleet(config.model.path, config.server, api_key=config.rollout.api_key,
+    fleet = InferenceFleet(config.model.path, config.server, api_key=config.rollout.client.api_key,
                            log_dir=log_dir)
     print(f"starting {config.server.n_servers} SGLang server(s) on {config.model.path} "
           f"(logs in {log_dir})", flush=True)

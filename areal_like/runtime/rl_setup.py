@@ -75,7 +75,7 @@ class RLSetup:
         if self.run.is_main:  # its imports (seconds) overlap the data and engine set-up below
             # its calls are generated from RolloutAPI's declaration (areal_like/rollout/process.py)
             self.rollout = RolloutProcess()  # type: ignore[abstract]
-            self.rollout.spawn(config.rollout.controller_nice, config.rollout.controller_cpus)
+            self.rollout.spawn(config.rollout.controller.nice, config.rollout.controller.cpus)
         self.tokenizer = load_tokenizer(config.model)
         remote = remote_reward(config)  # a remote reward model replaces both verifiers
         self.task, n_train_long = load_task(config, "train_dataset", self.tokenizer, remote)
@@ -228,7 +228,7 @@ class RLSetup:
     @property
     def adapter_in_memory(self) -> bool:
         """The distributed transport: a LoRA adapter travels in memory (no folder)."""
-        return self.config.rollout.weight_transport == "distributed"
+        return self.config.rollout.weights.transport == "distributed"
 
     def reference_engine(self) -> Any:
         """The frozen KL reference (`use_ref_model`): the actor's own base with its adapters

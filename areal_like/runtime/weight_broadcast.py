@@ -1,4 +1,4 @@
-"""The trainer's side of the distributed weight transport (`rollout.weight_transport=
+"""The trainer's side of the distributed weight transport (`rollout.weights.transport=
 distributed`): weights go to the fleet over process groups, bucket by bucket, not via disk.
 
 Every trainer rank runs `WeightBroadcaster.push`; rank 0 talks to the fleet and holds one
@@ -11,7 +11,7 @@ more than one gathered bucket.
 
 Failure: a server that dies or fails mid-update is dropped from the broadcast (its group is
 discarded; the others receive every bucket) and leaves service, paused, until a later
-broadcast includes it. `on_weight_broadcast_failure=stop` then raises an error naming it;
+broadcast includes it. `rollout.weights.on_broadcast_failure=stop` then raises an error naming it;
 `retry` goes on with the other servers. No server receiving the update always raises.
 """
 
@@ -52,8 +52,8 @@ class WeightBroadcaster:
         self.collective_timeout_s = collective_timeout_s
         self.groups: dict[str, WeightUpdateGroup] = {}  # rank 0: server -> its group
         self.formations = 0  # groups formed; once per server unless it fails or restarts
-        self.backend = (default_backend() if config.weight_group_backend == "auto"
-                        else config.weight_group_backend)
+        self.backend = (default_backend() if config.weights.group_backend == "auto"
+                        else config.weights.group_backend)
         self._store: Optional[Any] = None
         self._port = 0
         self._buffer: Optional[Any] = None  # rank 0: the largest bucket's bytes, reused
@@ -67,7 +67,7 @@ class WeightBroadcaster:
         passes `rollout`). Returns timings."""
         start = time.perf_counter()
         buckets = plan_buckets(engine.weight_specs(),
-                               int(self.config.weight_bucket_mb * 2**20))
+                               int(self.config.weights.bucket_mb * 2**20))
         state: dict[str, Any] = {"error": None, "meta": None, "members": (), "failed": {}}
 
         def guarded(step: Any) -> None:  # rank 0: an error of the trainer's own ends it
@@ -107,8 +107,8 @@ class WeightBroadcaster:
 
     # ---- rank 0 -------------------------------------------------------------------------
     def _form(self, rollout: FleetClient, failed: dict[str, str]) -> None:
-        addr = self.config.weight_group_addr
-        timeout = self.config.weight_broadcast_timeout
+        addr = self.config.weights.group_addr
+        timeout = self.config.weights.broadcast_timeout
         if self._store is None:
             self._store, self._port = host_store(addr, timeout)
         spec = WeightGroupSpec(
@@ -186,9 +186,9 @@ class WeightBroadcaster:
         named = "; ".join(f"{s}: {why}" for s, why in failed.items())
         if not state.get("received"):
             return f"weights version {version} reached no server ({named or 'none in service'})"
-        if failed and self.config.on_weight_broadcast_failure == "stop":
+        if failed and self.config.weights.on_broadcast_failure == "stop":
             return (f"weights version {version} did not reach {len(failed)} server(s) "
-                    f"(rollout.on_weight_broadcast_failure=stop): {named}")
+                    f"(rollout.weights.on_broadcast_failure=stop): {named}")
         if failed:
             logger.warning("weights version %d went to %s; dropped: %s", version,
                            ", ".join(state["received"]), named)

@@ -98,9 +98,9 @@ class RemoteInferenceEngine(InferenceEngine):
         if not self.addresses:
             raise ValueError(f"{type(self).__name__}: no server addresses (RolloutConfig."
                              "server_addrs is empty and no `addresses` were given)")
-        if config.min_servers > len(self.addresses):
-            raise ValueError(f"RolloutConfig.min_servers={config.min_servers} but the fleet has "
-                             f"{len(self.addresses)} server(s): {self.addresses}")
+        if config.health.min_servers > len(self.addresses):
+            raise ValueError(f"rollout.health.min_servers={config.health.min_servers} but the "
+                             f"fleet has {len(self.addresses)} server(s): {self.addresses}")
         self._loop_thread: Optional[EventLoopThread] = None
         self._owns_loop = False
         # called with the error when no server came back within server_down_timeout
@@ -108,21 +108,23 @@ class RemoteInferenceEngine(InferenceEngine):
         self._session: Optional[aiohttp.ClientSession] = None
         self._version = 0
         self._version_lock = threading.Lock()
-        self.servers = ServerPool(self.addresses, config.schedule_policy)  # rollout loop only
+        # touched by the rollout loop only
+        self.servers = ServerPool(self.addresses, config.client.schedule_policy)
         self._own_aborts = OwnAborts()  # this engine's pauses that abort: continued
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail, self.api, self._own_aborts)
         self.weight_group = FleetWeightGroup(config, self.membership, self._require_session,
                                              self.api)
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
-        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        api_key = config.client.api_key
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(
         self, loop_thread: Optional[EventLoopThread] = None, check_health: bool = True
     ) -> None:
         """Open the HTTP session on `loop_thread` (default: a loop thread of the engine's own)
-        and (unless `check_health=False`) wait up to `config.setup_timeout` s until every
+        and (unless `check_health=False`) wait up to `config.client.setup_timeout` s until every
         server answers `/health`."""
         if self._session is not None:
             return
@@ -133,8 +135,9 @@ class RemoteInferenceEngine(InferenceEngine):
         try:
             loop_thread.run_coroutine(self._open_session(), timeout=CONTROL_TIMEOUT_S)
             if check_health:
-                loop_thread.run_coroutine(self.await_healthy(self.config.setup_timeout),
-                                          timeout=self.config.setup_timeout + CONTROL_TIMEOUT_S)
+                setup_timeout = self.config.client.setup_timeout
+                loop_thread.run_coroutine(self.await_healthy(setup_timeout),
+                                          timeout=setup_timeout + CONTROL_TIMEOUT_S)
             loop_thread.run_coroutine(self._start_watch(), timeout=CONTROL_TIMEOUT_S)
         except BaseException:
             self.destroy()
@@ -324,10 +327,10 @@ class RemoteInferenceEngine(InferenceEngine):
         parse: Callable[[Any, str, str], R],
     ) -> tuple[str, R]:
         session = self._require_session()
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout)
+        timeout = aiohttp.ClientTimeout(total=self.config.client.request_timeout)
         tried: list[str] = []
         last_error: BaseException | None = None
-        for attempt in range(self.config.request_retries):
+        for attempt in range(self.config.client.request_retries):
             addr = await self.membership.wait_in_service(route_key, frozenset(tried))
             floor = self.membership.served_version()  # what `addr` holds at least, now
             tried.append(addr)
@@ -367,16 +370,16 @@ class RemoteInferenceEngine(InferenceEngine):
                 elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
                     self.membership.check_soon(addr, e)  # dead or hung: out of service
                 logger.warning("%s server %s failed rid=%s (try %d/%d): %s: %s", self.api.name,
-                               addr, sent_rid, attempt + 1, self.config.request_retries,
+                               addr, sent_rid, attempt + 1, self.config.client.request_retries,
                                type(e).__name__,
-                               str(e) or f"no reply within {self.config.request_timeout} s")
+                               str(e) or f"no reply within {self.config.client.request_timeout} s")
                 if isinstance(e, asyncio.TimeoutError):
                     self._abort_later(addr, sent_rid)
-                if attempt + 1 < self.config.request_retries:
-                    await asyncio.sleep(self.config.retry_backoff * 2**attempt)
+                if attempt + 1 < self.config.client.request_retries:
+                    await asyncio.sleep(self.config.client.retry_backoff * 2**attempt)
             finally:
                 self.servers.inflight[addr] -= 1
-        cause = (f"timed out after {self.config.request_timeout} s (RolloutConfig."
+        cause = (f"timed out after {self.config.client.request_timeout} s (RolloutConfig."
                  f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
                  else f"{type(last_error).__name__}: {last_error}")
         raise InferenceServerError(
@@ -403,8 +406,8 @@ class RemoteInferenceEngine(InferenceEngine):
             await self.membership.pause_all(mode)
 
     async def apause(self) -> None:
-        """Pause generation on every server (`config.pause_mode`)."""
-        await self._on_rollout_loop(self._pause_servers(self.config.pause_mode))
+        """Pause generation on every server (`config.client.pause_mode`)."""
+        await self._on_rollout_loop(self._pause_servers(self.config.client.pause_mode))
 
     async def aresume(self) -> None:
         await self._on_rollout_loop(self.membership.continue_all())
@@ -420,7 +423,7 @@ class RemoteInferenceEngine(InferenceEngine):
         are kept; a LoRA fleet aborts and continues them), load `meta` (a folder, or a LoRA
         adapter in memory) labelled `meta.version`, continue (always, in a `finally`).
         Requests in flight finish, their tokens carrying both versions. Each step is bounded
-        by `config.weight_update_timeout`; a server that fails leaves service, and the call
+        by `config.weights.update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
         if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
@@ -434,11 +437,11 @@ class RemoteInferenceEngine(InferenceEngine):
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         # twice: it may first wait for a server's readmission (itself a load) to finish
         self.run_coroutine(self.aupdate_weights(meta),
-                           2 * self.config.weight_update_timeout + 4 * CONTROL_TIMEOUT_S)
+                           2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S)
 
     # ---- the distributed transport (see engines.weight_transport.process_group_fleet) ----
     def _group_call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.run_coroutine(coro, self.config.weight_update_timeout + 2 * CONTROL_TIMEOUT_S)
+        return self.run_coroutine(coro, self.config.weights.update_timeout + 2 * CONTROL_TIMEOUT_S)
 
     def form_weight_group(self, spec: WeightGroupSpec,
                           force: bool = False) -> WeightGroupLayout:
@@ -477,7 +480,7 @@ class RemoteInferenceEngine(InferenceEngine):
 
     def add_server(self, addr: str) -> None:
         """Add a server to a running fleet: it loads the current weights and version, then
-        takes traffic (within `health_check_interval` s of answering)."""
+        takes traffic (within `health.check_interval` s of answering)."""
         if self._loop_thread is None:
             raise RuntimeError(_NOT_INITIALIZED)
         self._loop_thread.call_soon(self.servers.add, addr, "new: loading the current weights")

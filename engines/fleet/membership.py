@@ -5,7 +5,7 @@ weights and version.
 Everything here runs on the client's rollout loop. A weight update is pause -> load -> continue
 *per server*, the continue in that server's own `finally`; a server whose update failed is taken
 out of service, so it never serves old weights under the new label. A watch task probes the
-servers out of service every `health_check_interval` s, loads the current weights on those that
+servers out of service every `health.check_interval` s, loads the current weights on those that
 answer and puts them back; it also adds servers listed in `server_addrs_file`. A server whose
 reply carries a version older than the one it held (restarted between requests) leaves service
 the same way; one whose scheduler hangs behind a live HTTP front end (a request timed out and a
@@ -130,7 +130,7 @@ class FleetMembership:
             if time.monotonic() > deadline:
                 raise InferenceServerError(
                     f"{self.api.name} server {addr} not healthy within {timeout:.0f} s "
-                    f"(RolloutConfig.setup_timeout); last answer: {last}"
+                    f"(rollout.client.setup_timeout); last answer: {last}"
                 )
             await asyncio.sleep(0.5)
 
@@ -198,7 +198,7 @@ class FleetMembership:
                 async with self._require_lock():
                     if not self.paused and addr not in self.pool.out_of_service:
                         why = await self.api.generates(
-                            self._session(), addr, self.config.generation_probe_timeout)
+                            self._session(), addr, self.config.health.generation_probe_timeout)
                         if why:
                             self._hung.add(addr)
                         return why
@@ -221,7 +221,7 @@ class FleetMembership:
     async def wait_in_service(self, route_key: str, exclude: frozenset[str]) -> str:
         """A server for `route_key`; while none is in service, wait (bounded by
         `server_down_timeout`) for one to come back."""
-        deadline = time.monotonic() + self.config.server_down_timeout
+        deadline = time.monotonic() + self.config.health.server_down_timeout
         while True:
             if self.fatal is not None:
                 raise self.fatal
@@ -229,15 +229,17 @@ class FleetMembership:
                 return self.pool.choose(route_key, exclude)
             except NoServerInServiceError as e:
                 if time.monotonic() > deadline:
-                    raise self._unavailable(f"{e}; waited {self.config.server_down_timeout:.0f} s "
-                                            f"(RolloutConfig.server_down_timeout)") from None
-            await asyncio.sleep(min(0.5, self.config.health_check_interval))
+                    raise self._unavailable(
+                        f"{e}; waited {self.config.health.server_down_timeout:.0f} s "
+                        "(rollout.health.server_down_timeout)") from None
+            await asyncio.sleep(min(0.5, self.config.health.check_interval))
 
     def _unavailable(self, what: str) -> FleetUnavailableError:
         return FleetUnavailableError(
             f"inference fleet unavailable: {what}. {len(self.pool.in_service())} of "
-            f"{len(self.pool.addresses)} servers in service (RolloutConfig.min_servers="
-            f"{self.config.min_servers}); out of service: {self.pool.describe_out_of_service()}")
+            f"{len(self.pool.addresses)} servers in service (rollout.health.min_servers="
+            f"{self.config.health.min_servers}); out of service: "
+            f"{self.pool.describe_out_of_service()}")
 
     async def on_all(self, what: str,
                      call: Callable[[aiohttp.ClientSession, str], Awaitable[None]]) -> None:
@@ -279,7 +281,7 @@ class FleetMembership:
             await self.api.pause(session, addr, self.api.update_pause_mode)
             if meta is not None:
                 await self.api.load_weights(session, addr, meta,
-                                            self.config.weight_update_timeout)
+                                            self.config.weights.update_timeout)
         except Exception as e:  # noqa: BLE001 - raised below, after the continue
             error = e
         finally:  # a cancelled update still continues the server
@@ -350,7 +352,7 @@ class FleetMembership:
                 return
             except Exception:  # noqa: BLE001 - a probe bug must not end the watch silently
                 logger.exception("inference fleet watch failed; retrying")
-            await asyncio.sleep(self.config.health_check_interval)
+            await asyncio.sleep(self.config.health.check_interval)
 
     async def _watch_once(self) -> None:
         self._read_addrs_file()
@@ -361,23 +363,23 @@ class FleetMembership:
                 if self.paused:
                     continue  # a paused server cannot show that it generates
                 why = await self.api.generates(self._session(), addr,
-                                               self.config.generation_probe_timeout)
+                                               self.config.health.generation_probe_timeout)
                 if why:  # loading weights on it would hold the lock until the load timed out
                     self.pool.out_of_service[addr] = f"scheduler still not generating ({why})"
                     continue
                 self._hung.discard(addr)
             await self.readmit(addr)
         n = len(self.pool.in_service())
-        if n >= self.config.min_servers:
+        if n >= self.config.health.min_servers:
             self._below_min_since = None
             return
         now = time.monotonic()
         if self._below_min_since is None:
             self._below_min_since = now
-        elif now - self._below_min_since > self.config.server_down_timeout:
-            raise self._unavailable(f"fewer than {self.config.min_servers} servers in service "
-                                    f"for {self.config.server_down_timeout:.0f} s "
-                                    f"(RolloutConfig.server_down_timeout)")
+        elif now - self._below_min_since > self.config.health.server_down_timeout:
+            raise self._unavailable(f"fewer than {self.config.health.min_servers} servers in "
+                                    f"service for {self.config.health.server_down_timeout:.0f} s "
+                                    f"(rollout.health.server_down_timeout)")
 
     def _read_addrs_file(self) -> None:
         """Join servers listed in `server_addrs_file` (one host:port per line)."""

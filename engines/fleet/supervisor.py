@@ -58,4 +58,4 @@ class FleetSupervisor:
             dead = "\n".join(self.given_up[i] for i in sorted(self.given_up))
             raise FleetDownError(
                 f"{alive} of {len(self.fleet.processes)} {self.fleet.kind} servers alive, fewer "
-                f"than the minimum {self.min_alive} (rollout.min_servers):\n{dead}")
+                f"than the minimum {self.min_alive} (rollout.health.min_servers):\n{dead}")

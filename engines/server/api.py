@@ -72,7 +72,7 @@ class ServerAPI(abc.ABC):
 
     @abc.abstractmethod
     async def pause(self, session: aiohttp.ClientSession, addr: str, mode: str) -> None:
-        """Stop generating; `mode` is `RolloutConfig.pause_mode`'s ("retract", "abort",
+        """Stop generating; `mode` is `rollout.client.pause_mode`'s ("retract", "abort",
         "in_place"): a backend maps it to what it has (see `aborts_on_pause`)."""
 
     def aborts_on_pause(self, mode: str) -> bool:

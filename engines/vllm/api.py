@@ -29,7 +29,7 @@ from engines.server.http import CONTROL_TIMEOUT_S, RETRYABLE, get_answers, get_j
 from engines.server.replies import GenerateReply, ScoreReply
 from engines.vllm import protocol as vllm_protocol
 
-# what a pause does on vLLM for each RolloutConfig.pause_mode
+# what a pause does on vLLM for each rollout.client.pause_mode
 PAUSE_MODES = {"retract": "abort", "abort": "abort", "in_place": "keep"}
 
 

@@ -135,7 +135,7 @@ class FleetWeightGroup:
     async def begin(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
         """Pause the members that joined; returns those that will receive the broadcast."""
         await asyncio.wait_for(self.membership.lock().acquire(),
-                               self.config.weight_update_timeout)
+                               self.config.weights.update_timeout)
         self._locked = True
         if self.api.aborts_on_pause("retract"):  # requests aborted now are continued after
             self.membership.own_aborts.hold()
@@ -175,7 +175,7 @@ class FleetWeightGroup:
             body = {"names": [p.name for p in bucket], "dtypes": [p.dtype for p in bucket],
                     "shapes": [list(p.shape) for p in bucket], "group_name": self.groups[addr],
                     "flush_cache": last, "weight_version": str(meta.version) if last else None}
-            return self.api.receive_bucket(session, addr, body, self.config.weight_update_timeout)
+            return self.api.receive_bucket(session, addr, body, self.config.weights.update_timeout)
 
         return await self._each(members, post)
 

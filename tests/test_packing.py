@@ -158,3 +158,28 @@ def test_groups_of_any_size_stay_on_one_rank_by_group_id() -> None:
             assert int((p["group_id"] == gid).sum()) == int((batch["group_id"] == gid).sum())
     with pytest.raises(ValueError, match="2 group ids for 3 rows"):
         dp_shard_indices([1, 2, 3], 2, group_ids=[1, 2])
+
+
+@pytest.mark.torchrun
+def test_each_trainer_rank_receives_exactly_its_shard(tmp_path):
+    """`RunContext.scatter_batch` under a real 2-rank torchrun job: rank 0 sends each rank
+    its rows only, and they are the rows `shard_batch` picks from the whole batch (groups
+    whole, token counts balanced)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from areal_like.utils.network import find_free_port
+
+    out = tmp_path / "scatter"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={find_free_port()}",
+         str(Path(__file__).parent / "scatter_worker.py"), str(out)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
+    assert all(r["same"] for r in results), results
+    assert sum(r["rows"] for r in results) == 12 and all(r["rows"] < 12 for r in results)

@@ -27,7 +27,7 @@ from areal_like.utils.distributed import ensure_process_group, resolve_device_an
 from areal_like.utils.launcher_state import launcher_metrics
 from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
-from engines.fsdp.packing import shard_batch
+from engines.fsdp.packing import shard_rows
 
 logger = logging.getLogger("areal_like")
 T = TypeVar("T")
@@ -88,16 +88,21 @@ class RunContext:
         timeout; a failure there raises the same `MainRankError` on every rank."""
         return run_on_main(fn, what, self.config.actor.collective_timeout)
 
-    def broadcast_batch(self, batch: Optional[TensorDict], group_size: int) -> TensorDict:
-        """Rank 0's batch, split so each rank gets its own rows (groups kept whole)."""
+    def scatter_batch(self, batch: Optional[TensorDict], group_size: int) -> TensorDict:
+        """Rank 0's batch, split so each rank gets its own rows (groups kept whole): rank 0
+        sends each rank only its shard."""
         if self.world_size == 1:
             assert batch is not None
             return batch
-        holder = [batch]
-        dist.broadcast_object_list(holder, src=0)
-        received = holder[0]
-        assert received is not None, "rank 0 broadcast no batch"
-        return shard_batch(received, self.rank, self.world_size, group_size)
+        shards: Optional[list[TensorDict]] = None
+        if self.rank == 0:
+            assert batch is not None
+            shards = [batch[torch.as_tensor(rows, dtype=torch.long)]
+                      for rows in shard_rows(batch, self.world_size, group_size)]
+        received: list[Optional[TensorDict]] = [None]
+        dist.scatter_object_list(received, shards, src=0)
+        assert received[0] is not None, "rank 0 sent no batch"
+        return received[0]
 
     def global_mean(self, values: torch.Tensor) -> float:
         """Mean of `values` over every rank's entries."""

@@ -217,7 +217,7 @@ class RLSetup:
             return batch
 
         batch = self.run.on_main(wait_for_batch, "waiting for a rollout batch")
-        return self.run.broadcast_batch(batch, self.shard_group_size)
+        return self.run.scatter_batch(batch, self.shard_group_size)
 
     def push_weights(self, step: int) -> dict[str, float]:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""

@@ -251,11 +251,16 @@ def dp_shard_indices(lengths: Sequence[int], world_size: int, group_size: int = 
     return [sorted(i for g in gs for i in groups[g]) for gs in assigned]
 
 
-def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:
-    """This rank's rows of a full batch (see `dp_shard_indices`; a `group_id` key, when the
-    batch has one, defines the groups), for callers that hold the whole batch on every rank;
-    `FSDPEngine` expects the local shard."""
+def shard_rows(batch: TensorDict, world_size: int, group_size: int = 1) -> list[list[int]]:
+    """Each rank's rows of a full batch (see `dp_shard_indices`; a `group_id` key, when the
+    batch has one, defines the groups)."""
     lengths = sequence_lengths(batch["attention_mask"]).tolist()
     group_ids = batch["group_id"].tolist() if "group_id" in batch.keys() else None
-    rows = dp_shard_indices(lengths, world_size, group_size, group_ids)[rank]
+    return dp_shard_indices(lengths, world_size, group_size, group_ids)
+
+
+def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:
+    """This rank's rows of a full batch (`shard_rows`), for callers that hold the whole batch
+    on every rank; `FSDPEngine` expects the local shard."""
+    rows = shard_rows(batch, world_size, group_size)[rank]
     return batch[torch.as_tensor(rows, dtype=torch.long)]

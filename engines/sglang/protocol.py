@@ -22,6 +22,7 @@ from engines.server.replies import (
     parse_version_label,
     versions_from_spans,
 )
+from engines.server.requests import common_sampling_params
 
 
 def sampling_params(
@@ -33,22 +34,12 @@ def sampling_params(
     `seed` becomes `sampling_seed`, which servers running deterministic inference sample with
     (the draw for each token hashes seed and position); other servers ignore it.
     """
-    params: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": min_new_tokens,
-        "temperature": 0.0 if gconfig.greedy else gconfig.temperature,
-        "top_p": 1.0 if gconfig.greedy else gconfig.top_p,
-        "top_k": 1 if gconfig.greedy else gconfig.top_k,
-        # Keep the matched stop token in output_ids: it is generated and trained on.
-        "no_stop_trim": True,
-        "skip_special_tokens": False,
-    }
+    params = common_sampling_params(gconfig)
+    params.update(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                  top_k=1 if gconfig.greedy else gconfig.top_k,
+                  no_stop_trim=True)  # the matched stop token is generated and trained on
     if seed is not None:
         params["sampling_seed"] = int(seed)
-    if gconfig.stop_token_ids:
-        params["stop_token_ids"] = list(gconfig.stop_token_ids)
-    if gconfig.stop:
-        params["stop"] = list(gconfig.stop)
     return params
 
 

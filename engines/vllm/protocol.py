@@ -23,6 +23,7 @@ from engines.server.replies import (
     check_top_k,
     versions_from_spans,
 )
+from engines.server.requests import common_sampling_params
 
 # vLLM prefixes the request id it reports (and aborts by) with this
 REQUEST_ID_PREFIX = "generate-tokens-"
@@ -31,22 +32,13 @@ REQUEST_ID_PREFIX = "generate-tokens-"
 def sampling_params(gconfig: GenerationHyperparameters, max_new_tokens: int,
                     min_new_tokens: int, seed: Optional[int] = None) -> dict[str, Any]:
     """vLLM `SamplingParams` for one request. Greedy = temperature 0 (argmax)."""
-    params: dict[str, Any] = {
-        "max_tokens": max_new_tokens,
-        "min_tokens": min_new_tokens,
-        "temperature": 0.0 if gconfig.greedy else gconfig.temperature,
-        "top_p": 1.0 if gconfig.greedy else gconfig.top_p,
-        "top_k": 0 if gconfig.greedy or gconfig.top_k == -1 else gconfig.top_k,  # 0: off
-        "logprobs": 0,  # the sampled token's log-prob only
-        "skip_special_tokens": False,
-        "include_stop_str_in_output": True,  # the matched stop is generated and trained on
-    }
+    params = common_sampling_params(gconfig)
+    params.update(max_tokens=max_new_tokens, min_tokens=min_new_tokens,
+                  top_k=0 if gconfig.greedy or gconfig.top_k == -1 else gconfig.top_k,  # 0: off
+                  logprobs=0,  # the sampled token's log-prob only
+                  include_stop_str_in_output=True)  # the matched stop is generated, trained on
     if seed is not None:
         params["seed"] = int(seed)
-    if gconfig.stop_token_ids:
-        params["stop_token_ids"] = list(gconfig.stop_token_ids)
-    if gconfig.stop:
-        params["stop"] = list(gconfig.stop)
     return params
 
 

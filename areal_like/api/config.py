@@ -87,26 +87,23 @@ class TrainEngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
-    param_dtype: str = "float32"  # "bfloat16" turns on FSDP2 mixed precision
-    reduce_dtype: str = "float32"
+    # "bfloat16" turns on FSDP2 mixed precision
+    param_dtype: str = bounded("float32", bound=choices("float32", "bfloat16"))
+    reduce_dtype: str = bounded("float32", bound=choices("float32", "bfloat16"))
     gradient_checkpointing: bool = False
     cpu_offload: bool = False
-    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # auto: nccl on CUDA, gloo on CPU
+    backend: str = bounded("auto", bound=choices("auto", "gloo", "nccl"))
     # bound on every collective of the trainer's process group (a dead peer becomes an error)
-    collective_timeout: float = 600.0
-    total_train_steps: int = 0  # for LR schedules; 0: set by the recipe
+    collective_timeout: float = bounded(600.0, bound=above(0, " seconds"))
+    # for LR schedules; 0: set by the recipe
+    total_train_steps: int = bounded(0, bound=at_least(0, " (0: set by the recipe)"))
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters only
     # a VLM's vision tower (patch embedding, blocks, merger) takes no gradient
     freeze_vision_tower: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("param_dtype", "reduce_dtype"):
-            _one_of("TrainEngineConfig", key, getattr(self, key), ("float32", "bfloat16"))
-        _one_of("TrainEngineConfig", "backend", self.backend, ("auto", "gloo", "nccl"))
-        _check("TrainEngineConfig", "collective_timeout", self.collective_timeout > 0,
-               self.collective_timeout, "> 0 seconds")
-        _check("TrainEngineConfig", "total_train_steps", self.total_train_steps >= 0,
-               self.total_train_steps, ">= 0 (0: set by the recipe)")
+        check_bounds(self, "TrainEngineConfig")
 
 
 @dataclass

@@ -32,7 +32,7 @@ def _config_classes() -> list[type]:
                    rollout_configs, recipe_configs):
         classes += [c for c in vars(module).values()
                     if dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
-    return classes
+    return list(dict.fromkeys(classes))  # an alias (SGLangServerConfig) is the same class
 
 
 def _names_read() -> set[str]:

@@ -231,7 +231,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         _perturb(trainer, seed=2)
         version = client.get_version() + 1
         start = time.monotonic()
-        broadcaster.push(trainer, client, version)  # on_weight_broadcast_failure=retry
+        broadcaster.push(trainer, client, version)  # rollout.weights.on_broadcast_failure=retry
         assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
         assert client.get_version() == version
         assert client.in_service() == [survivor] and victim in client.servers.out_of_service
@@ -279,7 +279,7 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
             broadcaster.push(trainer, client, version)
         # bounded by the broadcast timeout (plus the HTTP calls around it), not a hang
         assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
-        assert "on_weight_broadcast_failure=stop" in str(info.value)
+        assert "rollout.weights.on_broadcast_failure=stop" in str(info.value)
         assert survivor not in str(info.value)
         monkeypatch.undo()
         # the survivor's own group was untouched: it received every bucket and serves them

@@ -45,6 +45,7 @@ from areal_like.runtime.weight_sync import push_weights  # noqa: E402
 from engines import FSDPEngine  # noqa: E402
 from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
 from engines.fleet.launch import InferenceFleet  # noqa: E402
+from engines.fleet.updater import FleetUpdater  # noqa: E402
 
 # Qwen2-7B: hidden, intermediate, layers, key/value width (4 heads x 128), params
 QWEN2_7B = {"hidden": 3584, "inter": 18944, "layers": 28, "kv": 512, "params": 7.62e9}
@@ -57,12 +58,12 @@ def lora_params_7b(rank: int) -> int:
     return int(QWEN2_7B["layers"]) * sum(rank * (a + b) for a, b in shapes.values())
 
 
-def _median_push(engine: FSDPEngine, client: RemoteInferenceEngine, root: Path, rounds: int,
+def _median_push(engine: FSDPEngine, fleet: FleetUpdater, root: Path, rounds: int,
                  version: int, **kwargs: Any) -> tuple[float, int]:
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
-        push_weights(engine, client, version := version + 1, root, **kwargs)
+        push_weights(engine, fleet, version := version + 1, root, **kwargs)
         times.append(time.perf_counter() - start)
     return statistics.median(times), version
 
@@ -84,29 +85,34 @@ def measure(size: str, rank: int, rounds: int, tmp: Path) -> dict[str, Any]:
         client = RemoteInferenceEngine(plain)
         client.initialize()
         broadcaster = WeightBroadcaster(plain)
+        updater = FleetUpdater(plain, client)  # trainer rank 0's, as in a run
         try:
-            broadcaster.push(full, client, 1)  # forms the group
-            row["full_disk"], v = _median_push(full, client, tmp / f"{size}-w", rounds, 1)
-            row["full_dist"], v = _median_push(full, client, tmp / f"{size}-w", rounds, v,
+            broadcaster.push(full, updater, 1)  # forms the group
+            row["full_disk"], v = _median_push(full, updater, tmp / f"{size}-w", rounds, 1)
+            row["full_dist"], v = _median_push(full, updater, tmp / f"{size}-w", rounds, v,
                                                broadcaster=broadcaster)
         finally:
+            updater.close()
             broadcaster.close()
             client.destroy()
             full.destroy()
         adapted = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(base)),
                                                optimizer=OptimizerConfig(lr=1e-4), lora=lora))
         adapted.initialize()
-        client = RemoteInferenceEngine(RolloutConfig(server_addrs=fleet.addresses,
-                                                     lora_adapter=lora.adapter_name))
+        adapter_config = RolloutConfig(server_addrs=fleet.addresses,
+                                       lora_adapter=lora.adapter_name)
+        client = RemoteInferenceEngine(adapter_config)
         client.initialize()
+        updater = FleetUpdater(adapter_config, client)
         try:
             adapter = adapted.adapter_weights()
             assert adapter is not None
             row["lora_bytes"] = adapter.nbytes
-            row["lora_disk"], v = _median_push(adapted, client, tmp / f"{size}-a", rounds, v)
-            row["lora_mem"], v = _median_push(adapted, client, tmp / f"{size}-a", rounds, v,
+            row["lora_disk"], v = _median_push(adapted, updater, tmp / f"{size}-a", rounds, v)
+            row["lora_mem"], v = _median_push(adapted, updater, tmp / f"{size}-a", rounds, v,
                                               in_memory=True)
         finally:
+            updater.close()
             client.destroy()
             adapted.destroy()
     return row

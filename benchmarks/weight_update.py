@@ -52,6 +52,7 @@ from areal_like.runtime.weight_sync import push_weights  # noqa: E402
 from engines import FSDPEngine  # noqa: E402
 from engines.fleet.client import RemoteInferenceEngine  # noqa: E402
 from engines.fleet.launch import InferenceFleet  # noqa: E402
+from engines.fleet.updater import FleetUpdater  # noqa: E402
 from engines.weight_transport.process_group_trainer import (
     WeightUpdateGroup,
     flatten_bucket,
@@ -123,20 +124,22 @@ def measure(size: str, rounds: int, bucket_mb: float, tmp: Path,
             client = RemoteInferenceEngine(config)
             client.initialize()
             broadcaster = WeightBroadcaster(config)
+            updater = FleetUpdater(config, client)  # trainer rank 0's, as in a run
             try:
                 version = 0
-                broadcaster.push(engine, client, version := version + 1)  # forms the group
+                broadcaster.push(engine, updater, version := version + 1)  # forms the group
                 disk, disk_paused, distributed = [], [], []
                 for _ in range(rounds):
                     start = time.perf_counter()
-                    stats = push_weights(engine, client, version := version + 1,
+                    stats = push_weights(engine, updater, version := version + 1,
                                          tmp / f"{size}-w")
                     disk.append(time.perf_counter() - start)
                     disk_paused.append(stats["weight_sync/load_s"])
                     start = time.perf_counter()
-                    broadcaster.push(engine, client, version := version + 1)
+                    broadcaster.push(engine, updater, version := version + 1)
                     distributed.append(time.perf_counter() - start)
             finally:
+                updater.close()
                 broadcaster.close()
                 client.destroy()
         result |= {"disk": statistics.median(disk),

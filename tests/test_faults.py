@@ -33,6 +33,7 @@ from sglang_helpers import (
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.rollout import FleetUnavailableError
+from engines.fleet.updater import FleetUpdater
 
 pytestmark = pytest.mark.sglang
 PROMPT = [11, 22, 33, 44, 55]
@@ -72,7 +73,11 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
     engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
                          backend=backend)
     engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY, backend))
-    real_load = engine.api.load_from_disk
+    # as in a run: trainer rank 0 pauses, loads and continues the servers itself; the client
+    # (the rollout controller's) holds the fleet, continues what the pauses abort (vLLM) and
+    # takes the failed server out when told
+    updater = FleetUpdater(engine.config, engine)
+    real_load = updater.api.load_from_disk
 
     async def load_killing_victim(session, addr, path, version, timeout):
         if addr == victim:
@@ -80,14 +85,14 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
             spare.processes[0].wait(timeout=60)
         return await real_load(session, addr, path, version, timeout)
 
-    monkeypatch.setattr(engine.api, "load_from_disk", load_killing_victim)
+    monkeypatch.setattr(updater.api, "load_from_disk", load_killing_victim)
     try:
         version = engine.get_version() + 1
         g = GenerationHyperparameters(max_new_tokens=64, min_new_tokens=64, temperature=1.0)
         in_flight = [asyncio.run_coroutine_threadsafe(
             engine.agenerate(ModelRequest(input_ids=[5, i + 1], gconfig=g)), engine._loop_thread.loop)
             for i in range(6)]
-        engine.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
+        updater.update_weights(WeightUpdateMeta.from_disk(str(new_weights), version))
         assert engine.get_version() == version
         assert engine.in_service() == [survivor]
         # out for whichever it noticed first: the failed load or its dropped requests
@@ -100,6 +105,7 @@ def test_server_killed_during_weight_update_leaves_survivor_serving(
         assert set(resp.output_versions) == {version}
     finally:
         monkeypatch.undo()
+        updater.close()
         engine.destroy()
         restore_session_fleet(any_fleet, tiny_model_dir)
 

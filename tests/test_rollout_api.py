@@ -23,8 +23,8 @@ from areal_like.rollout.process import (
 )
 from areal_like.rollout.service import RolloutService, RolloutSetup, _Ref
 
-TRANSPORT = {"form_weight_group", "join_weight_group", "begin_weight_broadcast",
-             "receive_weight_bucket", "end_weight_broadcast"}
+# a weight update trainer rank 0 drives: the rollout process is told only these two
+TRANSPORT = {"begin_weight_update", "end_weight_update"}
 
 
 def _parameters(fn: Any) -> list[tuple[str, Any]]:
@@ -112,7 +112,7 @@ def test_a_call_sends_its_arguments_objects_once_and_is_bounded_by_the_table(mon
     assert again[3] == 5.0
     assert timeouts == [13.0, 5.0]  # setup.wait_timeout, then the call's own timeout
 
-    process.begin_weight_broadcast("meta")
+    process.begin_weight_update(3, "retract")
     process.finished_evaluations(wait=True)
     process.finished_evaluations()
     process.stats()

@@ -378,6 +378,7 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
     from areal_like.api.io_struct import SaveLoadMeta
     from areal_like.runtime.weight_broadcast import WeightBroadcaster
     from engines import FSDPEngine
+    from engines.fleet.updater import FleetUpdater
 
     trainer = FSDPEngine(VW.config(str(tiny_vl_dir), MicroBatchSpec(max_tokens_per_mb=128)))
     trainer.initialize()
@@ -385,6 +386,7 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
                          weight_transport="distributed", weight_bucket_mb=0.25)
     client.set_version(fleet_version(vl_server.addresses, SGLANG_TEST_API_KEY))
     broadcaster = WeightBroadcaster(client.config)
+    updater = FleetUpdater(client.config, client)  # trainer rank 0's, as in a run
     batch, _ = VW.image_batch(processor)
     prompts = [processor.prompt(VW.messages(1), [VW.noise_image(56, 56, 31)]),
                processor.prompt(VW.messages(2), [VW.noise_image(112, 56, 32), VW.noise_image(56, 56, 33)])]
@@ -396,10 +398,10 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
             if transport == "disk":
                 meta = WeightUpdateMeta(version=version, path=str(tmp_path / f"v{version}"))
                 trainer.update_weights(meta)
-                client.update_weights(meta)
+                updater.update_weights(meta)
                 trainer.set_version(version)
             else:
-                assert broadcaster.push(trainer, client, version)["weight_sync/buckets"] > 1
+                assert broadcaster.push(trainer, updater, version)["weight_sync/buckets"] > 1
             exported = tmp_path / f"reference{version}"
             trainer.save(SaveLoadMeta(path=str(exported), weight_format="hf"))
             # a folder a server starts from: the flat config SGLang reads, the image processor
@@ -419,7 +421,7 @@ def test_the_trainers_vision_tower_reaches_the_server_by_disk_and_by_process_gro
                 error = (torch.tensor(reply.output_logprobs, dtype=torch.float64) - expected)
                 assert float(error.abs().max()) < LOGPROB_ATOL, transport
     finally:
-        client.run_coroutine(client.weight_group.dissolve(), 60)
+        updater.close()
         broadcaster.close()
         client.destroy()
         trainer.destroy()

@@ -38,6 +38,7 @@ from areal_like.runtime.weight_broadcast import WeightBroadcaster, WeightBroadca
 from engines import FSDPEngine
 from engines.fleet.client import RemoteInferenceEngine, RemoteSGLangEngine
 from engines.fleet.launch import InferenceFleet
+from engines.fleet.updater import FleetUpdater
 
 pytestmark = [pytest.mark.e2e]
 PROMPT = [11, 22, 33, 44, 55]
@@ -114,8 +115,39 @@ def _post(addr: str, path: str) -> dict:
         return json.load(resp)
 
 
-def _leave(client: RemoteSGLangEngine, broadcaster: WeightBroadcaster) -> None:
-    client.run_coroutine(client.weight_group.dissolve(), TIMEOUT_S)
+class _RecordedClient:
+    """The fleet client as trainer rank 0's updater reaches it (in a run: across the rollout
+    process's pipe, one round trip per call): records the name of every call."""
+
+    def __init__(self, client: RemoteInferenceEngine) -> None:
+        self.client, self.calls = client, []
+
+    def __getattr__(self, name: str):
+        method = getattr(self.client, name)
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            return method(*args, **kwargs)
+
+        return call
+
+
+class _Rank0Broadcaster(WeightBroadcaster):
+    """A broadcaster with trainer rank 0's own HTTP client beside it (`updater`), for which
+    `client` holds the fleet, as the rollout controller does in a run."""
+
+    def __init__(self, client: RemoteInferenceEngine) -> None:
+        super().__init__(client.config)
+        self.told = _RecordedClient(client)
+        self.updater = FleetUpdater(client.config, self.told)
+
+    def push_to_fleet(self, engine: FSDPEngine, version: int) -> dict:
+        return self.push(engine, self.updater, version)
+
+
+def _leave(client: RemoteSGLangEngine, broadcaster: _Rank0Broadcaster) -> None:
+    """The trainer's updater leaves its groups, then its broadcaster and the client end."""
+    broadcaster.updater.close()
     broadcaster.close()
     client.destroy()
 
@@ -124,12 +156,12 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
         trainer, any_fleet, tiny_model_dir, tmp_path):
     sglang_fleet = any_fleet  # either backend
     client = _fleet_client(sglang_fleet.addresses, sglang_fleet.config.backend)
-    broadcaster = WeightBroadcaster(client.config)
+    broadcaster = _Rank0Broadcaster(client)
     try:
         for step in range(3):
             _perturb(trainer, seed=step)
             version = client.get_version() + 1
-            stats = broadcaster.push(trainer, client, version)
+            stats = broadcaster.push_to_fleet(trainer, version)
             assert stats["weight_sync/buckets"] > 1
             assert client.get_version() == trainer.get_version() == version
             assert not client.servers.out_of_service, client.servers.out_of_service
@@ -138,6 +170,9 @@ def test_servers_serve_the_trainers_weights_after_each_broadcast(
             _assert_serves(client, _export(trainer, tmp_path / f"v{version}"), version,
                            set(sglang_fleet.addresses))
         assert broadcaster.formations == 2  # a group per server, formed once, then reused
+        # every update, whatever its number of buckets, told the client twice: the rest went
+        # from the trainer to the servers (HTTP and the process groups)
+        assert broadcaster.told.calls == ["begin_weight_update", "end_weight_update"] * 3
     finally:
         _leave(client, broadcaster)
         restore_session_fleet(sglang_fleet, tiny_model_dir)
@@ -147,7 +182,7 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
                                                    tmp_path):
     sglang_fleet = any_fleet  # either backend
     client = _fleet_client(sglang_fleet.addresses[:1], sglang_fleet.config.backend)
-    broadcaster = WeightBroadcaster(client.config)
+    broadcaster = _Rank0Broadcaster(client)
     old_weights = _export(trainer, tmp_path / "old")
     try:
         # no timing assumed: a broadcast before the first token is tried again later, one
@@ -166,7 +201,7 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
                 assert time.monotonic() < deadline, "the request reached no server in 120 s"
                 time.sleep(0.01)
             time.sleep(delay)  # some tokens with the old weights
-            broadcaster.push(trainer, client, old + 1)
+            broadcaster.push_to_fleet(trainer, old + 1)
             resp = future.result(timeout=300)
             if len(set(resp.output_versions)) == 2:
                 break
@@ -197,17 +232,17 @@ def test_a_group_left_on_a_server_does_not_block_the_next_broadcaster(
     the old one and pushes."""
     server = sglang_fleet.addresses[:1]
     first_client = _fleet_client(server)
-    first = WeightBroadcaster(first_client.config)
+    first = _Rank0Broadcaster(first_client)
     second_client = second = None
     try:
-        first.push(trainer, first_client, first_client.get_version() + 1)
+        first.push_to_fleet(trainer, first_client.get_version() + 1)
         first.close()  # the trainer's side is gone; the server keeps its side of the group
         _post(server[0], "/begin_weight_update")  # ... and a session it never ended
         second_client = _fleet_client(server)  # knows nothing of the first group
-        second = WeightBroadcaster(second_client.config)
+        second = _Rank0Broadcaster(second_client)
         _perturb(trainer, seed=7)
         version = second_client.get_version() + 1
-        second.push(trainer, second_client, version)
+        second.push_to_fleet(trainer, version)
         assert not second_client.servers.out_of_service, second_client.servers.out_of_service
         _assert_serves(second_client, _export(trainer, tmp_path / "v"), version, set(server))
     finally:
@@ -221,17 +256,17 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         trainer, sglang_fleet, spare, tiny_model_dir, tmp_path):
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
     client = _fleet_client([survivor, victim], weight_broadcast_timeout=BROADCAST_TIMEOUT_S)
-    broadcaster = WeightBroadcaster(client.config)
+    broadcaster = _Rank0Broadcaster(client)
     try:
         _perturb(trainer, seed=1)
-        broadcaster.push(trainer, client, client.get_version() + 1)
+        broadcaster.push_to_fleet(trainer, client.get_version() + 1)
         assert broadcaster.formations == 2
         spare.kill_server(0)
         spare.processes[0].wait(timeout=60)
         _perturb(trainer, seed=2)
         version = client.get_version() + 1
         start = time.monotonic()
-        broadcaster.push(trainer, client, version)  # rollout.weights.on_broadcast_failure=retry
+        broadcaster.push_to_fleet(trainer, version)  # rollout.weights.on_broadcast_failure=retry
         assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
         assert client.get_version() == version
         assert client.in_service() == [survivor] and victim in client.servers.out_of_service
@@ -243,7 +278,7 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
         spare.wait_healthy(spare.config.startup_timeout)
         _perturb(trainer, seed=4)
         version = client.get_version() + 1
-        broadcaster.push(trainer, client, version)
+        broadcaster.push_to_fleet(trainer, version)
         assert sorted(client.in_service()) == sorted([survivor, victim])
         assert broadcaster.formations == 3
         assert fleet_version([victim], SGLANG_TEST_API_KEY) == version
@@ -258,8 +293,8 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
     client = _fleet_client([survivor, victim], on_weight_broadcast_failure="stop",
                            weight_broadcast_timeout=BROADCAST_TIMEOUT_S)
-    broadcaster = WeightBroadcaster(client.config)
-    real_receive = client.api.receive_bucket
+    broadcaster = _Rank0Broadcaster(client)
+    real_receive = broadcaster.updater.api.receive_bucket
     buckets_posted = []
 
     async def receive_killing_victim(session, addr, body, timeout):
@@ -271,12 +306,12 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
         return await real_receive(session, addr, body, timeout)
 
     try:
-        monkeypatch.setattr(client.api, "receive_bucket", receive_killing_victim)
+        monkeypatch.setattr(broadcaster.updater.api, "receive_bucket", receive_killing_victim)
         _perturb(trainer, seed=3)
         version = client.get_version() + 1
         start = time.monotonic()
         with pytest.raises(WeightBroadcastFailed, match=victim) as info:
-            broadcaster.push(trainer, client, version)
+            broadcaster.push_to_fleet(trainer, version)
         # bounded by the broadcast timeout (plus the HTTP calls around it), not a hang
         assert time.monotonic() - start < TIMEOUT_S  # within rollout.weights.update_timeout
         assert "rollout.weights.on_broadcast_failure=stop" in str(info.value)
@@ -356,13 +391,13 @@ def test_nccl_broadcast_to_a_cuda_server(tiny_model_dir, tmp_path):
                                               optimizer=OptimizerConfig(lr=1e-3)))
         engine.initialize()
         client = _fleet_client(fleet.addresses, weight_group_backend="nccl")
-        broadcaster = WeightBroadcaster(client.config)
+        broadcaster = _Rank0Broadcaster(client)
         try:
             assert broadcaster.backend == "nccl"
             for step in range(2):
                 _perturb(engine, seed=step)
                 version = client.get_version() + 1
-                broadcaster.push(engine, client, version)
+                broadcaster.push_to_fleet(engine, version)
                 _assert_serves(client, _export(engine, tmp_path / f"v{version}"), version,
                                set(fleet.addresses))
         finally:

@@ -13,13 +13,13 @@ if TYPE_CHECKING:
     from areal_like.api.io_struct import (
         AdapterWeights,
         FinetuneSpec,
+        FleetView,
         ModelRequest,
         ModelResponse,
         ParamSpec,
         SaveLoadMeta,
         TokenScores,
-        WeightGroupLayout,
-        WeightGroupSpec,
+        UpdateReport,
         WeightUpdateMeta,
     )
 
@@ -60,37 +60,21 @@ class FleetClient(abc.ABC):
     @abc.abstractmethod
     def get_version(self) -> int: ...
 
-    # ---- the distributed transport: trainer rank 0 drives these in order ----------------
-    # form_weight_group -> [trainer joins each new group] -> join_weight_group ->
-    # begin_weight_broadcast -> (receive_weight_bucket i || trainer sends bucket i)* ->
-    # end_weight_broadcast. A server that fails a step is dropped from the broadcast.
-    def form_weight_group(self, spec: WeightGroupSpec,
-                          force: bool = False) -> WeightGroupLayout:
-        """Decide which servers receive the next broadcast and ask those without a group
-        (new, restarted, or all with `force`) to join one at `spec` (returns at once)."""
-        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+    # ---- a weight update that trainer rank 0 drives over HTTP itself --------------------
+    # (engines.fleet.updater.FleetUpdater): begin -> pause, load, continue each server ->
+    # end. In between, the client readmits no server and holds what the pauses abort.
+    def begin_weight_update(self, version: int, pause_mode: str) -> FleetView:
+        """Hold the fleet for an update to `version` driven by someone else: work pinned to
+        the current version finishes first, no server is readmitted until
+        `end_weight_update`, and requests aborted by pauses in `pause_mode` are continued.
+        Returns the servers to update. Without an `end` within the update's timeouts the
+        hold is released and the servers leave service."""
+        raise NotImplementedError(f"{type(self).__name__} has no driven weight updates")
 
-    def join_weight_group(self) -> dict[str, str]:
-        """Wait for the servers asked to join; returns those that failed, and why."""
-        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
-
-    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
-        """Pause the servers (in-flight requests retracted, not lost); returns those that
-        will receive the broadcast."""
-        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
-
-    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
-                              members: tuple[str, ...]) -> dict[str, str]:
-        """Have each of `members` receive bucket `index` (blocks until they have, while the
-        trainer sends it); returns those that failed, and why."""
-        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
-
-    def end_weight_broadcast(self, meta: WeightUpdateMeta,
-                             failed: dict[str, str]) -> dict[str, str]:
-        """The servers that received every bucket serve `meta.version` and continue; those
-        in `failed` (or failing now) leave service, paused, until a later broadcast includes
-        them. Returns every server dropped, and why."""
-        raise NotImplementedError(f"{type(self).__name__} has no distributed transport")
+    def end_weight_update(self, report: UpdateReport) -> None:
+        """Apply what the update did (`report`): failed servers leave service, the version
+        moves if `report.advanced`; then release the hold."""
+        raise NotImplementedError(f"{type(self).__name__} has no driven weight updates")
 
 
 class InferenceEngine(FleetClient):

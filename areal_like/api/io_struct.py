@@ -263,6 +263,30 @@ class WeightGroupLayout:
     joining: tuple[tuple[str, str, int], ...]
 
 
+@dataclass(frozen=True)
+class FleetView:
+    """The fleet as its client sees it when a weight update that someone else drives begins
+    (`FleetClient.begin_weight_update`): the servers to update, those that join the
+    distributed transport's groups at this update, and why the others are out."""
+
+    version: int  # the version the update loads
+    in_service: tuple[str, ...]
+    awaiting_broadcast: tuple[str, ...] = ()
+    out_of_service: str = "none"  # described, for messages
+
+
+@dataclass
+class UpdateReport:
+    """What a driven weight update did (`FleetClient.end_weight_update`): the servers that
+    now serve `meta`, those that failed (and why), and whether the fleet's version moved to
+    `meta.version` (servers out of service then load it before they serve again)."""
+
+    meta: WeightUpdateMeta
+    loaded: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    advanced: bool = False
+
+
 @dataclass
 class SaveLoadMeta:
     """What `TrainEngine.save/load` writes or reads.

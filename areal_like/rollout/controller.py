@@ -25,10 +25,10 @@ from tensordict import TensorDict
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import (
+    FleetView,
     ModelRequest,
     ModelResponse,
-    WeightGroupLayout,
-    WeightGroupSpec,
+    UpdateReport,
     WeightUpdateMeta,
 )
 from areal_like.api.rollout_api import HeldOutEvaluation, RolloutAPI, ShouldAccept
@@ -166,30 +166,18 @@ class RolloutController(InferenceEngine, RolloutAPI):
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Wait for the work started with `run_at_version` (within
         `rollout.weights.update_timeout`), then load `meta` on the fleet."""
-        self._wait_for_pinned(meta)
+        self._wait_for_pinned(meta.version)
         self.engine.update_weights(meta)
 
-    # the distributed transport: the same wait before the fleet pauses, then the engine's
-    def form_weight_group(self, spec: WeightGroupSpec,
-                          force: bool = False) -> WeightGroupLayout:
-        return self.engine.form_weight_group(spec, force)
+    # an update trainer rank 0 drives: the same wait before the fleet pauses, then the engine's
+    def begin_weight_update(self, version: int, pause_mode: str) -> FleetView:
+        self._wait_for_pinned(version)
+        return self.engine.begin_weight_update(version, pause_mode)
 
-    def join_weight_group(self) -> dict[str, str]:
-        return self.engine.join_weight_group()
+    def end_weight_update(self, report: UpdateReport) -> None:
+        self.engine.end_weight_update(report)
 
-    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
-        self._wait_for_pinned(meta)
-        return self.engine.begin_weight_broadcast(meta)
-
-    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
-                              members: tuple[str, ...]) -> dict[str, str]:
-        return self.engine.receive_weight_bucket(meta, index, members)
-
-    def end_weight_broadcast(self, meta: WeightUpdateMeta,
-                             failed: dict[str, str]) -> dict[str, str]:
-        return self.engine.end_weight_broadcast(meta, failed)
-
-    def _wait_for_pinned(self, meta: WeightUpdateMeta) -> None:
+    def _wait_for_pinned(self, version: int) -> None:
         deadline = time.monotonic() + self.config.weights.update_timeout
         for future in list(self._held):
             try:
@@ -198,7 +186,7 @@ class RolloutController(InferenceEngine, RolloutAPI):
                 raise TimeoutError(
                     f"a task pinned to version {self.get_version()} (e.g. an evaluation) did "
                     f"not finish within rollout.weights.update_timeout="
-                    f"{self.config.weights.update_timeout} s; weights v{meta.version} not loaded"
+                    f"{self.config.weights.update_timeout} s; weights v{version} not loaded"
                 ) from None
             except Exception:
                 pass  # its owner reads the error from its future; the update may go on

@@ -217,11 +217,9 @@ CALL_TIMEOUTS: dict[str, CallTimeout] = {
     "rollout_batch": _batch_timeout,
     "prepare_batch": _batch_timeout,
     "update_weights": lambda setup, args: 3 * _weight_timeout(setup, args),
-    "form_weight_group": _weight_timeout,
-    "join_weight_group": _weight_timeout,
-    "begin_weight_broadcast": lambda setup, args: 2 * _weight_timeout(setup, args),
-    "receive_weight_bucket": _weight_timeout,
-    "end_weight_broadcast": _weight_timeout,
+    # pinned work finishes, then the fleet is held (the trainer then loads over HTTP itself)
+    "begin_weight_update": lambda setup, args: 2 * _weight_timeout(setup, args),
+    "end_weight_update": _weight_timeout,
     "start_evaluation": lambda setup, args: setup.eval_timeout,
     "finished_evaluations": lambda setup, args: (setup.eval_timeout if args.get("wait")
                                                  else DEFAULT_CALL_TIMEOUT_S),

@@ -10,7 +10,7 @@ from areal_like.rollout.process import RolloutProcess
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
-from areal_like.runtime.weight_sync import push_weights
+from areal_like.runtime.weight_sync import WeightLoader, push_weights
 from areal_like.utils.launcher_state import trainer_attempt
 
 logger = logging.getLogger(__name__)
@@ -28,14 +28,15 @@ def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
 
 
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
-                  rollout: Optional[RolloutProcess],
+                  rollout: Optional[RolloutProcess], fleet: Optional[WeightLoader] = None,
                   broadcaster: Optional[WeightBroadcaster] = None,
                   stateful: Optional[dict[str, Any]] = None,
                   in_memory: bool = False) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.
 
     On recover the engine gets its weights, optimizer, scheduler, RNG and version back, the
-    executor its data position and buffered trajectories, and the fleet the saved weights.
+    executor its data position and buffered trajectories, and the fleet the saved weights
+    (loaded by rank 0's `fleet`).
     """
     if run.config.checkpoint.recover != "auto":
         return 0
@@ -43,7 +44,7 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
     if path is None:
         if trainer_attempt() > 0:  # restarted before any checkpoint: the fleet holds weights
             # of the dead trainer's steps; it must serve the start's weights as version 0
-            push_weights(engine, rollout, engine.get_version(), run.weights_dir,
+            push_weights(engine, fleet, engine.get_version(), run.weights_dir,
                          collective_timeout_s=run.config.actor.collective_timeout,
                          broadcaster=broadcaster, in_memory=in_memory)
         return 0
@@ -57,7 +58,7 @@ def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
         obj.load_state_dict(saved[name])
     if rollout is not None and state.get("executor") is not None:
         rollout.load_state_dict(state["executor"], restore_version=False)
-    push_weights(engine, rollout, version, run.weights_dir,
+    push_weights(engine, fleet, version, run.weights_dir,
                  collective_timeout_s=run.config.actor.collective_timeout,
                  broadcaster=broadcaster, in_memory=in_memory)
     logger.info("recovered from %s: step %d, version %d", path, state["step"], version)

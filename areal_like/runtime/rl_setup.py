@@ -47,6 +47,7 @@ from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
 from areal_like.utils.progress import progress
 from engines import FSDPEngine
+from engines.fleet.updater import FleetUpdater
 from workflows.rlvr import RLVRWorkflow
 
 CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step",
@@ -101,6 +102,9 @@ class RLSetup:
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
         # a LoRA run sends its adapter in memory instead (no process group: push_weights)
+        # rank 0 loads weights on the servers itself; the rollout controller is told twice
+        self.fleet = (FleetUpdater(config.rollout, self.rollout) if self.rollout is not None
+                      else None)
         self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
                             if self.adapter_in_memory and not config.actor.lora.enabled
                             else None)
@@ -178,11 +182,12 @@ class RLSetup:
     def steps(self) -> Iterator[int]:
         """Training steps, resuming after the last checkpoint when `checkpoint.recover=auto`."""
         start = maybe_recover(self.ckpt, self.run, self.actor_engine, self.rollout,
-                              self.broadcaster, self.stateful, self.adapter_in_memory)
+                              self.fleet, self.broadcaster, self.stateful,
+                              self.adapter_in_memory)
         if start == 0:
             stats = dict(self.data_stats)
             if self.actor_engine.lora_enabled:  # the servers hold the base only so far
-                stats |= push_weights(self.actor_engine, self.rollout, 0, self.run.weights_dir,
+                stats |= push_weights(self.actor_engine, self.fleet, 0, self.run.weights_dir,
                                       collective_timeout_s=self.config.actor.collective_timeout,
                                       in_memory=self.adapter_in_memory)
             self.run.log_step(0, stats)
@@ -221,7 +226,7 @@ class RLSetup:
 
     def push_weights(self, step: int) -> dict[str, float]:
         """Export the trainer's weights as version step + 1 and load them on the fleet."""
-        return push_weights(self.actor_engine, self.rollout, step + 1, self.run.weights_dir,
+        return push_weights(self.actor_engine, self.fleet, step + 1, self.run.weights_dir,
                             collective_timeout_s=self.config.actor.collective_timeout,
                             broadcaster=self.broadcaster, in_memory=self.adapter_in_memory)
 
@@ -295,6 +300,8 @@ class RLSetup:
             png = plot_run(self.run.metrics.jsonl_path, self.run.dir / "curves.png",
                            self.run.dir.name)
             print(f"curves: {png}", flush=True)
+        if self.fleet is not None:
+            self.fleet.close()
         if self.rollout is not None:
             self.rollout.destroy()
         if self.broadcaster is not None:

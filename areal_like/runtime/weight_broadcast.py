@@ -1,8 +1,10 @@
 """The trainer's side of the distributed weight transport (`rollout.weights.transport=
 distributed`): weights go to the fleet over process groups, bucket by bucket, not via disk.
 
-Every trainer rank runs `WeightBroadcaster.push`; rank 0 talks to the fleet and holds one
-process group per server (see `engines.weight_transport.process_group_fleet`). One update:
+Every trainer rank runs `WeightBroadcaster.push`; rank 0 talks to the servers itself through
+its `FleetUpdater` (engines/fleet/updater.py) and holds one process group per server (see
+`engines.weight_transport.process_group_fleet`); the rollout controller is told only when the
+update begins (it holds the fleet) and ends (the report). One update:
 servers without a group join one (new, restarted or added servers: a log line names them), the
 servers pause, then for each bucket every rank gathers the FSDP shards to full tensors (a
 collective) while the servers post a receive, and rank 0 sends the bucket on each server's
@@ -27,10 +29,11 @@ from typing import Any, Optional
 
 import torch
 
-from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
+from areal_like.api import TrainEngine, WeightUpdateMeta
 from areal_like.api.config import RolloutConfig
-from areal_like.api.io_struct import WeightGroupSpec
+from areal_like.api.io_struct import UpdateReport, WeightGroupSpec
 from areal_like.runtime.main_rank import run_on_main, share_from_main
+from engines.fleet.updater import FleetUpdater
 from engines.weight_transport.process_group_trainer import (
     WeightUpdateGroup,
     default_backend,
@@ -61,17 +64,18 @@ class WeightBroadcaster:
         # leave failed) refuses a second group of the same name
         self._group_prefix = f"areal_like_weights_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
-    def push(self, engine: TrainEngine, rollout: Optional[FleetClient],
+    def push(self, engine: TrainEngine, fleet: Optional[FleetUpdater],
              version: int) -> dict[str, float]:
         """Send `engine`'s weights to the fleet as `version` (every rank calls this; rank 0
-        passes `rollout`). Returns timings."""
+        passes its `fleet` updater). Returns timings."""
         start = time.perf_counter()
         buckets = plan_buckets(engine.weight_specs(),
                                int(self.config.weights.bucket_mb * 2**20))
-        state: dict[str, Any] = {"error": None, "meta": None, "members": (), "failed": {}}
+        meta = WeightUpdateMeta.from_distributed(buckets, self._group_prefix, version)
+        state: dict[str, Any] = {"error": None, "held": False, "members": (), "failed": {}}
 
         def guarded(step: Any) -> None:  # rank 0: an error of the trainer's own ends it
-            if rollout is None or state["error"] is not None:
+            if fleet is None or state["error"] is not None:
                 return
             try:
                 step()
@@ -79,23 +83,23 @@ class WeightBroadcaster:
                 state["error"] = f"{type(e).__name__}: {e}"
 
         def prepare() -> None:
-            assert rollout is not None
-            self._form(rollout, state["failed"])
-            meta = WeightUpdateMeta.from_distributed(buckets, self._group_prefix, version)
-            state["meta"] = meta
-            state["members"] = rollout.begin_weight_broadcast(meta)
+            assert fleet is not None
+            fleet.hold(version)
+            state["held"] = True
+            self._form(fleet, state["failed"])
+            state["members"] = fleet.begin_weight_broadcast(meta)
 
         run_on_main(lambda: guarded(prepare), f"preparing weights version {version}",
                     self.collective_timeout_s)
         for index, tensors in enumerate(engine.iter_weight_buckets(buckets)):
             def send(index: int = index, tensors: Any = tensors) -> None:
-                assert rollout is not None
-                self._send_bucket(rollout, state, index, tensors)
+                assert fleet is not None
+                self._send_bucket(fleet, meta, state, index, tensors)
 
             run_on_main(functools.partial(guarded, send),
                         f"broadcasting weights version {version}", self.collective_timeout_s)
             del tensors
-        run_on_main(lambda: guarded(lambda: self._finish(rollout, state)),
+        run_on_main(lambda: self._finish(fleet, meta, state),
                     f"resuming the fleet with weights version {version}",
                     self.collective_timeout_s)
         error = share_from_main(self._verdict(state, version))
@@ -106,7 +110,7 @@ class WeightBroadcaster:
                 "weight_sync/buckets": float(len(buckets))}
 
     # ---- rank 0 -------------------------------------------------------------------------
-    def _form(self, rollout: FleetClient, failed: dict[str, str]) -> None:
+    def _form(self, fleet: FleetUpdater, failed: dict[str, str]) -> None:
         addr = self.config.weights.group_addr
         timeout = self.config.weights.broadcast_timeout
         if self._store is None:
@@ -114,11 +118,11 @@ class WeightBroadcaster:
         spec = WeightGroupSpec(
             group_name=f"{self._group_prefix}_{self.formations}", master_addr=addr,
             master_port=self._port, backend=self.backend, timeout_s=timeout)
-        layout = rollout.form_weight_group(spec, force=not self.groups)
+        layout = fleet.form_weight_group(spec, force=not self.groups)
         for server in [s for s in self.groups if s not in layout.members]:
             self._drop(server)
         if not layout.joining:
-            failed.update(rollout.join_weight_group())
+            failed.update(fleet.join_weight_group())
             return
         for server, _, _ in layout.joining:
             self._drop(server)
@@ -126,7 +130,7 @@ class WeightBroadcaster:
                    for server, name, world in layout.joining}
         with concurrent.futures.ThreadPoolExecutor(len(joining) + 1,
                                                    thread_name_prefix="weight-group") as pool:
-            joined = pool.submit(rollout.join_weight_group)
+            joined = pool.submit(fleet.join_weight_group)
             connects = {s: pool.submit(g.connect) for s, g in joining.items()}
             failed.update(joined.result())
             for server, future in connects.items():
@@ -141,8 +145,8 @@ class WeightBroadcaster:
         logger.info("weight-update groups (%s) joined by %s", self.backend,
                     ", ".join(s for s in joining if s in self.groups) or "no server")
 
-    def _send_bucket(self, rollout: FleetClient, state: dict[str, Any], index: int,
-                     tensors: list[Any]) -> None:
+    def _send_bucket(self, fleet: FleetUpdater, meta: WeightUpdateMeta, state: dict[str, Any],
+                     index: int, tensors: list[Any]) -> None:
         members = tuple(s for s in state["members"]
                         if s not in state["failed"] and s in self.groups)
         if not members:
@@ -153,7 +157,7 @@ class WeightBroadcaster:
             self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
         flat = flatten_bucket(tensors, device, out=self._buffer)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-recv") as pool:
-            received = pool.submit(rollout.receive_weight_bucket, state["meta"], index, members)
+            received = pool.submit(fleet.receive_weight_bucket, meta, index, members)
             works = {}
             for server in members:
                 try:
@@ -170,14 +174,35 @@ class WeightBroadcaster:
             for server, why in received.result().items():
                 state["failed"].setdefault(server, why)
 
-    def _finish(self, rollout: Optional[FleetClient], state: dict[str, Any]) -> None:
-        if rollout is None or state["meta"] is None:
+    def _finish(self, fleet: Optional[FleetUpdater], meta: WeightUpdateMeta,
+                state: dict[str, Any]) -> None:
+        """Continue the servers that received every bucket and release the fleet, whatever
+        happened before: after an error of the trainer's own, every server of the broadcast
+        is dropped (it may hold partial weights)."""
+        if fleet is None or not state["held"]:
             return
-        dropped = rollout.end_weight_broadcast(state["meta"], dict(state["failed"]))
-        for server, why in dropped.items():
-            state["failed"].setdefault(server, why)
-            self._drop(server)
-        state["received"] = [s for s in state["members"] if s not in state["failed"]]
+        report = UpdateReport(meta)
+        try:
+            if state["error"] is None:
+                received, dropped = fleet.end_weight_broadcast(meta, dict(state["failed"]))
+            else:
+                why = f"the trainer's broadcast failed ({state['error']})"
+                received, dropped = [], {s: why for s in state["members"]} | state["failed"]
+            for server, why in dropped.items():
+                state["failed"].setdefault(server, why)
+                self._drop(server)
+            state["received"] = received
+            report.loaded, report.failed = list(received), dict(state["failed"])
+            report.advanced = bool(received)
+        except Exception as e:  # noqa: BLE001 - reported on every rank (the fleet is released)
+            state["error"] = state["error"] or f"{type(e).__name__}: {e}"
+            report.failed = {s: f"the broadcast did not end: {state['error']}"
+                             for s in state["members"]} | state["failed"]
+        finally:
+            try:
+                fleet.release(report)
+            except Exception as e:  # noqa: BLE001
+                state["error"] = state["error"] or f"{type(e).__name__}: {e}"
 
     def _verdict(self, state: dict[str, Any], version: int) -> Optional[str]:
         if state["error"] is not None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
+from engines.fleet.updater import FleetUpdater
+
+# what loads weights on the fleet: trainer rank 0's updater (it drives the servers itself),
+# or any fleet client (in one process: tests, scripts)
+WeightLoader = Union[FleetUpdater, FleetClient]
 
 
-def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
+def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,
                  root: Path, keep: int = 2, collective_timeout_s: float = 600.0,
                  broadcaster: Optional[WeightBroadcaster] = None,
                  in_memory: bool = False) -> dict[str, float]:
@@ -22,7 +27,7 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     engine sends its adapter only: a PEFT folder under `root`, or with `in_memory` (the
     distributed transport) the adapter's tensors in the load request itself.
 
-    Every trainer rank calls this; only rank 0 passes `rollout`. Rollouts keep running while
+    Every trainer rank calls this; only rank 0 passes `fleet`. Rollouts keep running while
     the trainer writes the folder; the fleet is then paused (in-flight requests retracted,
     not lost), loads the folder labelled `version`, and continues — so tokens generated
     across the switch report both versions. Old folders beyond the last `keep` are removed.
@@ -30,9 +35,12 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     not outlast their `collective_timeout_s`, and a failed one fails every rank alike.
     """
     if engine.lora_enabled and in_memory:
-        return _push_adapter(engine, rollout, version, collective_timeout_s)
+        return _push_adapter(engine, fleet, version, collective_timeout_s)
     if broadcaster is not None:
-        return broadcaster.push(engine, rollout, version)
+        if fleet is not None and not isinstance(fleet, FleetUpdater):
+            raise TypeError(f"the distributed transport needs trainer rank 0's FleetUpdater, "
+                            f"got {type(fleet).__name__}")
+        return broadcaster.push(engine, fleet, version)
     # absolute: servers started elsewhere resolve relative paths against their own cwd
     meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
     start = time.perf_counter()
@@ -40,9 +48,9 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
     exported = time.perf_counter()
 
     def load_on_fleet() -> None:
-        if rollout is None:
+        if fleet is None:
             return
-        rollout.update_weights(meta)  # pause (retract) -> load -> version label -> continue
+        fleet.update_weights(meta)  # pause (retract) -> load -> version label -> continue
         for old in sorted(root.glob("v*")):
             if old.name[1:].isdigit() and int(old.name[1:]) <= version - keep:
                 shutil.rmtree(old, ignore_errors=True)
@@ -54,7 +62,7 @@ def push_weights(engine: TrainEngine, rollout: Optional[FleetClient], version: i
             "weight_sync/load_s": time.perf_counter() - exported}
 
 
-def _push_adapter(engine: TrainEngine, rollout: Optional[FleetClient], version: int,
+def _push_adapter(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,
                   collective_timeout_s: float) -> dict[str, float]:
     """The LoRA adapter, gathered to rank 0 and sent to every server in memory."""
     start = time.perf_counter()
@@ -62,8 +70,8 @@ def _push_adapter(engine: TrainEngine, rollout: Optional[FleetClient], version: 
     gathered = time.perf_counter()
 
     def load_on_fleet() -> None:
-        if rollout is not None and adapter is not None:
-            rollout.update_weights(WeightUpdateMeta.from_adapter(adapter, version))
+        if fleet is not None and adapter is not None:
+            fleet.update_weights(WeightUpdateMeta.from_adapter(adapter, version))
 
     run_on_main(load_on_fleet, f"loading adapter version {version} on the fleet",
                 collective_timeout_s)

@@ -48,12 +48,12 @@ import aiohttp
 from areal_like.api.config import RolloutConfig
 from areal_like.api.engine_api import InferenceEngine
 from areal_like.api.io_struct import (
+    FleetView,
     ModelRequest,
     ModelResponse,
     StopReason,
     TokenScores,
-    WeightGroupLayout,
-    WeightGroupSpec,
+    UpdateReport,
     WeightUpdateMeta,
 )
 from areal_like.api.seeding import derive_seed, request_seed
@@ -67,7 +67,6 @@ from engines.server.http import CONTROL_TIMEOUT_S, MalformedReplyError, parse_js
 from engines.server.http import RETRYABLE as _RETRYABLE
 from engines.server.http import RetryableHTTPError as _RetryableHTTPError
 from engines.server.replies import GenerateReply, ScoreReply
-from engines.weight_transport.process_group_fleet import FleetWeightGroup
 
 __all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
            "InferenceServerError", "RemoteVLLMEngine"]
@@ -113,8 +112,6 @@ class RemoteInferenceEngine(InferenceEngine):
         self._own_aborts = OwnAborts()  # this engine's pauses that abort: continued
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail, self.api, self._own_aborts)
-        self.weight_group = FleetWeightGroup(config, self.membership, self._require_session,
-                                             self.api)
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
         api_key = config.client.api_key
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -439,30 +436,22 @@ class RemoteInferenceEngine(InferenceEngine):
         self.run_coroutine(self.aupdate_weights(meta),
                            2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S)
 
-    # ---- the distributed transport (see engines.weight_transport.process_group_fleet) ----
-    def _group_call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.run_coroutine(coro, self.config.weights.update_timeout + 2 * CONTROL_TIMEOUT_S)
+    # ---- updates trainer rank 0 drives (engines/fleet/updater.py) ------------------------
+    def begin_weight_update(self, version: int, pause_mode: str) -> FleetView:
+        # held at most as long as the longest update (disk: two loads; distributed: a new
+        # group's formation and a broadcast), then released with the servers taken out
+        timeout = self.config.weights.update_timeout
+        expires = 3 * timeout + self.config.weights.broadcast_timeout + 4 * CONTROL_TIMEOUT_S
+        return self.run_coroutine(self._on_rollout_loop(
+            self.membership.hold_for_update(version, pause_mode, expires)),
+            timeout + CONTROL_TIMEOUT_S)
 
-    def form_weight_group(self, spec: WeightGroupSpec,
-                          force: bool = False) -> WeightGroupLayout:
-        return self._group_call(self.weight_group.form(spec, force))
+    def end_weight_update(self, report: UpdateReport) -> None:
+        async def end() -> None:
+            if self.membership.end_update(report) and report.advanced:
+                self.set_version(report.meta.version)
 
-    def join_weight_group(self) -> dict[str, str]:
-        return self._group_call(self.weight_group.join())
-
-    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
-        return self._group_call(self.weight_group.begin(meta))
-
-    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
-                              members: tuple[str, ...]) -> dict[str, str]:
-        return self._group_call(self.weight_group.receive(meta, index, members))
-
-    def end_weight_broadcast(self, meta: WeightUpdateMeta,
-                             failed: dict[str, str]) -> dict[str, str]:
-        dropped = self._group_call(self.weight_group.end(meta, failed))
-        if self.membership.current is meta:  # some server received it
-            self.set_version(meta.version)
-        return dropped
+        self.run_coroutine(self._on_rollout_loop(end()), CONTROL_TIMEOUT_S)
 
     def set_version(self, version: int) -> None:
         with self._version_lock:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
@@ -26,7 +27,8 @@ import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.errors import FleetUnavailableError
-from areal_like.api.io_struct import WeightUpdateMeta
+from areal_like.api.io_struct import FleetView, UpdateReport, WeightUpdateMeta
+from engines.fleet import updates
 from engines.fleet.routing import NoServerInServiceError, OwnAborts, ServerPool
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
@@ -40,6 +42,14 @@ PROBE_TIMEOUT_S = 10.0  # a liveness probe (no generation involved)
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error("probing an inference server failed", exc_info=task.exception())
+
+
+@dataclass
+class _HeldUpdate:
+    view: FleetView
+    aborts: bool  # its pauses abort requests: hold them as ours
+    expiry: asyncio.TimerHandle
+    timeout_s: float
 
 
 class FleetMembership:
@@ -67,6 +77,7 @@ class FleetMembership:
         self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
         self.fatal: Optional[FleetUnavailableError] = None
         self.paused = False  # pause_all .. continue_all: no server can pass a generation probe
+        self._held: Optional[_HeldUpdate] = None  # an update trainer rank 0 drives
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -272,29 +283,8 @@ class FleetMembership:
         """Pause `addr` (in-flight requests retracted, not lost), load `meta` (None: keep the
         weights), continue. The continue always runs, bounded by its own timeout."""
         with self.own_aborts.pause(aborts=self.api.aborts_on_pause(self.api.update_pause_mode)):
-            await self._update_one(addr, meta)
-
-    async def _update_one(self, addr: str, meta: Optional[WeightUpdateMeta]) -> None:
-        session = self._session()
-        error: Optional[Exception] = None
-        try:
-            await self.api.pause(session, addr, self.api.update_pause_mode)
-            if meta is not None:
-                await self.api.load_weights(session, addr, meta,
-                                            self.config.weights.update_timeout)
-        except Exception as e:  # noqa: BLE001 - raised below, after the continue
-            error = e
-        finally:  # a cancelled update still continues the server
-            try:
-                await self.api.resume(session, addr)
-            except Exception as e:  # noqa: BLE001
-                if error is None:
-                    error = e
-                else:
-                    logger.error("inference server %s: could not continue after a failed "
-                                 "update: %s", addr, e)
-        if error is not None:
-            raise error
+            await updates.update_one(self._session(), self.api, addr, meta,
+                             self.config.weights.update_timeout)
 
     async def update_all(self, meta: WeightUpdateMeta) -> None:
         """Load `meta` on every server in service, each on its own; the servers that fail
@@ -303,21 +293,78 @@ class FleetMembership:
         the version is then not advanced."""
         async with self._require_lock():
             targets = self.pool.in_service()
-            results = await asyncio.gather(*(self.update_one(a, meta) for a in targets),
-                                           return_exceptions=True)
-            failed = {a: r for a, r in zip(targets, results, strict=True)
-                      if isinstance(r, BaseException)}
+            aborts = self.api.aborts_on_pause(self.api.update_pause_mode)
+            with self.own_aborts.pause(aborts=aborts):
+                failed = await updates.update_each(self._session(), self.api, targets, meta,
+                                           self.config.weights.update_timeout)
             for addr, error in failed.items():
-                if not isinstance(error, Exception):
-                    raise error  # cancellation: not a server's fault
                 self.take_out(addr, f"failed to load weights version {meta.version}: {error}")
-            if targets and len(failed) == len(targets):
-                alive = [a for a in failed if not await self.api.answers(self._session(), a, 5.0)]
-                if alive:
-                    errors = "; ".join(str(failed[a]) for a in alive)
-                    raise InferenceServerError(f"weight update to version {meta.version} failed "
-                                               f"on every server: {errors}")
+            refused = await updates.refused_everywhere(self._session(), self.api, targets, failed,
+                                               meta.version)
+            if refused is not None:
+                raise refused
             self.current = meta  # servers out of service load it before they serve again
+
+    # ---- weight updates driven by trainer rank 0 (engines/fleet/updater.py) -------------
+    async def hold_for_update(self, version: int, pause_mode: str,
+                              expires_s: float) -> FleetView:
+        """Hold the fleet for an update someone else drives: the lock (no readmission), and
+        the aborts its pauses cause (continued). Released by `end_update`, or after
+        `expires_s` s without one: the servers then leave service (their update is unknown)."""
+        await asyncio.wait_for(self._require_lock().acquire(), self.config.weights.update_timeout)
+        aborts = self.api.aborts_on_pause(pause_mode)
+        if aborts:
+            self.own_aborts.hold()
+        view = FleetView(version=version, in_service=tuple(self.pool.in_service()),
+                         awaiting_broadcast=tuple(sorted(self.awaiting_broadcast)),
+                         out_of_service=self.pool.describe_out_of_service())
+        expiry = asyncio.get_running_loop().call_later(expires_s, self._expire_update, view)
+        self._held = _HeldUpdate(view, aborts, expiry, expires_s)
+        return view
+
+    def end_update(self, report: UpdateReport) -> bool:
+        """Apply a driven update's `report` and release the hold; False if it had expired."""
+        held, self._held = self._held, None
+        if held is None or held.view.version != report.meta.version:
+            self._held = held
+            logger.error("weights version %d: its update ended after the fleet stopped waiting "
+                         "for it; its servers are out of service until they reload",
+                         report.meta.version)
+            return False
+        try:
+            version = report.meta.version
+            for addr, why in report.failed.items():
+                if report.meta.type == "distributed":
+                    self.await_broadcast(addr, f"dropped from the broadcast of weights version "
+                                               f"{version} ({why}); paused until a later "
+                                               "broadcast includes it")
+                else:
+                    self.take_out(addr, f"failed to load weights version {version}: {why}")
+            if report.meta.type == "distributed":
+                for addr in report.loaded:
+                    self.joined_broadcast(addr, version)
+            if report.advanced:
+                self.current = report.meta  # servers out of service load it before they serve
+        finally:
+            self._release(held)
+        return True
+
+    def _expire_update(self, view: FleetView) -> None:
+        held = self._held
+        if held is None or held.view is not view:
+            return
+        self._held = None
+        why = (f"the trainer did not finish its update to weights version {view.version} "
+               f"within {held.timeout_s:.0f} s")
+        for addr in view.in_service:  # readmitted (reloading) once they answer
+            self.take_out(addr, why)
+        self._release(held)
+
+    def _release(self, held: _HeldUpdate) -> None:
+        held.expiry.cancel()
+        if held.aborts:
+            self.own_aborts.release()
+        self._require_lock().release()
 
     async def readmit(self, addr: str) -> bool:
         """Load the current weights on `addr` (it answers) and put it back in service."""

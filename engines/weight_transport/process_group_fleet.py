@@ -7,11 +7,12 @@ apart: a server that dies mid-broadcast breaks only its own group, so the others
 every bucket and finish the update; a server that joins later (restarted, added) forms its
 own group without disturbing the rest.
 
-Runs on the client's rollout loop; trainer rank 0 drives it through `FleetClient`'s
-`form_weight_group` ... `end_weight_broadcast` (see `areal_like.runtime.weight_broadcast`).
-From `begin` to `end` the fleet's membership lock is held, so no server is readmitted halfway
-through a broadcast. A server that fails any step is dropped from the broadcast; at `end` it
-leaves service (paused: it may hold partial weights) until a later broadcast includes it.
+Runs on trainer rank 0, on the loop of its `FleetUpdater` (engines/fleet/updater.py), which
+`areal_like.runtime.weight_broadcast` drives: form -> join -> begin -> receive each bucket ->
+end. The fleet's client holds the fleet for the update meanwhile (no server is readmitted
+halfway through a broadcast) and names the servers (`FleetView`). A server that fails any step
+is dropped from the broadcast; the client then takes it out of service (paused: it may hold
+partial weights) until a later broadcast includes it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from typing import Any, Callable
 import aiohttp
 
 from areal_like.api.config import RolloutConfig
-from areal_like.api.io_struct import WeightGroupLayout, WeightGroupSpec, WeightUpdateMeta
+from areal_like.api.io_struct import (
+    FleetView,
+    WeightGroupLayout,
+    WeightGroupSpec,
+    WeightUpdateMeta,
+)
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
 
@@ -37,29 +43,29 @@ def _describe(error: BaseException) -> str:
 
 
 class FleetWeightGroup:
-    def __init__(self, config: RolloutConfig, membership: Any,
+    def __init__(self, config: RolloutConfig,
                  session: Callable[[], aiohttp.ClientSession], api: ServerAPI) -> None:
         self.config = config
         self.api = api
-        self.membership = membership  # engines.fleet.membership.FleetMembership
         self._session = session
         self.groups: dict[str, str] = {}  # server -> name of its joined group
         self._joining: dict[str, tuple[str, asyncio.Task[Any]]] = {}
         self.failed: dict[str, str] = {}  # servers dropped from the current broadcast, why
         self._members: tuple[str, ...] = ()
-        self._locked = False
-        self._holding_aborts = False
 
     # ---- forming ------------------------------------------------------------------------
-    async def form(self, spec: WeightGroupSpec, force: bool = False) -> WeightGroupLayout:
-        awaiting = self.membership.awaiting_broadcast
+    async def form(self, spec: WeightGroupSpec, view: FleetView,
+                   force: bool = False) -> WeightGroupLayout:
+        """Decide which servers receive the broadcast (those in service in `view`, and those
+        awaiting one that answer) and ask those without a group (new, restarted, or all with
+        `force`) to join one at `spec` (returns at once: `join` waits)."""
+        awaiting = set(view.awaiting_broadcast)
         waiting = [a for a in sorted(awaiting)
                    if not await self.api.answers(self._session(), a, PROBE_TIMEOUT_S)]
-        wanted = tuple(sorted(set(self.membership.pool.in_service()) | set(waiting)))
+        wanted = tuple(sorted(set(view.in_service) | set(waiting)))
         if not wanted:
             raise InferenceServerError("no inference server in service or waiting for weights to "
-                                       "broadcast to; out of service: "
-                                       f"{self.membership.pool.describe_out_of_service()}")
+                                       f"broadcast to; out of service: {view.out_of_service}")
         for addr in [a for a in self.groups if a not in wanted]:
             await self._leave(addr)
         # a restarted server answers at its old address but left its group with its process
@@ -134,12 +140,6 @@ class FleetWeightGroup:
 
     async def begin(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
         """Pause the members that joined; returns those that will receive the broadcast."""
-        await asyncio.wait_for(self.membership.lock().acquire(),
-                               self.config.weights.update_timeout)
-        self._locked = True
-        if self.api.aborts_on_pause("retract"):  # requests aborted now are continued after
-            self.membership.own_aborts.hold()
-            self._holding_aborts = True
         members = tuple(a for a in self.groups if a not in self.failed)
         session = self._session()
 
@@ -179,9 +179,11 @@ class FleetWeightGroup:
 
         return await self._each(members, post)
 
-    async def end(self, meta: WeightUpdateMeta, failed: dict[str, str]) -> dict[str, str]:
-        """The members not in `failed` (nor failed here) serve `meta.version` and continue;
-        the others leave service, paused. Returns every server dropped, and why."""
+    async def end(self, meta: WeightUpdateMeta,
+                  failed: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The members not in `failed` (nor failing here) serve `meta.version` and continue.
+        Returns those that received it, and every server dropped (and why): they are left
+        paused, their groups discarded, until a later broadcast includes them."""
         self.failed.update(failed)
         session = self._session()
         done = tuple(a for a in self._members if a not in self.failed)
@@ -194,23 +196,9 @@ class FleetWeightGroup:
 
             await self._each(done, end_one)
             received = [a for a in done if a not in self.failed]
-            if received:
-                self.membership.current = meta
-            for addr in received:
-                self.membership.joined_broadcast(addr, meta.version)
-            for addr, why in self.failed.items():
-                if addr in self.groups:
-                    self.groups.pop(addr)  # its group is broken; it joins a new one later
-                self.membership.await_broadcast(
-                    addr, f"dropped from the broadcast of weights version {meta.version} "
-                          f"({why}); paused until a later broadcast includes it")
-            return dict(self.failed)
+            for addr in self.failed:
+                self.groups.pop(addr, None)  # its group is broken; it joins a new one later
+            return received, dict(self.failed)
         finally:
             self.failed = {}
             self._members = ()
-            if self._holding_aborts:
-                self._holding_aborts = False
-                self.membership.own_aborts.release()
-            if self._locked:
-                self._locked = False
-                self.membership.lock().release()

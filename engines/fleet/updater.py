@@ -1,0 +1,165 @@
+"""Trainer rank 0's own client for weight updates: it pauses, loads and continues the servers
+itself over HTTP, as slime's trainer drives its engines, instead of forwarding each step
+through the rollout controller's process.
+
+The fleet's client (`coordinator`: the rollout controller, usually in a process of its own)
+keeps membership and the executor, and is told twice per update, whatever the transport:
+`begin_weight_update` holds the fleet (pinned work finishes, no server is readmitted, the
+aborts our pauses cause are continued) and names the servers (`FleetView`);
+`end_weight_update` gets the `UpdateReport` (servers that failed leave service, the version
+moves). Everything between is HTTP from here: one folder or adapter load per server
+(`update_weights`), or the distributed transport's group calls, bucket by bucket
+(`areal_like.runtime.weight_broadcast` drives them; the groups live here, beside the trainer's
+ends of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, Optional, TypeVar
+
+import aiohttp
+
+from areal_like.api.config import RolloutConfig
+from areal_like.api.engine_api import FleetClient
+from areal_like.api.io_struct import (
+    FleetView,
+    UpdateReport,
+    WeightGroupLayout,
+    WeightGroupSpec,
+    WeightUpdateMeta,
+)
+from areal_like.utils.loop_thread import EventLoopThread
+from engines.fleet.backends import server_api
+from engines.fleet.updates import refused_everywhere, update_each
+from engines.server.http import CONTROL_TIMEOUT_S
+from engines.weight_transport.process_group_fleet import FleetWeightGroup
+
+T = TypeVar("T")
+
+RETRACT = "retract"  # how a broadcast pauses the servers: requests are kept, not lost
+
+
+class FleetUpdater:
+    """Loads new weights on the servers `coordinator` names, over an HTTP session of its own
+    (`config.client.api_key`, `config.weights` timeouts)."""
+
+    def __init__(self, config: RolloutConfig, coordinator: FleetClient) -> None:
+        self.config = config
+        self.coordinator = coordinator
+        self.api = server_api(config.backend or "sglang", config.lora_adapter)
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._loop = EventLoopThread("weight-updater")
+        self._loop.start()
+        try:
+            self._loop.run_coroutine(self._open_session(), CONTROL_TIMEOUT_S)
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.weight_group = FleetWeightGroup(config, self._require_session, self.api)
+        self._view: Optional[FleetView] = None  # of the broadcast under way
+
+    async def _open_session(self) -> None:
+        key = self.config.client.api_key
+        self._session = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {key}"} if key else {})
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("FleetUpdater is closed")
+        return self._session
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        return self._loop.run_coroutine(coro, timeout)
+
+    # ---- a folder or an adapter, loaded by each server ----------------------------------
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        """Pause -> load `meta` -> continue on every server in service, each on its own; the
+        servers that fail leave service. Raises when none loaded it and one that still answers
+        refused it (the version then does not move)."""
+        if meta.type == "distributed":
+            raise ValueError("WeightUpdateMeta(type='distributed') is broadcast bucket by bucket: "
+                             "see areal_like.runtime.weight_broadcast")
+        view = self.coordinator.begin_weight_update(meta.version, self.api.update_pause_mode)
+        report = UpdateReport(meta)
+        refused = None
+        try:
+            # twice: a load, then the answer probes of a fleet-wide failure
+            refused = self._run(self._load(view, meta, report),
+                                2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S)
+        except BaseException as e:
+            unfinished = f"the update did not finish ({type(e).__name__}: {e})"
+            report.failed |= {a: unfinished for a in view.in_service
+                              if a not in report.loaded and a not in report.failed}
+            report.advanced = False
+            raise
+        finally:
+            self.coordinator.end_weight_update(report)
+        if refused is not None:
+            raise refused
+
+    async def _load(self, view: FleetView, meta: WeightUpdateMeta,
+                    report: UpdateReport) -> Optional[Exception]:
+        targets = list(view.in_service)
+        session = self._require_session()
+        failed = await update_each(session, self.api, targets, meta,
+                                   self.config.weights.update_timeout)
+        report.loaded = [a for a in targets if a not in failed]
+        report.failed = {a: str(e) for a, e in failed.items()}
+        refused = await refused_everywhere(session, self.api, targets, failed, meta.version)
+        report.advanced = refused is None
+        return refused
+
+    # ---- the distributed transport (see areal_like.runtime.weight_broadcast) ------------
+    def hold(self, version: int) -> FleetView:
+        """Begin a broadcast of `version`: the coordinator holds the fleet."""
+        self._view = self.coordinator.begin_weight_update(version, RETRACT)
+        return self._view
+
+    def release(self, report: UpdateReport) -> None:
+        """End it: the coordinator applies `report` and releases the fleet."""
+        self._view = None
+        self.coordinator.end_weight_update(report)
+
+    def _group_call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._run(coro, self.config.weights.update_timeout + 2 * CONTROL_TIMEOUT_S)
+
+    def form_weight_group(self, spec: WeightGroupSpec, force: bool = False) -> WeightGroupLayout:
+        """Which servers receive the broadcast; those without a group start joining one."""
+        if self._view is None:
+            raise RuntimeError("form_weight_group before hold(version)")
+        return self._group_call(self.weight_group.form(spec, self._view, force))
+
+    def join_weight_group(self) -> dict[str, str]:
+        """Wait for the servers asked to join; returns those that failed, and why."""
+        return self._group_call(self.weight_group.join())
+
+    def begin_weight_broadcast(self, meta: WeightUpdateMeta) -> tuple[str, ...]:
+        """Pause the members (requests retracted); returns those that will receive it."""
+        return self._group_call(self.weight_group.begin(meta))
+
+    def receive_weight_bucket(self, meta: WeightUpdateMeta, index: int,
+                              members: tuple[str, ...]) -> dict[str, str]:
+        """Each of `members` receives bucket `index` (blocks while the trainer sends it);
+        returns those that failed, and why."""
+        return self._group_call(self.weight_group.receive(meta, index, members))
+
+    def end_weight_broadcast(self, meta: WeightUpdateMeta,
+                             failed: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The members not in `failed` serve `meta.version` and continue; returns them, and
+        every server dropped (and why)."""
+        return self._group_call(self.weight_group.end(meta, failed))
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave every weight-update group and close the session; safe to call twice."""
+        if self._session is None:
+            return
+        try:
+            self._run(self.weight_group.dissolve(), 2 * CONTROL_TIMEOUT_S)
+        finally:
+            session, self._session = self._session, None
+            try:
+                self._run(session.close(), CONTROL_TIMEOUT_S)
+            finally:
+                self._loop.stop()

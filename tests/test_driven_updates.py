@@ -1,0 +1,114 @@
+"""The fleet client's side of a weight update that trainer rank 0 drives (`FleetMembership.
+hold_for_update` / `end_update`), on the client's real membership and backend APIs, no server:
+what the hold blocks, what a report does to the servers and the version, and a trainer that
+never ends its update. (Against real servers: tests/test_weight_broadcast.py, test_faults.py's
+killed-during-update test, and every RL run.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from config_helpers import rollout_config
+
+from areal_like.api.io_struct import AdapterWeights, UpdateReport, WeightUpdateMeta
+from engines.fleet.backends import server_api
+from engines.fleet.membership import FleetMembership
+from engines.fleet.routing import OwnAborts, ServerPool
+
+SERVERS = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+
+
+def _membership(backend: str = "sglang") -> FleetMembership:
+    pool = ServerPool(list(SERVERS))
+    membership = FleetMembership(rollout_config(backend=backend), pool, session=_no_session,
+                                 on_fatal=pytest.fail, api=server_api(backend, ""),
+                                 own_aborts=OwnAborts())
+    membership._lock = asyncio.Lock()  # start() without its watch task: nothing to probe
+    return membership
+
+
+def _no_session():
+    raise AssertionError("no HTTP call is expected here")
+
+
+def test_a_disk_report_takes_the_failed_out_and_moves_the_version():
+    async def run() -> None:
+        m = _membership()
+        m.pool.take_out(SERVERS[2], "dead")
+        view = await m.hold_for_update(4, "retract", expires_s=60)
+        assert view.version == 4 and view.in_service == tuple(SERVERS[:2])
+        assert "127.0.0.1:3" in view.out_of_service
+        assert m.lock().locked()  # no readmission until the update ends
+        meta = WeightUpdateMeta.from_disk("/w/v4", 4)
+        assert m.end_update(UpdateReport(meta, loaded=[SERVERS[0]],
+                                         failed={SERVERS[1]: "refused"}, advanced=True))
+        assert not m.lock().locked()
+        assert m.pool.in_service() == [SERVERS[0]] and m.current is meta
+        assert "failed to load weights version 4: refused" in m.pool.out_of_service[SERVERS[1]]
+
+    asyncio.run(run())
+
+
+def test_a_refused_update_leaves_the_version():
+    async def run() -> None:
+        m = _membership()
+        before = WeightUpdateMeta.from_disk("/w/v3", 3)
+        m.current = before
+        await m.hold_for_update(4, "retract", expires_s=60)
+        failed = {a: "bad weights" for a in SERVERS}
+        assert m.end_update(UpdateReport(WeightUpdateMeta.from_disk("/w/v4", 4), failed=failed))
+        assert m.current is before and m.pool.in_service() == []
+
+    asyncio.run(run())
+
+
+def test_a_broadcast_report_readmits_the_joined_and_parks_the_dropped():
+    async def run() -> None:
+        m = _membership()
+        m.await_broadcast(SERVERS[2], "restarted")
+        view = await m.hold_for_update(5, "retract", expires_s=60)
+        assert view.awaiting_broadcast == (SERVERS[2],)
+        meta = WeightUpdateMeta(version=5, type="distributed", buckets=((),), group_name="g")
+        m.end_update(UpdateReport(meta, loaded=[SERVERS[0], SERVERS[2]],
+                                  failed={SERVERS[1]: "gloo: connection closed"}, advanced=True))
+        assert sorted(m.pool.in_service()) == [SERVERS[0], SERVERS[2]]
+        assert m.awaiting_broadcast == {SERVERS[1]}  # paused until a later broadcast
+        assert "dropped from the broadcast of weights version 5 (gloo" in \
+            m.pool.out_of_service[SERVERS[1]]
+
+    asyncio.run(run())
+
+
+def test_a_pause_that_aborts_counts_its_aborts_as_the_clients_own_until_the_end():
+    async def run() -> None:
+        m = _membership("vllm")  # vLLM's retract aborts requests: the client continues them
+        epoch = m.own_aborts.epoch
+        await m.hold_for_update(1, "retract", expires_s=60)
+        assert m.own_aborts.ours(epoch) and m.own_aborts.pausing == 1
+        adapter = AdapterWeights(tensors={}, config={})
+        m.end_update(UpdateReport(WeightUpdateMeta.from_adapter(adapter, 1),
+                                  loaded=list(SERVERS), advanced=True))
+        assert m.own_aborts.pausing == 0
+        # requests sent after the hold ended are not ours
+        assert not m.own_aborts.ours(m.own_aborts.epoch)
+
+    asyncio.run(run())
+
+
+def test_an_update_the_trainer_never_ends_is_released_and_its_servers_leave():
+    async def run() -> None:
+        m = _membership("vllm")
+        await m.hold_for_update(7, "retract", expires_s=0.05)
+        async with asyncio.timeout(30):  # the expiry fires on the loop
+            while m.lock().locked():
+                await asyncio.sleep(0.01)
+        assert m.pool.in_service() == [] and m.own_aborts.pausing == 0
+        assert "did not finish its update to weights version 7" in \
+            m.pool.out_of_service[SERVERS[0]]
+        # the late end is refused: it would advance a fleet that has moved on
+        meta = WeightUpdateMeta.from_disk("/w/v7", 7)
+        assert not m.end_update(UpdateReport(meta, loaded=list(SERVERS), advanced=True))
+        assert m.current is None
+
+    asyncio.run(run())

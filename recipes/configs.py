@@ -13,13 +13,14 @@ from areal_like.api.config import (
     TrainEngineConfig,
 )
 from areal_like.api.config_checks import (
+    above,
     address_list,
     at_least,
     bounded,
     check,
     check_bounds,
     choices,
-    cpu_list,
+    cpu_ids,
 )
 from areal_like.api.config_loader import register_config_dir, register_schema
 
@@ -131,22 +132,19 @@ class TeacherConfig:
     model_path: str = ".cache/models/addition-teacher"  # HF folder the launcher serves
     # a running teacher fleet (host:port); empty: the launcher starts `n_servers` of them
     server_addrs: list[str] = field(default_factory=list)
-    n_servers: int = 1
+    n_servers: int = bounded(1, bound=at_least(1))
     # cores of the started teacher servers; empty: not pinned (beside the student's servers
     # on a split machine it slowed a run by 15 %; unpinned it uses the trainer's idle time)
-    cpus: list[int] = field(default_factory=list)
+    cpus: list[int] = bounded(default_factory=list, bound=cpu_ids())
     use_task_reward: bool = True  # the verifier's reward too; false: the teacher's KL alone
-    request_timeout: float = 60.0  # seconds per scoring request; late = a failed sample
+    # seconds per scoring request; late = a failed sample
+    request_timeout: float = bounded(60.0, bound=above(0))
     # > 0: also fetch the teacher's k most likely next tokens at every position, for the exact
     # per-position reverse KL in the loss (algorithm.kl.estimator=full); 0: sampled tokens only
-    top_k: int = 0
+    top_k: int = bounded(0, bound=at_least(0, " (0: no top tokens)"))
 
     def __post_init__(self) -> None:
-        check("TeacherConfig", "n_servers", self.n_servers >= 1, self.n_servers, ">= 1")
-        check("TeacherConfig", "top_k", self.top_k >= 0, self.top_k, ">= 0 (0: no top tokens)")
-        check("TeacherConfig", "request_timeout", self.request_timeout > 0,
-              self.request_timeout, "> 0")
-        cpu_list("TeacherConfig", "cpus", self.cpus)
+        check_bounds(self, "TeacherConfig")
         check("TeacherConfig", "model_path", bool(self.model_path or self.server_addrs),
               self.model_path, "a model folder, or set teacher.server_addrs")
         if self.server_addrs:  # a running fleet: the launcher starts no teacher server

@@ -24,7 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from areal_like.api.config_checks import (
+    FRACTION,
+    Bound,
+    above,
+    at_least,
+    bounded,
+    check_bounds,
+    choices,
+)
 from areal_like.api.config_checks import check as _check
+from areal_like.api.config_checks import moved_key_message as _moved_key_message
 from areal_like.api.config_checks import one_of as _one_of
 
 
@@ -37,34 +47,29 @@ class AdvantageConfig:
     estimator: str = "grpo"
     # std of grpo's group normalisation: population (divide by n) | unbiased (n - 1, torch's
     # default std, as LightRFT / OpenRLHF)
-    group_std: str = "population"
-    discount: float = 1.0
-    gae_lambda: float = 1.0
+    group_std: str = bounded("population", bound=choices("population", "unbiased"))
+    discount: float = bounded(1.0, bound=FRACTION)
+    gae_lambda: float = bounded(1.0, bound=FRACTION)
 
     def __post_init__(self) -> None:
-        name = "algorithm.adv"
-        _one_of(name, "group_std", self.group_std, ("population", "unbiased"))
-        _check(name, "discount", 0.0 <= self.discount <= 1.0, self.discount, "in [0, 1]")
-        _check(name, "gae_lambda", 0.0 <= self.gae_lambda <= 1.0, self.gae_lambda, "in [0, 1]")
+        check_bounds(self, "algorithm.adv")
 
 
 @dataclass
 class AdvantageNormConfig:
     """`algorithm.norm`: extra normalisation of the advantages after the estimator."""
 
-    level: str = "none"  # none | batch | group | running (cross-batch)
+    # running: cross-batch
+    level: str = bounded("none", bound=choices("none", "batch", "group", "running"))
     mean: bool = True
     std: bool = True
     leave_one_out: bool = False
-    eps: float = 1e-5
-    running_decay: float = 1.0  # running level: weight kept by old stats (1 = all)
+    eps: float = bounded(1e-5, bound=at_least(0))
+    # running level: weight kept by old stats (1 = all)
+    running_decay: float = bounded(1.0, bound=FRACTION)
 
     def __post_init__(self) -> None:
-        name = "algorithm.norm"
-        _one_of(name, "level", self.level, ("none", "batch", "group", "running"))
-        _check(name, "eps", self.eps >= 0, self.eps, ">= 0")
-        _check(name, "running_decay", 0.0 <= self.running_decay <= 1.0, self.running_decay,
-               "in [0, 1]")
+        check_bounds(self, "algorithm.norm")
 
 
 @dataclass
@@ -72,33 +77,31 @@ class PolicyLossConfig:
     """`algorithm.loss`: the policy loss, its clipping, and how token losses are aggregated."""
 
     policy: str = "ppo"  # ppo | gspo | cispo | reinforce | cpgd (or a registered name)
-    agg_mode: str = "token-mean"
+    agg_mode: str = bounded("token-mean", bound=choices(
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"))
     # normaliser for agg_mode="constant" (Dr.GRPO); None: the generation budget
     # (gconfig.max_new_tokens), filled in by the recipe config
     agg_constant: Optional[float] = None
-    eps_clip: float = 0.2  # epsilon_low of the ratio clip
+    eps_clip: float = bounded(0.2, bound=above(0))  # epsilon_low of the ratio clip
     eps_clip_high: Optional[float] = None  # clip-higher (DAPO); None: same as eps_clip
     c_clip: Optional[float] = None  # dual clip (> 1) for negative advantages; None: off
     value_eps_clip: float = 0.2  # the critic's value clip
     entropy_coef: float = 0.0
-    top_entropy_ratio: float = 1.0  # train only on this top fraction of tokens by entropy
-    cpgd_drift_coef: float = 0.0  # CPGD loss: policy-drift KL(pi_old || pi) coefficient
+    # train only on this top fraction of tokens by entropy
+    top_entropy_ratio: float = bounded(1.0, bound=Bound("in (0, 1]", lambda v: 0.0 < v <= 1.0))
+    # CPGD loss: policy-drift KL(pi_old || pi) coefficient
+    cpgd_drift_coef: float = bounded(0.0, bound=at_least(0))
 
     def __post_init__(self) -> None:
         name = "algorithm.loss"
-        _one_of(name, "agg_mode", self.agg_mode,
-                ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"))
+        check_bounds(self, name)
         if self.agg_constant is not None:
             _check(name, "agg_constant", self.agg_constant > 0, self.agg_constant,
                    "> 0 (or None: gconfig.max_new_tokens)")
-        _check(name, "eps_clip", self.eps_clip > 0, self.eps_clip, "> 0")
         if self.eps_clip_high is not None:
             _check(name, "eps_clip_high", self.eps_clip_high > 0, self.eps_clip_high, "> 0")
         if self.c_clip is not None:
             _check(name, "c_clip", self.c_clip > 1.0, self.c_clip, "> 1 (or None: off)")
-        _check(name, "top_entropy_ratio", 0.0 < self.top_entropy_ratio <= 1.0,
-               self.top_entropy_ratio, "in (0, 1]")
-        _check(name, "cpgd_drift_coef", self.cpgd_drift_coef >= 0, self.cpgd_drift_coef, ">= 0")
 
 
 # train/inference corrections of the decoupled weight (areal_like/algorithms/corrections.py):
@@ -187,16 +190,16 @@ class OffPolicyConfig:
 class KLConfig:
     """`algorithm.kl`: the KL-to-reference penalty (needs a reference model when coef > 0)."""
 
-    coef: float = 0.0
+    coef: float = bounded(0.0, bound=at_least(0))
     # adaptive controller (PPO paper / OpenRLHF): None keeps coef fixed; else coef is the
     # initial value, multiplied after every step by 1 + clip(KL / target - 1, +-0.2)
     # * n_samples / horizon
     target: Optional[float] = None
-    horizon: int = 10000
+    horizon: int = bounded(10000, bound=at_least(1))
     # k1 | k2 | k3: per sampled token; full: the exact KL over the vocabulary at each trained
     # position, from the reference's top-k next-token log-probs the batch brings (`ref_top_ids`,
     # `ref_top_logp`: a distillation teacher's, teacher.top_k); a loss term (in_reward false)
-    estimator: str = "k3"
+    estimator: str = bounded("k3", bound=choices("k1", "k2", "k3", "full"))
     in_reward: bool = False  # fold the token KL into the reward instead of the loss
     # discount of the in-reward penalty's return-to-go for outcome estimators; None: adv.discount.
     # 0 gives each token its own KL only (on-policy distillation's per-token reward, as the
@@ -205,17 +208,15 @@ class KLConfig:
 
     def __post_init__(self) -> None:
         name = "algorithm.kl"
-        _one_of(name, "estimator", self.estimator, ("k1", "k2", "k3", "full"))
+        check_bounds(self, name)
         if self.estimator == "full":
             _check(name, "in_reward", not self.in_reward, self.in_reward,
                    "false with kl.estimator=full (the exact KL over the vocabulary is a loss "
                    "term; a reward needs a per-sampled-token estimator: k1, k2 or k3)")
-        _check(name, "coef", self.coef >= 0, self.coef, ">= 0")
         if self.target is not None:
             _check(name, "target", self.target > 0, self.target, "> 0 (or None: fixed)")
             _check(name, "coef", self.coef > 0, self.coef,
                    "> 0 with target set (the adaptive controller multiplies it)")
-        _check(name, "horizon", self.horizon >= 1, self.horizon, ">= 1")
         if self.discount is not None:
             _check(name, "discount", 0.0 <= self.discount <= 1.0, self.discount, "in [0, 1]")
             _check(name, "discount", self.in_reward, self.discount,
@@ -226,28 +227,21 @@ class KLConfig:
 class RewardShapingConfig:
     """`algorithm.shaping`: what is done to a reward before the estimator sees it."""
 
-    scaling: float = 1.0
+    scaling: float = bounded(1.0, bound=Bound(
+        "!= 0 (0 would make every reward equal: no advantage, no gradient)", lambda v: v != 0))
     bias: float = 0.0
-    clip: float = 20.0
+    clip: float = bounded(20.0, bound=above(0))
     overlong_penalty: bool = False  # DAPO soft overlong punishment
     # length of the soft-penalty interval before max_response_tokens; 0: a fifth of it (DAPO's
     # 4096 of 20480), at least 1 token
-    overlong_tokens: int = 0
-    overlong_penalty_factor: float = 1.0
+    overlong_tokens: int = bounded(0, bound=at_least(0, " (0: a fifth of max_response_tokens)"))
+    overlong_penalty_factor: float = bounded(1.0, bound=above(0))
     # for the overlong penalty; 0: the rollout's gconfig.max_new_tokens (filled in by recipes)
-    max_response_tokens: int = 0
+    max_response_tokens: int = bounded(0, bound=at_least(0, " (0: gconfig.max_new_tokens)"))
 
     def __post_init__(self) -> None:
         name = "algorithm.shaping"
-        _check(name, "clip", self.clip > 0, self.clip, "> 0")
-        _check(name, "max_response_tokens", self.max_response_tokens >= 0,
-               self.max_response_tokens, ">= 0 (0: gconfig.max_new_tokens)")
-        _check(name, "scaling", self.scaling != 0, self.scaling,
-               "!= 0 (0 would make every reward equal: no advantage, no gradient)")
-        _check(name, "overlong_penalty_factor", self.overlong_penalty_factor > 0,
-               self.overlong_penalty_factor, "> 0")
-        _check(name, "overlong_tokens", self.overlong_tokens >= 0, self.overlong_tokens,
-               ">= 0 (0: a fifth of max_response_tokens)")
+        check_bounds(self, name)
         if not self.overlong_penalty:  # read by the overlong penalty only
             for key, default in (("overlong_tokens", 0), ("overlong_penalty_factor", 1.0)):
                 _check(name, key, getattr(self, key) == default, getattr(self, key),
@@ -265,20 +259,16 @@ class GroupFilterConfig:
 
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)
     clip_filter_weight: bool = False  # up-weight samples of groups with reward variance (CPGD)
-    clip_filter_max_weight: float = 3.0
-    clip_filter_flat_weight: float = 1.0  # weight (lambda) of groups whose rewards are all equal
+    clip_filter_max_weight: float = bounded(3.0, bound=at_least(1))
+    # weight (lambda) of groups whose rewards are all equal
+    clip_filter_flat_weight: float = bounded(1.0, bound=at_least(0))
     # dynamic sampling: stop the run when this many consumer batches' worth of groups in a row
     # are rejected (no group accepted in between): the task is too hard or too easy for the model
-    max_rejected_batches: int = 10
+    max_rejected_batches: int = bounded(10, bound=at_least(1))
 
     def __post_init__(self) -> None:
         name = "algorithm.filters"
-        _check(name, "clip_filter_max_weight", self.clip_filter_max_weight >= 1.0,
-               self.clip_filter_max_weight, ">= 1")
-        _check(name, "clip_filter_flat_weight", self.clip_filter_flat_weight >= 0.0,
-               self.clip_filter_flat_weight, ">= 0")
-        _check(name, "max_rejected_batches", self.max_rejected_batches >= 1,
-               self.max_rejected_batches, ">= 1")
+        check_bounds(self, name)
         unread = {"clip_filter_weight": ("clip_filter_max_weight", "clip_filter_flat_weight"),
                   "dynamic_sampling": ("max_rejected_batches",)}
         for switch, keys in unread.items():  # a setting of a filter that is off is unread
@@ -293,13 +283,12 @@ class GroupFilterConfig:
 class UpdateConfig:
     """`algorithm.update`: optimizer steps per batch."""
 
-    epochs: int = 1  # passes over each batch (actor and critic), mini-batches in order
-    n_minibatches: int = 1  # optimizer steps per batch and epoch
+    # passes over each batch (actor and critic), mini-batches in order
+    epochs: int = bounded(1, bound=at_least(1))
+    n_minibatches: int = bounded(1, bound=at_least(1))  # optimizer steps per batch and epoch
 
     def __post_init__(self) -> None:
-        _check("algorithm.update", "epochs", self.epochs >= 1, self.epochs, ">= 1")
-        _check("algorithm.update", "n_minibatches", self.n_minibatches >= 1,
-               self.n_minibatches, ">= 1")
+        check_bounds(self, "algorithm.update")
 
 
 # every key of the old flat section -> its place now (under `algorithm.`)
@@ -344,8 +333,10 @@ class AlgorithmConfig:
 
     # a registered preset (grpo, dapo, ...): its values under the section's own keys
     preset: Optional[str] = None
-    group_size: int = 1  # samples per prompt when the batch has no `group_id`/`uid` key
-    temperature: float = 1.0  # sampling temperature: log-probs are taken of logits / temperature
+    # samples per prompt when the batch has no `group_id`/`uid` key
+    group_size: int = bounded(1, bound=at_least(1))
+    # sampling temperature: log-probs are taken of logits / temperature
+    temperature: float = bounded(1.0, bound=above(0))
     adv: AdvantageConfig = field(default_factory=AdvantageConfig)
     norm: AdvantageNormConfig = field(default_factory=AdvantageNormConfig)
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -358,11 +349,9 @@ class AlgorithmConfig:
     moved_keys = MOVED_KEYS  # an old flat key is refused naming its place
 
     def __post_init__(self) -> None:
-        _check("algorithm", "group_size", self.group_size >= 1, self.group_size, ">= 1")
-        _check("algorithm", "temperature", self.temperature > 0, self.temperature, "> 0")
+        check_bounds(self, "algorithm")
 
 
 def moved_key_message(key: str) -> Optional[str]:
     """'algorithm.<key> is now algorithm.<new place>' for an old flat key, else None."""
-    new = MOVED_KEYS.get(key)
-    return None if new is None else f"'algorithm.{key}' is now 'algorithm.{new}'"
+    return _moved_key_message(AlgorithmConfig, "algorithm", key)

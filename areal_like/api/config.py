@@ -13,6 +13,8 @@ from typing import Any, Dict, List
 
 from areal_like.api.algorithm_config import AlgorithmConfig
 from areal_like.api.config_checks import (
+    FRACTION,
+    FRACTION_BELOW_1,
     IMPORT_PATH,
     Bound,
     above,
@@ -24,7 +26,6 @@ from areal_like.api.config_checks import (
     within,
 )
 from areal_like.api.config_checks import check as _check
-from areal_like.api.config_checks import one_of as _one_of
 from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.launcher_config import LauncherConfig
 from areal_like.api.lora_config import LoRAConfig
@@ -33,9 +34,6 @@ from areal_like.api.reward_config import RewardConfig
 from areal_like.api.rollout_config import BACKENDS, RolloutConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
 
-FRACTION = Bound("in [0, 1]", lambda v: 0.0 <= v <= 1.0)
-FRACTION_BELOW_1 = Bound("in [0, 1)", lambda v: 0.0 <= v < 1.0)
-
 
 @dataclass
 class ModelConfig:
@@ -43,13 +41,13 @@ class ModelConfig:
 
     path: str = ""
     tokenizer_path: str = ""  # empty: same as `path`
-    dtype: str = "float32"
+    dtype: str = bounded("float32", bound=choices("float32", "bfloat16", "float16"))
     is_critic: bool = False  # replace the LM head with a scalar value head
     # keyword arguments of the chat template, e.g. {enable_thinking: false} (Qwen3)
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("ModelConfig", "dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        check_bounds(self, "ModelConfig")
 
 
 @dataclass
@@ -163,10 +161,12 @@ class DatasetConfig:
     split: str = "train"
     size: int = 10000  # number of items (gsm8k: 0 = every row of the file)
     seed: int = 1
-    batch_size: int = 8  # prompts per rollout batch
+    batch_size: int = bounded(8, bound=at_least(1))  # prompts per rollout batch
     shuffle: bool = True
-    max_prompt_len: int = 512  # tokens of an item's `messages`, chat template included
-    on_long_prompt: str = "drop"  # drop (counted and logged) | error
+    # tokens of an item's `messages`, chat template included
+    max_prompt_len: int = bounded(512, bound=at_least(1))
+    # drop (counted and logged) | error
+    on_long_prompt: str = bounded("drop", bound=choices("drop", "error"))
     # Parameters of the task's generator: reasoning-gym's dataset config fields (e.g.
     # {min_terms: 2, max_terms: 2, max_digits: 1}); addition: num_digits (digits per operand,
     # 2), worked_fraction (share of SFT targets written out column by column, 0); your own
@@ -182,10 +182,7 @@ class DatasetConfig:
                "import path of your own task function, 'my_pkg.tasks:make_task'")
         _check("DatasetConfig", "size", self.size >= 1 or (self.type == "gsm8k" and self.size == 0),
                self.size, ">= 1 (0 = every row, for type=gsm8k only)")
-        _check("DatasetConfig", "batch_size", self.batch_size >= 1, self.batch_size, ">= 1")
-        _check("DatasetConfig", "max_prompt_len", self.max_prompt_len >= 1, self.max_prompt_len,
-               ">= 1")
-        _one_of("DatasetConfig", "on_long_prompt", self.on_long_prompt, ("drop", "error"))
+        check_bounds(self, "DatasetConfig")
         _check("DatasetConfig", "path", bool(self.path) == (self.type == "gsm8k"), self.path,
                "a .jsonl or .parquet file for type=gsm8k" if self.type == "gsm8k" else
                f"unset: only type=gsm8k reads a file, not {self.type!r}")
@@ -212,31 +209,27 @@ class DatasetConfig:
 @dataclass
 class CheckpointConfig:
     save_dir: str = ""  # empty: <log_dir>/checkpoints
-    freq_steps: int = 0  # 0: off
-    keep_last: int = 2
-    recover: str = "disabled"  # disabled | auto (resume when a checkpoint exists)
+    freq_steps: int = bounded(0, bound=at_least(0, " (0: off)"))
+    keep_last: int = bounded(2, bound=at_least(1))
+    # disabled | auto (resume when a checkpoint exists)
+    recover: str = bounded("disabled", bound=choices("disabled", "auto"))
 
     def __post_init__(self) -> None:
-        _one_of("CheckpointConfig", "recover", self.recover, ("disabled", "auto"))
-        _check("CheckpointConfig", "freq_steps", self.freq_steps >= 0, self.freq_steps,
-               ">= 0 (0: off)")
-        _check("CheckpointConfig", "keep_last", self.keep_last >= 1, self.keep_last, ">= 1")
+        check_bounds(self, "CheckpointConfig")
 
 
 @dataclass
 class EvaluationConfig:
-    freq_steps: int = 0  # 0: off
-    n_prompts: int = 100
-    pass_k: int = 1  # >1: also report pass@k and pass@1 from sampled answers
+    freq_steps: int = bounded(0, bound=at_least(0, " (0: off)"))
+    n_prompts: int = bounded(100, bound=at_least(1))
+    # >1: also report pass@k and pass@1 from sampled answers
+    pass_k: int = bounded(1, bound=at_least(1))
     pass_n: int = 0  # samples per prompt for pass@k (>= pass_k; 0: pass_k); unbiased estimate
-    temperature: float = 1.0  # for pass@k samples (accuracy is always greedy)
+    # for pass@k samples (accuracy is always greedy)
+    temperature: float = bounded(1.0, bound=above(0))
 
     def __post_init__(self) -> None:
-        _check("EvaluationConfig", "freq_steps", self.freq_steps >= 0, self.freq_steps,
-               ">= 0 (0: off)")
-        _check("EvaluationConfig", "n_prompts", self.n_prompts >= 1, self.n_prompts, ">= 1")
-        _check("EvaluationConfig", "temperature", self.temperature > 0, self.temperature, "> 0")
-        _check("EvaluationConfig", "pass_k", self.pass_k >= 1, self.pass_k, ">= 1")
+        check_bounds(self, "EvaluationConfig")
         _check("EvaluationConfig", "pass_n", self.pass_n == 0 or self.pass_n >= self.pass_k,
                self.pass_n, "0 or >= pass_k")
 
@@ -249,15 +242,14 @@ class LoggingConfig:
     console: bool = True
     # steps between console metric lines (plus the first, the last and every evaluation);
     # 0: about 50 lines per run. Every step still goes to the files.
-    console_every: int = 0
+    console_every: int = bounded(0, bound=at_least(0, " (0: about 50 lines per run)"))
     jsonl: bool = True
     tensorboard: bool = True
     wandb: bool = False
     plot: bool = True
 
     def __post_init__(self) -> None:
-        _check("LoggingConfig", "console_every", self.console_every >= 0, self.console_every,
-               ">= 0 (0: about 50 lines per run)")
+        check_bounds(self, "LoggingConfig")
 
 
 @dataclass

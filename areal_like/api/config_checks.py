@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # my_pkg.module:name
 
@@ -16,12 +17,6 @@ def check(cls_name: str, key: str, ok: bool, value: object, expected: str) -> No
 
 def one_of(cls_name: str, key: str, value: str, choices: tuple[str, ...]) -> None:
     check(cls_name, key, value in choices, value, f"one of {choices}")
-
-
-def cpu_list(cls_name: str, key: str, cpus: list) -> None:
-    """CPU ids to pin to (the machine is not known yet): distinct ids >= 0; empty: not pinned."""
-    ok = all(isinstance(c, int) and c >= 0 for c in cpus) and len(set(cpus)) == len(cpus)
-    check(cls_name, key, ok, list(cpus), "distinct CPU ids >= 0 (empty: not pinned)")
 
 
 def address_list(cls_name: str, key: str, addrs: list) -> None:
@@ -37,6 +32,11 @@ class Bound:
 
     expected: str
     ok: Callable[[Any], bool]
+
+
+FRACTION = Bound("in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+FRACTION_BELOW_1 = Bound("in [0, 1)", lambda v: 0.0 <= v < 1.0)
+FINITE = Bound("a finite number", lambda v: math.isfinite(v))
 
 
 def at_least(low: float, unit: str = "") -> Bound:
@@ -78,3 +78,14 @@ def check_bounds(obj: Any, section: str) -> None:
         if bound is not None:
             value = getattr(obj, f.name)
             check(section, f.name, bound.ok(value), value, bound.expected)
+
+
+def moved_key_message(section_cls: Any, section: str, leaf: str) -> Optional[str]:
+    """Where an old flat key of a section that now nests by concern went (the section's class
+    lists them in `moved_keys`: old key -> new place, relative to the section):
+    "'rollout.weight_transport' is now 'rollout.weights.transport'", else None."""
+    new = getattr(section_cls, "moved_keys", {}).get(leaf)
+    if new is None:
+        return None
+    where = f"{section}." if section else ""
+    return f"'{where}{leaf}' is now '{where}{new}'"

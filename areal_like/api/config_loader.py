@@ -36,6 +36,7 @@ from areal_like.api.arealite_keys import (
     looks_like_arealite,
     translate_arealite,
 )
+from areal_like.api.config_checks import moved_key_message
 from areal_like.api.inherited_task_keys import inherited_task_keys
 from areal_like.api.yaml_files import YAMLFileError, check_yaml_tree
 
@@ -159,16 +160,6 @@ def _root_message(exc: BaseException) -> str:
     return text if len(text) <= 400 else text[:400] + " ..."  # merge errors dump whole configs
 
 
-def _moved_key_message(config_cls: type, parent: str, leaf: str) -> Optional[str]:
-    """Where an old flat key of a section that now nests by concern went (the section's
-    class lists them in `moved_keys`: old key -> new place, relative to it), else None."""
-    new = getattr(_class_at(config_cls, parent), "moved_keys", {}).get(leaf)
-    if new is None:
-        return None
-    where = f"{parent}." if parent else ""
-    return f"'{where}{leaf}' is now '{where}{new}'"
-
-
 def explain_config_error(exc: BaseException, config_cls: type, source: str,
                          section_types: Optional[dict[str, Any]] = None) -> ConfigError:
     """Build a `ConfigError` from a Hydra/OmegaConf exception raised while composing;
@@ -183,7 +174,7 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str,
     valid = _fields_at(config_cls, parent) or []
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
-    moved = _moved_key_message(config_cls, parent, leaf)
+    moved = moved_key_message(_class_at(config_cls, parent), parent, leaf)
     if moved:
         return ConfigError(f"{source}: bad config key '{key}': {moved}")
     cls, hint, params = _class_at(config_cls, parent), "", []

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List
 
+from areal_like.api.config_checks import FRACTION_BELOW_1, above, at_least, bounded, check_bounds
 from areal_like.api.config_checks import check as _check
 
 # Every linear layer of a Qwen2/Llama decoder block; the embeddings and the LM head stay frozen
@@ -20,18 +21,18 @@ _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 class LoRAConfig:
     """Low-rank adapters on `target_modules`; `rank: 0` trains the full weights instead."""
 
-    rank: int = 0  # of the adapters' A (r x in) and B (out x r); 0: no LoRA
-    alpha: int = 16  # the update is scaled by alpha / rank
-    dropout: float = 0.0  # on the adapters' input (training only)
+    # of the adapters' A (r x in) and B (out x r); 0: no LoRA
+    rank: int = bounded(0, bound=at_least(0, " (0: no LoRA, full weights)"))
+    alpha: int = bounded(16, bound=above(0))  # the update is scaled by alpha / rank
+    # on the adapters' input (training only)
+    dropout: float = bounded(0.0, bound=FRACTION_BELOW_1)
     # the linear layers (by name, in every decoder block) that get adapters
     target_modules: List[str] = field(default_factory=lambda: list(DECODER_LINEAR_MODULES))
     adapter_name: str = "policy"  # what the fleet serves the policy as (requests name it)
 
     def __post_init__(self) -> None:
         name = "LoRAConfig"
-        _check(name, "rank", self.rank >= 0, self.rank, ">= 0 (0: no LoRA, full weights)")
-        _check(name, "alpha", self.alpha > 0, self.alpha, "> 0")
-        _check(name, "dropout", 0.0 <= self.dropout < 1.0, self.dropout, "in [0, 1)")
+        check_bounds(self, name)
         if self.enabled:
             _check(name, "target_modules", bool(self.target_modules), self.target_modules,
                    "a non-empty list of module names (e.g. q_proj, v_proj)")

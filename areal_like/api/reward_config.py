@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from areal_like.api.config_checks import IMPORT_PATH
+from areal_like.api.config_checks import (
+    FINITE,
+    FRACTION,
+    IMPORT_PATH,
+    above,
+    at_least,
+    bounded,
+    check_bounds,
+    choices,
+)
 from areal_like.api.config_checks import check as _check
-from areal_like.api.config_checks import one_of as _one_of
 
 
 @dataclass
@@ -28,41 +35,34 @@ class RewardConfig:
     # URL of a remote reward model (POST {query, prompts, labels} -> {rewards}) that replaces
     # the task's verifier, like `fn` (see areal_like/rewards/remote_rm.py); empty: none
     remote_rm_url: str = ""
-    remote_rm_batch_size: int = 8  # queries per request (concurrent calls are batched)
-    remote_rm_max_retries: int = 2  # extra attempts after a connection error or HTTP 5xx
-    timeout: float = 15.0  # seconds of execution per call (queueing time does not count)
-    max_workers: int = 2  # worker processes for sync reward functions
+    # queries per request (concurrent calls are batched)
+    remote_rm_batch_size: int = bounded(8, bound=at_least(1))
+    # extra attempts after a connection error or HTTP 5xx
+    remote_rm_max_retries: int = bounded(2, bound=at_least(0))
+    # seconds of execution per call (queueing time does not count)
+    timeout: float = bounded(15.0, bound=above(0, " seconds"))
+    # worker processes for sync reward functions
+    max_workers: int = bounded(2, bound=at_least(1))
     use_processes: bool = True  # False: threads (for rewards that cannot be pickled)
     run_inline: bool = True  # @inline_reward functions (e.g. exact match) run in this thread
-    startup_timeout: float = 120.0  # for starting workers and sending them the function
+    # for starting workers and sending them the function
+    startup_timeout: float = bounded(120.0, bound=above(0, " seconds"))
     # forkserver: workers fork from one process that imported the program once (a worker
     # replacing one stopped at its timeout starts in well under a second); spawn: each
     # worker imports the program again
-    worker_start: str = "forkserver"
-    on_failure: str = "exclude"  # exclude | constant
-    failure_reward: float = 0.0  # the reward of a failed sample when on_failure=constant
-    max_failure_rate: float = 0.05
-    failure_window: int = 200  # calls per reward function the failure rate is measured over
+    worker_start: str = bounded("forkserver", bound=choices("forkserver", "spawn"))
+    on_failure: str = bounded("exclude", bound=choices("exclude", "constant"))
+    # the reward of a failed sample when on_failure=constant
+    failure_reward: float = bounded(0.0, bound=FINITE)
+    max_failure_rate: float = bounded(0.05, bound=FRACTION)
+    # calls per reward function the failure rate is measured over
+    failure_window: int = bounded(200, bound=at_least(1))
 
     def __post_init__(self) -> None:
         name = "RewardConfig"
         _check(name, "fn", not self.fn or bool(IMPORT_PATH.match(self.fn)),
                self.fn, "empty or an import path like 'my_pkg.rewards:score'")
-        _check(name, "timeout", self.timeout > 0, self.timeout, "> 0 seconds")
         _check(name, "remote_rm_url", not self.remote_rm_url or (
             self.remote_rm_url.startswith(("http://", "https://")) and not self.fn),
             self.remote_rm_url, "empty or an http(s):// URL, and not together with reward.fn")
-        _check(name, "remote_rm_batch_size", self.remote_rm_batch_size >= 1,
-               self.remote_rm_batch_size, ">= 1")
-        _check(name, "remote_rm_max_retries", self.remote_rm_max_retries >= 0,
-               self.remote_rm_max_retries, ">= 0")
-        _check(name, "max_workers", self.max_workers >= 1, self.max_workers, ">= 1")
-        _check(name, "startup_timeout", self.startup_timeout > 0, self.startup_timeout,
-               "> 0 seconds")
-        _one_of(name, "worker_start", self.worker_start, ("forkserver", "spawn"))
-        _one_of(name, "on_failure", self.on_failure, ("exclude", "constant"))
-        _check(name, "failure_reward", math.isfinite(self.failure_reward),
-               self.failure_reward, "a finite number")
-        _check(name, "max_failure_rate", 0.0 <= self.max_failure_rate <= 1.0,
-               self.max_failure_rate, "in [0, 1]")
-        _check(name, "failure_window", self.failure_window >= 1, self.failure_window, ">= 1")
+        check_bounds(self, name)

@@ -63,7 +63,12 @@ from engines.fleet.membership import FleetMembership
 from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError, ServerProtocolError
-from engines.server.http import CONTROL_TIMEOUT_S, MalformedReplyError, parse_json_reply
+from engines.server.http import (
+    CONTROL_TIMEOUT_S,
+    MalformedReplyError,
+    open_session,
+    parse_json_reply,
+)
 from engines.server.http import RETRYABLE as _RETRYABLE
 from engines.server.http import RetryableHTTPError as _RetryableHTTPError
 from engines.server.replies import GenerateReply, ScoreReply
@@ -73,8 +78,6 @@ __all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
 
 logger = logging.getLogger(__name__)
 
-# uvicorn closes idle keep-alive connections after 5 s; drop them first ("Server disconnected")
-KEEPALIVE_S = 4.0
 # A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
 # is treated like one that dropped the connection: the request goes to another server.
 _GENERATE_RETRYABLE = (*_RETRYABLE, ServerProtocolError)
@@ -113,8 +116,6 @@ class RemoteInferenceEngine(InferenceEngine):
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail, self.api, self._own_aborts)
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
-        api_key = config.client.api_key
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(
@@ -152,9 +153,7 @@ class RemoteInferenceEngine(InferenceEngine):
             callback(error)
 
     async def _open_session(self) -> None:
-        # limit=0: concurrency is bounded by the executor (max_concurrent_rollouts), not here.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-        self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+        self._session = open_session(self.config.client.api_key)
 
     def destroy(self) -> None:
         """Close the session and, if the engine started it, its loop thread. Safe to call

@@ -32,7 +32,7 @@ from areal_like.api.io_struct import (
 from areal_like.utils.loop_thread import EventLoopThread
 from engines.fleet.backends import server_api
 from engines.fleet.updates import refused_everywhere, update_each
-from engines.server.http import CONTROL_TIMEOUT_S
+from engines.server.http import CONTROL_TIMEOUT_S, open_session
 from engines.weight_transport.process_group_fleet import FleetWeightGroup
 
 T = TypeVar("T")
@@ -60,9 +60,7 @@ class FleetUpdater:
         self._view: Optional[FleetView] = None  # of the broadcast under way
 
     async def _open_session(self) -> None:
-        key = self.config.client.api_key
-        self._session = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {key}"} if key else {})
+        self._session = open_session(self.config.client.api_key)
 
     def _require_session(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -18,6 +18,17 @@ CONTROL_TIMEOUT_S = 30.0  # pause/continue/health calls
 # the server gives up by itself first (server.health_generate_timeout)
 GENERATION_PROBE_TIMEOUT_S = 60.0
 CONTROL_RETRIES = 2  # extra tries of a control call whose connection dropped
+# uvicorn closes idle keep-alive connections after 5 s; drop them first ("Server disconnected")
+KEEPALIVE_S = 4.0
+
+
+def open_session(api_key: str | None) -> aiohttp.ClientSession:
+    """An HTTP session to a fleet (call on the loop that will use it): `api_key` as a bearer
+    token, idle connections dropped before the servers drop them, and no connection limit
+    (the caller bounds its concurrency: the executor's max_concurrent_rollouts)."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return aiohttp.ClientSession(connector=connector, headers=headers)
 
 
 class RetryableHTTPError(Exception):

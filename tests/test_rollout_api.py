@@ -12,6 +12,7 @@ import pytest
 from config_helpers import rollout_config
 
 from areal_like.api.config import RewardConfig
+from areal_like.api.io_struct import UpdateReport, WeightUpdateMeta
 from areal_like.api.rollout_api import LOCAL_METHODS, RolloutAPI, remote_calls
 from areal_like.rollout import process as rollout_process
 from areal_like.rollout.controller import RolloutController
@@ -99,14 +100,14 @@ def test_a_call_sends_its_arguments_objects_once_and_is_bounded_by_the_table(mon
     workflow, loader = object(), [1, 2]
 
     assert process.prepare_batch(loader, workflow) == "batch"
-    name, args, kwargs = pipe.sent[-1]
-    assert name == "prepare_batch" and kwargs == {}
+    name, args, kwargs, one_way = pipe.sent[-1]
+    assert name == "prepare_batch" and kwargs == {} and not one_way
     assert [type(a) for a in args] == [_Ref, _Ref, type(None), type(None)]
     assert args[0].obj is loader and args[1].obj is workflow  # the objects, the first time
     assert process.last_episode_ids == ["q0@1"]
 
     process.prepare_batch(loader, workflow, timeout=5.0)
-    _, again, _ = pipe.sent[-1]
+    _, again, _, _ = pipe.sent[-1]
     assert (again[0].token, again[1].token) == (args[0].token, args[1].token)
     assert again[0].obj is None and again[1].obj is None  # by reference afterwards
     assert again[3] == 5.0
@@ -117,10 +118,20 @@ def test_a_call_sends_its_arguments_objects_once_and_is_bounded_by_the_table(mon
     process.finished_evaluations()
     process.stats()
     assert timeouts[2:] == [14.0, 11.0, DEFAULT_CALL_TIMEOUT_S, DEFAULT_CALL_TIMEOUT_S]
-    assert pipe.sent[-3][1:] == ((True,), {})
+    assert pipe.sent[-3][1:] == ((True,), {}, False)
     with pytest.raises(TypeError):
         process.wait()  # `count` missing: refused before anything is sent
     assert len(pipe.sent) == 6
+
+    # the end of an update is one-way: nothing is received for it, and the next call's
+    # bound covers it too (the controller answers it first)
+    report = UpdateReport(WeightUpdateMeta.from_disk("/w", 3))
+    assert process.end_weight_update(report) is None
+    assert pipe.sent[-1] == ("end_weight_update", (report,), {}, True) and len(timeouts) == 6
+    process.stats()
+    assert timeouts[6:] == [7.0 + DEFAULT_CALL_TIMEOUT_S]
+    process.stats()
+    assert timeouts[7:] == [DEFAULT_CALL_TIMEOUT_S]
 
 
 def test_the_dispatch_answers_declared_calls_only_and_resolves_references():

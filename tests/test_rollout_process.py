@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from areal_like.api import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.api.config import RewardConfig
+from areal_like.api.io_struct import UpdateReport
 from areal_like.rewards import exact_match_reward
 from areal_like.rollout.evaluation import Evaluator
 from areal_like.rollout.process import RolloutProcess, RolloutProcessError
@@ -63,6 +64,20 @@ def test_batches_evaluations_and_errors_cross_the_process(sglang_fleet, tiny_mod
         [(evaluated, metrics)] = process.finished_evaluations(wait=True)
         assert evaluated == version and metrics["eval/n"] == 4.0
         assert process.finished_evaluations(wait=True) == []
+
+        # a driven update: its end is one-way, and the next call sees its effect
+        view = process.begin_weight_update(version + 2, "retract")
+        assert set(view.in_service) == set(sglang_fleet.addresses)
+        meta = WeightUpdateMeta.from_disk(str(tiny_model_dir), version + 2)
+        process.end_weight_update(UpdateReport(meta, loaded=list(view.in_service), advanced=True))
+        assert process.get_version() == version + 2
+        # a one-way call's error is raised by the next call, which does not run
+        process.end_weight_update(None)  # type: ignore[arg-type]
+        with pytest.raises(AttributeError, match="meta") as failed:
+            process.set_version(version + 1)
+        assert "raised by end_weight_update" in "".join(failed.value.__notes__)
+        assert process.get_version() == version + 2  # set_version did not run
+        process.set_version(version + 1)
 
         # an error inside the controller comes back as its own type, with its traceback
         with pytest.raises(ValueError, match="count must be >= 1") as info:

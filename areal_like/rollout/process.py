@@ -55,6 +55,7 @@ class RolloutProcess(RolloutAPI):
         self._unsent: dict[int, tuple[int, Any]] = {}
         self._tokens = itertools.count()
         self._broken: Optional[str] = None
+        self._owed_s = 0.0  # the bounds of one-way calls sent since the last reply
 
     @property
     def pid(self) -> Optional[int]:
@@ -142,13 +143,14 @@ class RolloutProcess(RolloutAPI):
         return _Ref(token, obj)
 
     def _call(self, name: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
+        one_way = name in ONE_WAY_CALLS
         if self._broken is not None:
             raise RolloutProcessError(f"rollout controller unusable: {self._broken}")
         if self._process is None:
             raise RolloutProcessError("RolloutProcess is not initialized: call initialize()")
         unsent, self._unsent = self._unsent, {}
         try:
-            self._conn.send((name, args, kwargs))  # pickles whole before it writes a byte
+            self._conn.send((name, args, kwargs, one_way))  # pickled whole before a byte is written
             self._sent.update(unsent)
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(
@@ -158,7 +160,11 @@ class RolloutProcess(RolloutAPI):
             ) from e
         except (OSError, EOFError) as e:
             raise self._died(name, e) from e
-        value, self._last_episode_ids = self._receive(name, timeout + CALL_MARGIN_S)
+        if one_way:  # answered in order before the next call, which raises its error
+            self._owed_s += timeout
+            return None
+        owed, self._owed_s = self._owed_s, 0.0
+        value, self._last_episode_ids = self._receive(name, timeout + owed + CALL_MARGIN_S)
         return value
 
     def _receive(self, name: str, timeout: float) -> Any:
@@ -224,6 +230,11 @@ CALL_TIMEOUTS: dict[str, CallTimeout] = {
     "finished_evaluations": lambda setup, args: (setup.eval_timeout if args.get("wait")
                                                  else DEFAULT_CALL_TIMEOUT_S),
 }
+# Calls whose reply carries nothing for the trainer: sent without waiting for it (one pipe
+# round trip less per weight update, on the trainer's critical path). The controller answers
+# calls in the order sent, so the next call sees their effect; an error of theirs is raised
+# by the next call, which then does not run.
+ONE_WAY_CALLS = frozenset({"end_weight_update"})
 # arguments sent once and by reference afterwards (the controller keeps them)
 BY_REFERENCE = frozenset({"workflow", "dataloader", "should_accept"})
 

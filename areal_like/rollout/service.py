@@ -143,6 +143,7 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
     except BaseException as e:
         conn.send(("error", _portable(e)))
         return
+    unreported: Optional[BaseException] = None  # the error of a one-way call, sent next
     try:
         conn.send(("ok", None))
         while True:
@@ -153,13 +154,22 @@ def serve(conn: Any, nice: int, cpus: list[int]) -> None:
                 return
             if message is None:
                 return
-            name, args, kwargs = message
-            reply: tuple[str, Any]
-            try:
-                reply = ("ok", (service.call(name, args, kwargs), service.last_episode_ids()))
-            except BaseException as e:  # noqa: BLE001  (sent to the trainer, re-raised there)
-                reply = ("error", _portable(e))
-            conn.send(reply)
+            name, args, kwargs, one_way = message
+            error: Optional[BaseException] = unreported  # a one-way call's: answers this one
+            unreported = None
+            if error is None:
+                try:
+                    value = (service.call(name, args, kwargs), service.last_episode_ids())
+                except BaseException as e:  # noqa: BLE001  (sent to the trainer, re-raised there)
+                    error = _portable(e, one_way_call=name if one_way else None)
+            if one_way:
+                if error is not None:
+                    logger.error("%s failed; the trainer's next call raises it: %s", name, error)
+                unreported = error
+            elif error is not None:
+                conn.send(("error", error))
+            else:
+                conn.send(("ok", value))
     finally:
         service.close()
 
@@ -178,10 +188,14 @@ def _stop_with_parent() -> None:
             raise SystemExit("rollout controller: the trainer exited during start-up")
 
 
-def _portable(exc: BaseException) -> BaseException:
+def _portable(exc: BaseException, one_way_call: Optional[str] = None) -> BaseException:
     """`exc` with the controller's traceback as a note, or a RolloutProcessError carrying its
-    text when the exception type cannot be rebuilt in the trainer."""
+    text when the exception type cannot be rebuilt in the trainer. `one_way_call`: the call
+    that failed was sent without waiting; its error answers the trainer's next call."""
     text = "".join(traceback.format_exception(exc))
+    if one_way_call is not None:
+        text = (f"raised by {one_way_call}, sent before this call without waiting for its "
+                f"answer; this call did not run\n{text}")
     try:
         exc.add_note(f"in the rollout controller process:\n{text}")
         pickle.loads(pickle.dumps(exc))

@@ -1,20 +1,22 @@
 """The fleet client's side of a weight update that trainer rank 0 drives (`FleetMembership.
 hold_for_update` / `end_update`), on the client's real membership and backend APIs, no server:
-what the hold blocks, what a report does to the servers and the version, and a trainer that
-never ends its update. (Against real servers: tests/test_weight_broadcast.py, test_faults.py's
+what the hold blocks, what a report does to the servers and the version, a trainer that
+never ends its update, and the trainer's updater asking for the hold while it exports. (Against real servers: tests/test_weight_broadcast.py, test_faults.py's
 killed-during-update test, and every RL run.)"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from config_helpers import rollout_config
 
-from areal_like.api.io_struct import AdapterWeights, UpdateReport, WeightUpdateMeta
+from areal_like.api.io_struct import AdapterWeights, FleetView, UpdateReport, WeightUpdateMeta
 from engines.fleet.backends import server_api
 from engines.fleet.membership import FleetMembership
 from engines.fleet.routing import OwnAborts, ServerPool
+from engines.fleet.updater import FleetUpdater
 
 SERVERS = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
 
@@ -112,3 +114,52 @@ def test_an_update_the_trainer_never_ends_is_released_and_its_servers_leave():
         assert m.current is None
 
     asyncio.run(run())
+
+
+class _AnsweringCoordinator:
+    """The rollout side of the updater, recorded; its hold answers when the test says so
+    (a stand-in for the rollout process's turn on a busy core)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.asked = threading.Event()
+        self.answer = threading.Event()
+
+    def begin_weight_update(self, version: int, pause_mode: str) -> FleetView:
+        self.calls.append(("begin", version, threading.current_thread().name))
+        self.asked.set()
+        assert self.answer.wait(30), "the test never let the hold answer"
+        return FleetView(version=version, in_service=())  # no server: no HTTP call
+
+    def end_weight_update(self, report: UpdateReport) -> None:
+        self.calls.append(("end", report.meta.version, report.advanced))
+
+
+def test_a_hold_asked_ahead_is_answered_during_the_export_and_given_back_if_it_fails():
+    coordinator = _AnsweringCoordinator()
+    updater = FleetUpdater(rollout_config(), coordinator)  # type: ignore[arg-type]
+    try:
+        meta = WeightUpdateMeta.from_disk("/w/v1", 1)
+        updater.hold_ahead(meta)  # returns at once: asked from the updater's own thread
+        assert coordinator.asked.wait(30) and coordinator.calls[0][:2] == ("begin", 1)
+        assert coordinator.calls[0][2] != threading.current_thread().name
+        coordinator.answer.set()  # answered while "the export runs"
+        updater.update_weights(meta)  # takes that hold: no second begin
+        assert [c[:2] for c in coordinator.calls] == [("begin", 1), ("end", 1)]
+        assert coordinator.calls[-1] == ("end", 1, True)
+        assert set(updater.last_timings) == {"weight_sync/hold_s", "weight_sync/servers_s"}
+
+        # the export of version 2 fails: the hold is ended with nothing loaded
+        coordinator.calls.clear()
+        failed = WeightUpdateMeta.from_disk("/w/v2", 2)
+        updater.hold_ahead(failed)
+        updater.release_ahead()
+        assert coordinator.calls[1:] == [("end", 2, False)]
+        # an update of another meta than the one held ahead releases that hold first
+        coordinator.calls.clear()
+        updater.hold_ahead(WeightUpdateMeta.from_disk("/w/v3", 3))
+        updater.update_weights(WeightUpdateMeta.from_disk("/w/v3b", 3))
+        assert [c[:2] for c in coordinator.calls] == [("begin", 3), ("end", 3), ("begin", 3),
+                                                       ("end", 3)]
+    finally:
+        updater.close()

@@ -67,6 +67,9 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert "eval/accuracy" in records[0] and "eval/accuracy" in last
     assert last["rollout/version"] >= 1  # rollout saw the pushed weights
     assert last["weight_sync/export_s"] > 0
+    # rank 0's split of the load: holding the fleet (the rollout process's turn), the servers
+    held, served = last["weight_sync/hold_s"], last["weight_sync/servers_s"]
+    assert held > 0 and served > 0 and held + served <= last["weight_sync/load_s"]
     if recipe == "ppo":
         assert "critic/loss" in last
     if recipe == "distill":  # the teacher's log-probs reached the update as its KL reference

@@ -28,6 +28,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import pickle
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -56,6 +57,7 @@ class RolloutProcess(RolloutAPI):
         self._tokens = itertools.count()
         self._broken: Optional[str] = None
         self._owed_s = 0.0  # the bounds of one-way calls sent since the last reply
+        self._calling = threading.Lock()  # one call at a time, from any thread (see `_call`)
 
     @property
     def pid(self) -> Optional[int]:
@@ -143,6 +145,12 @@ class RolloutProcess(RolloutAPI):
         return _Ref(token, obj)
 
     def _call(self, name: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
+        # the trainer's main thread, and its weight updater asking for a hold while the main
+        # thread exports (`FleetUpdater.hold_ahead`): each call's send and reply stay together
+        with self._calling:
+            return self._call_now(name, *args, timeout=timeout, **kwargs)
+
+    def _call_now(self, name: str, *args: Any, timeout: float, **kwargs: Any) -> Any:
         one_way = name in ONE_WAY_CALLS
         if self._broken is not None:
             raise RolloutProcessError(f"rollout controller unusable: {self._broken}")

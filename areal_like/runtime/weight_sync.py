@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional, Union
 
@@ -44,7 +46,8 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
     # absolute: servers started elsewhere resolve relative paths against their own cwd
     meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
     start = time.perf_counter()
-    engine.update_weights(meta)
+    with _held_ahead(fleet, meta):
+        engine.update_weights(meta)
     exported = time.perf_counter()
 
     def load_on_fleet() -> None:
@@ -59,7 +62,7 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
                 collective_timeout_s)
     engine.set_version(version)
     return {"weight_sync/export_s": exported - start,
-            "weight_sync/load_s": time.perf_counter() - exported}
+            "weight_sync/load_s": time.perf_counter() - exported, **_timings_of(fleet)}
 
 
 def _push_adapter(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,
@@ -77,4 +80,24 @@ def _push_adapter(engine: TrainEngine, fleet: Optional[WeightLoader], version: i
                 collective_timeout_s)
     engine.set_version(version)
     return {"weight_sync/export_s": gathered - start,
-            "weight_sync/load_s": time.perf_counter() - gathered}
+            "weight_sync/load_s": time.perf_counter() - gathered, **_timings_of(fleet)}
+
+
+@contextlib.contextmanager
+def _held_ahead(fleet: Optional[WeightLoader], meta: WeightUpdateMeta) -> Iterator[None]:
+    """Rank 0's updater asks for the fleet's hold while the weights are exported; a failed
+    export gives it back."""
+    if not isinstance(fleet, FleetUpdater):
+        yield
+        return
+    fleet.hold_ahead(meta)
+    try:
+        yield
+    except BaseException:
+        fleet.release_ahead()
+        raise
+
+
+def _timings_of(fleet: Optional[WeightLoader]) -> dict[str, float]:
+    """Rank 0's split of `load_s`: holding the fleet, then the servers' own work."""
+    return dict(fleet.last_timings) if isinstance(fleet, FleetUpdater) else {}

@@ -5,16 +5,20 @@ through the rollout controller's process.
 The fleet's client (`coordinator`: the rollout controller, usually in a process of its own)
 keeps membership and the executor, and is told twice per update, whatever the transport:
 `begin_weight_update` holds the fleet (pinned work finishes, no server is readmitted, the
-aborts our pauses cause are continued) and names the servers (`FleetView`);
-`end_weight_update` gets the `UpdateReport` (servers that failed leave service, the version
-moves). Everything between is HTTP from here: one folder or adapter load per server
-(`update_weights`), or the distributed transport's group calls, bucket by bucket
+aborts our pauses cause are continued) and names the servers (`FleetView`), asked for while
+the trainer exports a folder (`hold_ahead`: the rollout process's turn, on a core it shares
+with servers, is then off the update's path); `end_weight_update` gets the `UpdateReport`
+(servers that failed leave service, the version moves), one-way through the rollout process.
+Everything between is HTTP from here: one folder or adapter load per server (`update_weights`),
+or the distributed transport's group calls, bucket by bucket
 (`areal_like.runtime.weight_broadcast` drives them; the groups live here, beside the trainer's
 ends of them).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from collections.abc import Coroutine
 from typing import Any, Optional, TypeVar
 
@@ -58,6 +62,13 @@ class FleetUpdater:
             raise
         self.weight_group = FleetWeightGroup(config, self._require_session, self.api)
         self._view: Optional[FleetView] = None  # of the broadcast under way
+        # where the last folder or adapter update spent its time (metrics, seconds): waiting
+        # for the fleet's hold (what the export did not cover, see `hold_ahead`), then the
+        # servers' pause -> load -> continue
+        self.last_timings: dict[str, float] = {}
+        # a hold asked for ahead of its update (`hold_ahead`): the update, the answer to come
+        self._ahead: Optional[tuple[WeightUpdateMeta, concurrent.futures.Future[FleetView]]] = None
+        self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-hold")
 
     async def _open_session(self) -> None:
         self._session = open_session(self.config.client.api_key)
@@ -71,6 +82,35 @@ class FleetUpdater:
         return self._loop.run_coroutine(coro, timeout)
 
     # ---- a folder or an adapter, loaded by each server ----------------------------------
+    def hold_ahead(self, meta: WeightUpdateMeta) -> None:
+        """Ask the coordinator to hold the fleet for `meta` now, before the trainer has
+        exported it: the answer (a turn of the rollout process, whose core the servers share)
+        comes while the export runs. `update_weights(meta)` takes it; `release_ahead` gives it
+        back when the update does not happen (the export failed)."""
+        self.release_ahead()
+        self._ahead = (meta, self._asker.submit(self.coordinator.begin_weight_update,
+                                                meta.version, self.api.update_pause_mode))
+
+    def release_ahead(self) -> None:
+        """End a hold asked for ahead, with nothing loaded (the version does not move)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        meta, answer = ahead
+        if answer.exception(timeout=self._hold_timeout()) is None:  # held: release it
+            self.coordinator.end_weight_update(UpdateReport(meta))
+
+    def _hold_timeout(self) -> float:
+        return 2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S
+
+    def _hold(self, meta: WeightUpdateMeta) -> FleetView:
+        ahead = self._ahead
+        if ahead is not None and ahead[0] is meta:
+            self._ahead = None
+            return ahead[1].result(timeout=self._hold_timeout())
+        self.release_ahead()
+        return self.coordinator.begin_weight_update(meta.version, self.api.update_pause_mode)
+
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Pause -> load `meta` -> continue on every server in service, each on its own; the
         servers that fail leave service. Raises when none loaded it and one that still answers
@@ -78,13 +118,17 @@ class FleetUpdater:
         if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is broadcast bucket by bucket: "
                              "see areal_like.runtime.weight_broadcast")
-        view = self.coordinator.begin_weight_update(meta.version, self.api.update_pause_mode)
+        start = time.perf_counter()
+        view = self._hold(meta)
+        held = time.perf_counter()
         report = UpdateReport(meta)
         refused = None
         try:
             # twice: a load, then the answer probes of a fleet-wide failure
             refused = self._run(self._load(view, meta, report),
                                 2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S)
+            self.last_timings = {"weight_sync/hold_s": held - start,
+                                 "weight_sync/servers_s": time.perf_counter() - held}
         except BaseException as e:
             unfinished = f"the update did not finish ({type(e).__name__}: {e})"
             report.failed |= {a: unfinished for a in view.in_service
@@ -154,6 +198,8 @@ class FleetUpdater:
         if self._session is None:
             return
         try:
+            self.release_ahead()
+            self._asker.shutdown()
             self._run(self.weight_group.dissolve(), 2 * CONTROL_TIMEOUT_S)
         finally:
             session, self._session = self._session, None

@@ -1,8 +1,9 @@
 """The fleet client's side of a weight update that trainer rank 0 drives (`FleetMembership.
 hold_for_update` / `end_update`), on the client's real membership and backend APIs, no server:
-what the hold blocks, what a report does to the servers and the version, a trainer that
-never ends its update, and the trainer's updater asking for the hold while it exports. (Against real servers: tests/test_weight_broadcast.py, test_faults.py's
-killed-during-update test, and every RL run.)"""
+what the hold blocks, what a report does to the servers and the version, a trainer that never
+ends its update, and the trainer's updater asking for the hold while it exports. (Against real
+servers: tests/test_weight_broadcast.py, test_faults.py's killed-during-update test, and every
+RL run, whose hold is asked ahead: tests/test_recipes.py checks its timings.)"""
 
 from __future__ import annotations
 

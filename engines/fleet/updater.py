@@ -97,17 +97,19 @@ class FleetUpdater:
         if ahead is None:
             return
         meta, answer = ahead
-        if answer.exception(timeout=self._hold_timeout()) is None:  # held: release it
+        if answer.exception(timeout=self._two_loads_s()) is None:  # held: release it
             self.coordinator.end_weight_update(UpdateReport(meta))
 
-    def _hold_timeout(self) -> float:
+    def _two_loads_s(self) -> float:
+        """The bound on a hold (pinned work, then a readmission's load may come first) and
+        on an update (a load, then the answer probes of a fleet-wide failure)."""
         return 2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S
 
     def _hold(self, meta: WeightUpdateMeta) -> FleetView:
         ahead = self._ahead
         if ahead is not None and ahead[0] is meta:
             self._ahead = None
-            return ahead[1].result(timeout=self._hold_timeout())
+            return ahead[1].result(timeout=self._two_loads_s())
         self.release_ahead()
         return self.coordinator.begin_weight_update(meta.version, self.api.update_pause_mode)
 
@@ -124,9 +126,7 @@ class FleetUpdater:
         report = UpdateReport(meta)
         refused = None
         try:
-            # twice: a load, then the answer probes of a fleet-wide failure
-            refused = self._run(self._load(view, meta, report),
-                                2 * self.config.weights.update_timeout + 4 * CONTROL_TIMEOUT_S)
+            refused = self._run(self._load(view, meta, report), self._two_loads_s())
             self.last_timings = {"weight_sync/hold_s": held - start,
                                  "weight_sync/servers_s": time.perf_counter() - held}
         except BaseException as e:

@@ -1,19 +1,56 @@
 #!/usr/bin/env bash
 # Install the project into the current Python (CPU torch first, so nothing pulls a CUDA build),
-# then the SGLang and vLLM server environments. Idempotent: quick when everything is already
-# there.
+# and the SGLang and vLLM server environments beside it: three independent pip runs (separate
+# environments), so they run at once, each with its own log, and a failure of any fails this
+# script with its log's tail. Idempotent: quick when everything is already there.
+# pip's byte-compilation stays (where PYTHONDONTWRITEBYTECODE is set, a module without its .pyc
+# is compiled again by every process that imports it: a server's imports take 24 s, not 11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+LOGS="$(mktemp -d)"
+PIDS=()
+NAMES=()
+start_env() {  # name script venv
+  bash "$2" "$3" >"$LOGS/$1.log" 2>&1 &
+  PIDS+=("$!")
+  NAMES+=("$1")
+  echo "[install] $1: $3 (in the background, log $LOGS/$1.log)"
+}
+# Stopped with this script: a background install must not outlive it.
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+[ -f scripts/install_sglang.sh ] && start_env sglang scripts/install_sglang.sh "${SGLANG_VENV:-.venv-sglang}"
+[ -f scripts/install_vllm.sh ] && start_env vllm scripts/install_vllm.sh "${VLLM_VENV:-.venv-vllm}"
+
+PIP=("$PYTHON" -m pip install --progress-bar off)
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
-  "$PYTHON" -m pip install "torch==2.13.0"
+  "${PIP[@]}" "torch==2.13.0"
 fi
 if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft" 2>/dev/null; then
-  "$PYTHON" -m pip install -e ".[dev,ray]"
+  "${PIP[@]}" -e ".[dev,ray]"
 fi
-if [ -f scripts/install_sglang.sh ]; then
-  bash scripts/install_sglang.sh "${SGLANG_VENV:-.venv-sglang}"
-fi
-if [ -f scripts/install_vllm.sh ]; then
-  bash scripts/install_vllm.sh "${VLLM_VENV:-.venv-vllm}"
-fi
+
+status=0
+for i in "${!PIDS[@]}"; do
+  name="${NAMES[$i]}"
+  log="$LOGS/$name.log"
+  # never silent for long: the server environments take minutes on a fresh machine
+  ticks=0
+  while kill -0 "${PIDS[$i]}" 2>/dev/null; do
+    if [ $((ticks % 12)) -eq 0 ]; then
+      echo "[install] waiting for $name: $(grep '^\[install_' "$log" | tail -n 1)"
+    fi
+    ticks=$((ticks + 1))
+    sleep 5
+  done
+  if wait "${PIDS[$i]}"; then
+    grep '^\[install_' "$log" || true
+  else
+    echo "[install] $name failed; the end of its log ($log):" >&2
+    tail -n 60 "$log" >&2
+    status=1
+  fi
+done
+trap - EXIT
+[ "$status" -eq 0 ] && rm -rf "$LOGS"
+exit "$status"

@@ -103,43 +103,6 @@ def _run_args(model_dir: Path, log_dir: Path, steps: int) -> list[str]:
 
 @pytest.mark.sglang
 @pytest.mark.e2e
-def test_killed_run_recovers_from_its_checkpoint(tmp_path, tiny_model_dir, fresh_fleet):
-    """On the session fleet: the trainer's interruption is under test, not the servers'."""
-    from sglang_helpers import attach_args
-
-    log_dir = tmp_path / "runs"
-    run_dir = log_dir / "grpo_addition" / "trial0"
-    attached = attach_args(fresh_fleet)
-    # A run far too long to finish: it is killed once its first checkpoint is observed,
-    # however fast or busy the machine is.
-    proc = _launch([*_run_args(tiny_model_dir, log_dir, steps=100_000), *attached],
-                   start_new_session=True)
-    latest = run_dir / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    try:
-        while not latest.exists():
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within 600 s"
-            time.sleep(0.05)
-    finally:
-        # SIGTERM, as `kill` sends it (a shell's background job ignores SIGINT)
-        os.killpg(proc.pid, signal.SIGTERM)  # our own launcher's session
-        out, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0, out[-3000:]  # interrupted, not finished
-    saved_step = int(latest.read_text().strip().removeprefix("step"))
-
-    resumed = _launch([*_run_args(tiny_model_dir, log_dir, steps=saved_step + 3), *attached])
-    out, _ = resumed.communicate(timeout=900)
-    assert resumed.returncode == 0, out[-3000:]
-    assert f"recovered from {run_dir / 'checkpoints' / f'step{saved_step}'}" in out
-    # evaluations finish after their step: their records are merged into it
-    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
-    assert steps[-2:] == [saved_step + 2, saved_step + 3]  # resumed after the saved step
-    assert (run_dir / "weights" / f"v{saved_step + 3}").is_dir()  # fleet got the last version
-
-
-@pytest.mark.sglang
-@pytest.mark.e2e
 def test_last_server_dying_stops_the_run_naming_it_last_on_screen(tmp_path, tiny_model_dir):
     """With no restarts left, the launcher stops the run; its error (server, signal, log) is
     the last thing printed, the trainer's output after the decision goes to trainer.log."""

@@ -214,12 +214,15 @@ def test_grpo_on_ray_with_vllm_servers(ray_address, tiny_model_dir, tmp_path):
 
 
 def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int,
-                   key: str = "user/world_size", also: Callable[[], bool] = lambda: True
-                   ) -> list[dict]:
-    """The metric records once a record of `step` or later has `key` (and `also()` holds)."""
+                   key: str = "user/world_size", also: Callable[[], bool] = lambda: True,
+                   out_path: Path | None = None) -> list[dict]:
+    """The metric records once a record of `step` or later has `key` (and `also()` holds).
+    `out_path`: where the job's output goes when it is not `proc.stdout`."""
     deadline = time.monotonic() + 600
     while True:
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        if proc.poll() is not None:
+            out = out_path.read_text() if out_path else proc.stdout.read()
+            raise AssertionError(f"the job exited ({proc.returncode}): {out[-4000:]}")
         assert time.monotonic() < deadline, f"no step {step} within 600 s"
         records = read_metrics(metrics) if metrics.exists() else []
         if any(r["step"] >= step and key in r for r in records) and also():
@@ -268,29 +271,12 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
     return proc.returncode, out, records, actors
 
 
-def test_a_killed_server_actor_past_its_restarts_stops_the_job_naming_it(
-        ray_address, tiny_model_dir, tmp_path):
-    """The user's own script runs as the trainer (its `user/*` stats are logged, world size 2);
-    killing the server's actor with no restart left (`server.max_restarts=0`) stops the job
-    within a bound, naming the actor, its node and its last lines, and leaves no process
-    behind."""
-    def kill_server_actor(proc: subprocess.Popen, actors: list[dict]) -> None:
-        os.kill(next(a for a in actors if a["name"] == "server_0")["actor_pid"], signal.SIGKILL)
-
-    code, out, records, actors = _interrupted_long_job(ray_address, tiny_model_dir, tmp_path,
-                                                       kill_server_actor, "server.max_restarts=0")
-    assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
-    assert code == 1, out[-4000:]
-    server = next(a for a in actors if a["name"] == "server_0")
-    tail = out[out.index("launch failed:"):]
-    assert f"server_0 (node {server['ip']}, host {socket.gethostname()}" in tail
-    assert "died" in tail and "last lines of" in tail
-    _assert_all_gone(actors)
-
-
 def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
-    code, out, _, actors = _interrupted_long_job(
+    """The user's own script runs as the trainer (its `user/*` stats are logged, world size
+    2); Ctrl-C stops the job and leaves no process behind."""
+    code, out, records, actors = _interrupted_long_job(
         ray_address, tiny_model_dir, tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT))
+    assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
     assert code == 130, out[-4000:]
     assert "interrupted: stopped every actor" in out
     _assert_all_gone(actors)
@@ -345,8 +331,6 @@ def test_an_exception_in_the_trainer_ends_the_job_with_it_last_on_screen(
 # -- runs that heal themselves: each fault once, the run ends rc 0 with every step logged once
 
 HEAL_STEPS = 8
-# the run goes on on the other server while one restarts (~15 s): long enough to see it rejoin
-SERVER_HEAL_STEPS = 80
 
 
 # (step, trainer restarts, fault(actors)): the fault once the trainer gang, restarted that
@@ -398,33 +382,80 @@ def _healing_run(ray_address: str, model_dir: Path, tmp_path: Path, faults: list
     return out, records, episodes, actors
 
 
-def test_a_killed_server_actor_is_restarted_by_ray_and_rejoins_with_the_current_weights(
-        ray_address, tiny_model_dir, tmp_path):
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_a_killed_server_actor_rejoins_then_past_its_restarts_stops_the_job(ray_address,
+                                                                            tiny_model_dir,
+                                                                            tmp_path):
     """SIGKILL of one of two servers' actor and of its server's processes at step 2 (a
     crash; alone, the actor's death ends its server a little later through
     PR_SET_PDEATHSIG): Ray restarts the actor in its bundle, the launcher starts its server
     again on its address, the trainer's client sends it the current weights at the next
     broadcast and routes to it again; the run goes on on the other server meanwhile, and
-    nothing is lost."""
-    killed = {}
-
-    def kill_server_actor(actors: list[dict]) -> None:
-        killed.update(next(a for a in actors if a["name"] == "server_0"))
+    nothing is lost. Killed again once back in service, its one restart
+    (`server.max_restarts=1`) used up, it stops the job within a bound, naming the actor, its
+    node and its last lines, and leaves no process behind. (One run for both: the run must
+    not end before the server rejoins, however long its restart takes.)"""
+    run = tmp_path / "grpo_addition" / "trial0"
+    metrics, actors_file = run / "metrics.jsonl", run / "logs" / "actors.json"
+    out_path = tmp_path / "launcher.out"
+    with open(out_path, "w") as out_file:  # a file, not a pipe nobody reads while it runs
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "areal_like.launcher.ray", "grpo",
+             *_common(tiny_model_dir, tmp_path, 100_000), f"launcher.ray_address={ray_address}",
+             "rollout.weights.transport=distributed", FORK, "server.max_restarts=1",
+             "launcher.n_trainer_procs=1", "server.n_servers=2"],
+            cwd=REPO, env=ENV, stdout=out_file, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+    try:
+        _wait_for_step(proc, metrics, 2, key="loss", out_path=out_path)
+        killed = next(a for a in _read(actors_file) if a["name"] == "server_0")
         os.kill(killed["actor_pid"], signal.SIGKILL)
         os.killpg(killed["pid"], signal.SIGKILL)
 
-    out, records, _, actors = _healing_run(ray_address, tiny_model_dir, tmp_path,
-                                           [(2, 0, kill_server_actor)],
-                                           "launcher.n_trainer_procs=1",
-                                           "server.n_servers=2", steps=SERVER_HEAL_STEPS)
-    server = next(a for a in actors if a["name"] == "server_0")
+        def restarted() -> dict:
+            return next(a for a in _read(actors_file) if a["name"] == "server_0")
+
+        # back in service (the trainer's records) and its restart written down (actors.json,
+        # rewritten once the restarted actor reported its server's pid)
+        records = _wait_for_step(proc, metrics, 3, key="loss", also=lambda: any(
+            r.get("fleet/readmitted_total", 0) >= 1 and r.get("fleet/in_service") == 2
+            for r in read_metrics(metrics)) and restarted()["restarts"] == 1,
+            out_path=out_path)
+        server = restarted()
+        os.kill(server["actor_pid"], signal.SIGKILL)  # its restart is used up
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    out = out_path.read_text()
+    # 1. restarted, back where the trainer's client looks, with the current weights
     assert server["restarts"] == 1 and server["actor_pid"] != killed["actor_pid"]
-    assert server["address"] == killed["address"]  # back where the trainer's client looks
+    assert server["address"] == killed["address"]
     assert "restarting it (restart 1 of 1, server.max_restarts)" in out
-    last = [r for r in records if "loss" in r][-1]
+    last = next(r for r in reversed(records) if r.get("fleet/in_service") == 2
+                and r.get("fleet/readmitted_total", 0) >= 1)
     assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 0)
-    assert last["fleet/readmitted_total"] >= 1 and last["rollout/failed_total"] == 0
-    assert last["fleet/in_service"] == 2  # routed to again
+    assert last["rollout/failed_total"] == 0
+    # every step logged once, none trained twice; at eta = 0 the fleet served the trainer's
+    # current weights at every step (recomputed log-probabilities equal the servers')
+    records = read_metrics(metrics)
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, len(steps) + 1))
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    ids = [i for e in episodes if "trained" in e for i in e["trained"]]
+    assert len(ids) == len(set(ids))
+    gaps = [r["actor/gap/abs_log_diff/max"] for r in records if "actor/gap/abs_log_diff/max" in r]
+    assert gaps and max(gaps) < 1e-3, gaps
+    # 2. killed past its restarts: the job stops naming it
+    assert proc.returncode == 1, out[-4000:]
+    tail = out[out.index("launch failed:"):]
+    assert f"server_0 (node {server['ip']}, host {socket.gethostname()}" in tail
+    assert "died" in tail and "last lines of" in tail and "are used up" in tail
+    _assert_all_gone(_read(actors_file))
 
 
 def test_a_killed_trainer_rank_then_a_lost_node_are_healed(ray_cluster, ray_address,

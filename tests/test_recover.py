@@ -1,13 +1,15 @@
-"""`kill -9` of the trainer mid-run, then `checkpoint.recover=auto` (real SGLang + torchrun),
-through the local launcher attached to the session's fleet, reset to the session weights at
-version 0 before each run (the trainer is what dies here; servers dying are test_faults'):
+"""`kill -9` of the trainer (or `kill` of the whole launch) mid-run, then
+`checkpoint.recover=auto` (real SGLang + torchrun), through the local launcher attached to the
+session's fleet, reset to the session weights at version 0 before each run (the trainer is
+what dies here; servers dying are test_faults'):
 
 - eta = 0: a killed-then-recovered run ends with exactly the weights and per-step metrics of an
   uninterrupted run with its seed (the two are separate processes from the start, so this
   also checks that one seed gives one run);
-- eta = 2: no trajectory is trained twice, the buffered trajectories restored are exactly the
-  checkpointed ones (by episode id) and are trained after the resume, the staleness bound holds
-  across the resume, and the metrics log has every step once.
+- eta = 2, the launch stopped by SIGTERM: no trajectory is trained twice, the buffered
+  trajectories restored are exactly the checkpointed ones (by episode id) and are trained
+  after the resume, the staleness bound holds across the resume, the metrics log has every
+  step once and the fleet got the last version.
 
 The kill waits for an observable event (a metrics step after the first checkpoint).
 """
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -70,11 +73,27 @@ def _records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line]
 
 
-def _kill_trainer_after(fleet, model_dir: Path, log_dir: Path, eta: int, step: int) -> None:
-    """Start a run, SIGKILL its trainer once metrics of `step` (after a checkpoint) exist."""
+def _kill_trainer(proc: subprocess.Popen) -> None:
+    pids = processes_running_module(proc.pid, "recipes.grpo")
+    assert pids, "trainer process not found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)  # kill -9, no cleanup runs
+
+
+def _terminate_the_launch(proc: subprocess.Popen) -> None:
+    # SIGTERM to the launcher's whole session, as `kill` sends it (a shell's background job
+    # ignores SIGINT)
+    os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _kill_trainer_after(fleet, model_dir: Path, log_dir: Path, eta: int, step: int,
+                        stop: Callable[[subprocess.Popen], None] = _kill_trainer) -> None:
+    """Start a run, `stop` it (SIGKILL of its trainer) once metrics of `step` (after a
+    checkpoint) exist."""
     run_dir = log_dir / "grpo_addition" / "trial0"
     proc = subprocess.Popen(_args(fleet, model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 900
         while True:
@@ -85,16 +104,13 @@ def _kill_trainer_after(fleet, model_dir: Path, log_dir: Path, eta: int, step: i
                     r["step"] >= step for r in _records(run_dir)):
                 break
             time.sleep(0.05)
-        pids = processes_running_module(proc.pid, "recipes.grpo")
-        assert pids, "trainer process not found"
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)  # kill -9, no cleanup runs
+        stop(proc)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-    assert proc.returncode != 0, out[-3000:]  # the launcher reports the dead trainer
+    assert proc.returncode != 0, out[-3000:]  # interrupted, not finished
 
 
 def _weights_sha(run_dir: Path) -> str:
@@ -124,9 +140,11 @@ def test_eta0_a_killed_run_resumes_bit_identical_to_an_uninterrupted_one(fresh_f
 
 
 def test_eta2_resume_loses_and_repeats_no_trajectory(fresh_fleet, tiny_model_dir, tmp_path):
+    """Here the whole launch is stopped (SIGTERM to its session, as `kill` sends it), not
+    only its trainer."""
     run_dir = tmp_path / "grpo_addition" / "trial0"
     _kill_trainer_after(fresh_fleet, tiny_model_dir, tmp_path, eta=2,
-                        step=random.randint(3, STEPS - 2))
+                        step=random.randint(3, STEPS - 2), stop=_terminate_the_launch)
     latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     saved = torch.load(latest / "run_state.pt", weights_only=False)["executor"]
     checkpointed = [f"{b['data_id']}@{b['episode_seed']}" for b in saved["buffered"]]
@@ -135,6 +153,7 @@ def test_eta2_resume_loses_and_repeats_no_trajectory(fresh_fleet, tiny_model_dir
     assert f"recovered from {latest}" in out
     records = _records(run_dir)
     assert [r["step"] for r in records] == list(range(STEPS + 1))  # each step once
+    assert (run_dir / "weights" / f"v{STEPS}").is_dir()  # the fleet got the last version
     assert max(r.get("rollout/staleness_max", 0) for r in records) <= 2
     episodes = _records(run_dir, "episodes.jsonl")
     restored = [e["restored"] for e in episodes if "restored" in e]

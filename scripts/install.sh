@@ -22,11 +22,23 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 [ -f scripts/install_sglang.sh ] && start_env sglang scripts/install_sglang.sh "${SGLANG_VENV:-.venv-sglang}"
 [ -f scripts/install_vllm.sh ] && start_env vllm scripts/install_vllm.sh "${VLLM_VENV:-.venv-vllm}"
 
+# the code sandbox's isolation tool (areal_like/utils/sandbox.py): Debian's bubblewrap
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] bubblewrap (the code sandbox)"
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+  else
+    echo "[install] bubblewrap is missing (apt-get install bubblewrap): the code sandbox" \
+         "and its tests need it"
+  fi
+fi
+
 PIP=("$PYTHON" -m pip install --progress-bar off)
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft" 2>/dev/null; then
+if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic" 2>/dev/null; then
   "${PIP[@]}" -e ".[dev,ray]"
 fi
 

@@ -1,5 +1,5 @@
 """Rollout workflows: RLVR (with images too), ReMax (greedy vs sample), multi-turn,
-tool-using agents, agents written for the OpenAI client."""
+tool-using agents, agents written for the OpenAI client, agent programs through the gateway."""
 
 from typing import Any
 
@@ -13,8 +13,10 @@ from workflows.tools import ToolCall, ToolRegistry, ToolResult, parse_tool_calls
 from workflows.vision_rlvr import VisionRLVRWorkflow
 
 __all__ = [
+    "AgentGateway",
     "ArealOpenAI",
     "OpenAIAgentWorkflow",
+    "ProgramWorkflow",
     "MemoryAgentWorkflow",
     "MemoryStore",
     "MultiTurnWorkflow",
@@ -32,7 +34,9 @@ __all__ = [
 # Imported on first use: the openai package's types take ~1.3 s to import, paid otherwise by
 # every trainer, controller and reward-worker process of every run.
 _LAZY = LazyExports(__name__, {"ArealOpenAI": "workflows.openai_client",
-                               "OpenAIAgentWorkflow": "workflows.openai_agent"})
+                               "OpenAIAgentWorkflow": "workflows.openai_agent",
+                               "AgentGateway": "workflows.gateway",
+                               "ProgramWorkflow": "workflows.program"})
 
 
 def __getattr__(name: str) -> Any:

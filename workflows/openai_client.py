@@ -160,6 +160,9 @@ class ArealOpenAI:
         self.gconfig = with_eos_stop(gconfig or GenerationHyperparameters(), tokenizer)
         self.chat = _Chat(self)
         self.completions: list[RecordedCompletion] = []  # in call order
+        # every call of this client (one conversation, one episode) is routed by one key: the
+        # fleet client keeps it on one server, whose prefix cache holds the earlier turns
+        self.rid = f"chat-{uuid.uuid4().hex}"
         self.n_rerendered = 0  # extended calls whose template did not allow reusing the ids
 
     # ---- generation ---------------------------------------------------------------------
@@ -208,7 +211,7 @@ class ArealOpenAI:
         builder, parent = self._prompt(messages, tools)
         prompt_len = len(builder)
         resp = await self.engine.agenerate(ModelRequest(input_ids=list(builder.input_ids),
-                                                        gconfig=gconfig))
+                                                        gconfig=gconfig, rid=self.rid))
         builder.add_generation(resp)
         text = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
         calls = [c for c in parse_tool_calls(text) if c.error is None] if tools else []

@@ -279,7 +279,9 @@ class RemoteInferenceEngine(InferenceEngine):
             metadata={"server": addr, "segments": segment + 1,
                       "num_retractions": reply.meta_info.get("num_retractions", 0),
                       # the last segment's prompt as the server counted it (images expanded)
-                      "prompt_tokens": reply.meta_info.get("prompt_tokens")},
+                      "prompt_tokens": reply.meta_info.get("prompt_tokens"),
+                      # of it, taken from the server's prefix cache (SGLang; None elsewhere)
+                      "cached_tokens": reply.meta_info.get("cached_tokens")},
         )
 
     # ---- retries ------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Run model-written code isolated: bubblewrap (Debian's `bubblewrap`) with every namespace
+unshared, as an unprivileged uid, under resource limits.
+
+    sandbox = Sandbox(SandboxLimits(wall_s=10, cpu_s=5))
+    result = await sandbox.run_python("print(2 + 3)")      # result.stdout == "5\\n"
+
+What the code gets: a private `/work` (its own empty directory, the only writable place
+besides a private `/tmp`), a read-only `/usr` (Debian's Python 3 is `/usr/bin/python3`),
+`/proc` and `/dev` of its own. What it does not get: the network (a network namespace of its
+own, with no interface up), any other file of the machine (the project, `/root`, `/etc`, the
+caller's temporary files), other processes (a pid namespace of its own).
+
+Limits: `cpu_s` of CPU time (RLIMIT_CPU), `memory_mb` of address space (RLIMIT_AS), files of
+at most `file_mb` (RLIMIT_FSIZE), `processes` (RLIMIT_NPROC) and `wall_s` of wall-clock time,
+at which its process tree is killed (bubblewrap's `--die-with-parent`, and the pid namespace
+ends with its first process). Output is kept up to `output_kb` per stream.
+
+Started by root, the code runs as `uid` (65534, "nobody", by default): RLIMIT_NPROC counts the
+processes of a real uid, so a uid that runs nothing else is what bounds a fork bomb (root in a
+user namespace is not bounded by it). Started by another user, it runs as that user, and
+`processes` counts all of that user's processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+SANDBOX_PYTHON = "/usr/bin/python3"  # the system's, under the read-only /usr
+KILLED_TREE_S = 30.0  # a bound for the killed tree's pipes to close
+
+
+class SandboxUnavailableError(RuntimeError):
+    """bubblewrap (or the tools the sandbox starts it with) is missing on this machine."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    wall_s: float = 10.0
+    cpu_s: int = 5
+    memory_mb: int = 1024
+    file_mb: int = 16
+    processes: int = 64
+    output_kb: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("wall_s", "cpu_s", "memory_mb", "file_mb", "processes", "output_kb"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxLimits.{name}={getattr(self, name)!r} must be > 0")
+
+
+@dataclass
+class SandboxResult:
+    exit_code: Optional[int]  # None when killed at the wall-clock limit
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+async def _read_capped(stream: Optional[asyncio.StreamReader], cap: int) -> bytes:
+    """The first `cap` bytes of `stream`; the rest is read and dropped (the code must not
+    block on a full pipe, nor fill the caller's memory)."""
+    if stream is None:
+        return b""
+    kept = bytearray()
+    while chunk := await stream.read(65536):
+        if len(kept) < cap:
+            kept += chunk[:cap - len(kept)]
+    return bytes(kept)
+
+
+class Sandbox:
+    """Runs commands isolated (see the module doc). Check once with `check()`: a missing
+    tool is an error naming its package."""
+
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), uid: int = 65534) -> None:
+        self.limits = limits
+        self.uid = uid
+        self.as_root = os.geteuid() == 0
+
+    def check(self) -> None:
+        needed = {"bwrap": "bubblewrap", "prlimit": "util-linux"}
+        if self.as_root:
+            needed["setpriv"] = "util-linux"
+        missing = [f"{tool} (Debian package {package})" for tool, package in needed.items()
+                   if shutil.which(tool) is None]
+        if missing:
+            raise SandboxUnavailableError(
+                f"the code sandbox needs {', '.join(missing)}: install it, e.g. `apt-get "
+                f"install -y bubblewrap`")
+
+    def command(self, argv: Sequence[str], work_dir: Path) -> list[str]:
+        """The whole command line that runs `argv` in the sandbox, `work_dir` as /work."""
+        lim = self.limits
+        limits = ["prlimit", f"--cpu={lim.cpu_s}", f"--as={lim.memory_mb * 2**20}",
+                  f"--fsize={lim.file_mb * 2**20}", f"--nproc={lim.processes}", "--core=0",
+                  "--"]
+        user = (["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                 "--"] if self.as_root else [])
+        bwrap = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+                 "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+                 "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                 "--bind", str(work_dir), "/work", "--chdir", "/work",
+                 "--setenv", "HOME", "/work", "--setenv", "PATH", "/usr/bin:/bin",
+                 "--"]
+        return [*limits, *user, *bwrap, *argv]
+
+    async def run(self, argv: Sequence[str], files: Optional[dict[str, str]] = None
+                  ) -> SandboxResult:
+        """Run `argv` in a fresh /work holding `files` (name -> text); its result."""
+        self.check()
+        work_dir = Path(tempfile.mkdtemp(prefix="areal_like_sandbox_"))
+        try:
+            for name, text in (files or {}).items():
+                (work_dir / name).write_text(text)
+            if self.as_root:  # writable by the sandbox's uid, readable by nobody else
+                for path in (work_dir, *work_dir.iterdir()):
+                    os.chown(path, self.uid, self.uid)
+            return await self._run(self.command(argv, work_dir))
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    async def run_python(self, code: str) -> SandboxResult:
+        """Run Python source with the system's Python 3, isolated."""
+        return await self.run([SANDBOX_PYTHON, "main.py"], {"main.py": code})
+
+    async def _run(self, command: list[str]) -> SandboxResult:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of the caller's
+        proc = await asyncio.create_subprocess_exec(
+            *command, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        cap = self.limits.output_kb * 1024
+        reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap),
+                               proc.wait())
+        timed_out = False
+        try:
+            out, err, _ = await asyncio.wait_for(asyncio.shield(reads), self.limits.wall_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:  # the pipes close with the process tree (pid namespace, die-with-parent)
+                out, err, _ = await asyncio.wait_for(reads, KILLED_TREE_S)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"the sandbox's process tree (pid {proc.pid}) outlived its "
+                                   f"kill by {KILLED_TREE_S:g} s") from None
+        return SandboxResult(None if timed_out else proc.returncode,
+                             out.decode(errors="replace"), err.decode(errors="replace"),
+                             timed_out)

@@ -10,7 +10,6 @@ item). `areal-like eval` finds the schema a recipe YAML's defaults list names.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -207,24 +206,3 @@ def test_areal_like_eval_finds_the_schema_of_a_recipe_yaml(tiny_model_dir):
     assert proc.stderr.strip().startswith(
         "config error: valid_dataset (type=addition): valid_dataset: 200 of 200 prompts are "
         "longer than valid_dataset.max_prompt_len=1 tokens"), proc.stderr
-
-
-@pytest.mark.sglang
-@pytest.mark.e2e
-def test_areal_like_eval_with_the_docs_command_evaluates_the_tiny_model(tiny_model_dir,
-                                                                         tmp_path):
-    """docs/quickstart.md's `areal-like eval MODEL --config recipes/conf/grpo_addition.yaml`:
-    one real SGLang server of its own (about a minute)."""
-    from conftest import require_venv
-
-    require_venv("sglang")
-    out = tmp_path / "eval.json"
-    proc = subprocess.run([sys.executable, "-m", "areal_like.cli", "eval", str(tiny_model_dir),
-                           "--config", "recipes/conf/grpo_addition.yaml",
-                           "evaluation.n_prompts=8", "server.fork_children=true",
-                           "--out", str(out)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads(out.read_text())
-    assert record["eval/n"] == 8 and 0.0 <= record["eval/accuracy"] <= 1.0, record
-    assert f"eval/accuracy: {record['eval/accuracy']:.4f}" in proc.stdout

@@ -117,6 +117,28 @@ def test_an_update_the_trainer_never_ends_is_released_and_its_servers_leave():
     asyncio.run(run())
 
 
+def test_a_long_hold_is_said_until_it_ends(monkeypatch, caplog):
+    monkeypatch.setattr("engines.fleet.membership.HELD_REMINDER_S", 0.02)
+
+    def reminders() -> int:
+        return sum("has been held" in r.getMessage() for r in caplog.records)
+
+    async def run() -> None:
+        m = _membership()
+        await m.hold_for_update(3, "retract", expires_s=600)
+        async with asyncio.timeout(30):
+            while reminders() < 2:  # said again while it lasts
+                await asyncio.sleep(0.01)
+        assert "weights version 3 (readmissions wait for it)" in caplog.text
+        assert m.end_update(UpdateReport(WeightUpdateMeta.from_disk("/w/v3", 3)))
+        said = reminders()
+        await asyncio.sleep(0.2)  # ten reminder periods: none comes after the release
+        assert reminders() == said and not m.lock().locked()
+
+    with caplog.at_level("WARNING", logger="engines.fleet.client"):
+        asyncio.run(run())
+
+
 class _AnsweringCoordinator:
     """The rollout side of the updater, recorded; its hold answers when the test says so
     (a stand-in for the rollout process's turn on a busy core)."""

@@ -66,16 +66,11 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
             os.killpg(server_pgid(int(ports[1])), signal.SIGKILL)  # its own process group
             _wait_until(proc, out_path, _printed(out_path, f":{ports[1]} taken out of service"),
                         "server 1 taken out of service")
-            # hold the trainer (its rollout controller runs on) until the restarted server is
-            # back in service: the restart's duration, not the machine's speed, decides
+            # hold the trainer until the restarted server is back in service: the restart's
+            # duration, not the machine's speed, decides
             trainer = processes_running_module(proc.pid, "recipes.grpo")
             assert len(trainer) == 1, trainer
-            os.kill(trainer[0], signal.SIGSTOP)
-            try:
-                _wait_until(proc, out_path, _printed(out_path, f":{ports[1]} back in service"),
-                            "server 1 back in service")
-            finally:
-                os.kill(trainer[0], signal.SIGCONT)
+            _stop_until_readmitted(proc, out_path, trainer[0], run_dir, ports[1])
             proc.wait(timeout=1200)
         finally:
             if proc.poll() is None:
@@ -103,15 +98,44 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     _assert_same_weights(final, run_dir / "weights" / "v30")
     assert AutoTokenizer.from_pretrained(final).chat_template
     assert AutoModelForCausalLM.from_pretrained(final).num_parameters() > 0
-    # evaluated on its own, it scores what the run's last evaluation logged (the same
+    # evaluated on its own (docs/quickstart.md's `areal-like eval`, the run folder's config,
+    # one server of its own), it scores what the run's last evaluation logged (the same
     # weights, items and verifier; deterministic greedy decoding)
+    out_json = tmp_path / "final.eval.json"
     proc = subprocess.run([sys.executable, "-m", "areal_like.cli", "eval", str(final),
-                           "server.n_servers=1", "server.fork_children=true"],
+                           "server.n_servers=1", "server.fork_children=true", "--out",
+                           str(out_json)],
                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    evaluated = json.loads((run_dir / "final.eval.json").read_text())
+    evaluated = json.loads(out_json.read_text())
     assert evaluated["eval/n"] == 100 and evaluated["eval/accuracy"] == accuracy[-1], evaluated
+    assert evaluated["config"] == str(run_dir / "config.yaml"), evaluated
     assert f"eval/accuracy: {accuracy[-1]:.4f}" in proc.stdout
+
+
+def _stop_until_readmitted(proc: subprocess.Popen, out_path: Path, trainer: int,
+                           run_dir: Path, port: str) -> None:
+    """SIGSTOP the trainer until `port` is back in service. A stop that lands inside a weight
+    update holds the fleet (no readmission until the update ends): the rollout process says
+    so, and the trainer goes on to its next step and is stopped again."""
+    back = _printed(out_path, f":{port} back in service")
+    while True:
+        since = out_path.stat().st_size
+        os.kill(trainer, signal.SIGSTOP)
+        try:
+            held = _printed(out_path, "the fleet has been held", since)
+            _wait_until(proc, out_path, lambda held=held: back() or held(),
+                        "server 1 back in service (or the fleet held)")
+        finally:
+            os.kill(trainer, signal.SIGCONT)
+        if back():
+            return
+        step = _last_step(run_dir / "metrics.jsonl")
+        _wait_until(proc, out_path,
+                    lambda step=step: back() or _last_step(run_dir / "metrics.jsonl") > step,
+                    f"a step after {step} logged")
+        if back():
+            return
 
 
 def _assert_same_weights(folder: Path, reference: Path) -> None:
@@ -121,16 +145,20 @@ def _assert_same_weights(folder: Path, reference: Path) -> None:
         assert torch.equal(tensor, theirs[name]), name
 
 
-def _logged_step(path: Path, step: int) -> bool:
+def _last_step(path: Path) -> int:
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        return False
-    return any(json.loads(line)["step"] >= step for line in lines if line.strip())
+        return -1
+    return max((json.loads(line)["step"] for line in lines if line.endswith("}")), default=-1)
 
 
-def _printed(out_path: Path, text: str) -> Callable[[], bool]:
-    return lambda: text in out_path.read_text()
+def _logged_step(path: Path, step: int) -> bool:
+    return _last_step(path) >= step
+
+
+def _printed(out_path: Path, text: str, since: int = 0) -> Callable[[], bool]:
+    return lambda: text.encode() in out_path.read_bytes()[since:]
 
 
 def _wait_until(proc: subprocess.Popen, out_path: Path, done: Callable[[], bool],

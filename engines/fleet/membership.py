@@ -37,6 +37,7 @@ from engines.server.http import RETRYABLE
 logger = logging.getLogger("engines.fleet.client")
 
 PROBE_TIMEOUT_S = 10.0  # a liveness probe (no generation involved)
+HELD_REMINDER_S = 30.0  # an update normally holds the fleet for seconds: say when one lasts
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
@@ -50,6 +51,8 @@ class _HeldUpdate:
     aborts: bool  # its pauses abort requests: hold them as ours
     expiry: asyncio.TimerHandle
     timeout_s: float
+    since: float  # monotonic
+    reminder: Optional[asyncio.TimerHandle] = None
 
 
 class FleetMembership:
@@ -318,9 +321,22 @@ class FleetMembership:
         view = FleetView(version=version, in_service=tuple(self.pool.in_service()),
                          awaiting_broadcast=tuple(sorted(self.awaiting_broadcast)),
                          out_of_service=self.pool.describe_out_of_service())
-        expiry = asyncio.get_running_loop().call_later(expires_s, self._expire_update, view)
-        self._held = _HeldUpdate(view, aborts, expiry, expires_s)
+        loop = asyncio.get_running_loop()
+        expiry = loop.call_later(expires_s, self._expire_update, view)
+        self._held = _HeldUpdate(view, aborts, expiry, expires_s, time.monotonic())
+        self._held.reminder = loop.call_later(HELD_REMINDER_S, self._remind_held, self._held)
         return view
+
+    def _remind_held(self, held: _HeldUpdate) -> None:
+        """A hold is a silent wait for the trainer (stopped, swapping, slow): say so."""
+        if self._held is not held:
+            return
+        waited = time.monotonic() - held.since
+        logger.warning("the fleet has been held %.0f s for the trainer's update to weights "
+                       "version %d (readmissions wait for it); it is released when the update "
+                       "ends, or in %.0f s", waited, held.view.version, held.timeout_s - waited)
+        held.reminder = asyncio.get_running_loop().call_later(HELD_REMINDER_S,
+                                                              self._remind_held, held)
 
     def end_update(self, report: UpdateReport) -> bool:
         """Apply a driven update's `report` and release the hold; False if it had expired."""
@@ -362,6 +378,8 @@ class FleetMembership:
 
     def _release(self, held: _HeldUpdate) -> None:
         held.expiry.cancel()
+        if held.reminder is not None:
+            held.reminder.cancel()
         if held.aborts:
             self.own_aborts.release()
         self._require_lock().release()

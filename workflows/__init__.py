@@ -1,5 +1,6 @@
 """Rollout workflows: RLVR (with images too), ReMax (greedy vs sample), multi-turn,
-tool-using agents, agents written for the OpenAI client, agent programs through the gateway."""
+tool-using agents, agents written for the OpenAI client, agent programs through the gateway,
+Gymnasium-style text environments."""
 
 from typing import Any
 
@@ -15,6 +16,7 @@ from workflows.vision_rlvr import VisionRLVRWorkflow
 __all__ = [
     "AgentGateway",
     "ArealOpenAI",
+    "GymTextWorkflow",
     "OpenAIAgentWorkflow",
     "ProgramWorkflow",
     "MemoryAgentWorkflow",
@@ -36,7 +38,8 @@ __all__ = [
 _LAZY = LazyExports(__name__, {"ArealOpenAI": "workflows.openai_client",
                                "OpenAIAgentWorkflow": "workflows.openai_agent",
                                "AgentGateway": "workflows.gateway",
-                               "ProgramWorkflow": "workflows.program"})
+                               "ProgramWorkflow": "workflows.program",
+                               "GymTextWorkflow": "workflows.gym_env"})
 
 
 def __getattr__(name: str) -> Any:

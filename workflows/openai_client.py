@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -54,6 +55,10 @@ _UNSUPPORTED = {"stream": False, "n": 1, "logprobs": None, "top_logprobs": None,
                 "response_format": None, "functions": None, "function_call": None,
                 "parallel_tool_calls": None, "frequency_penalty": None,
                 "presence_penalty": None, "logit_bias": None}
+
+
+def _drop_if_parsed(block: re.Match[str]) -> str:
+    return "" if parse_tool_calls(block.group(0))[0].error is None else block.group(0)
 
 
 def _message_dict(message: Any) -> dict[str, Any]:
@@ -215,7 +220,8 @@ class ArealOpenAI:
         builder.add_generation(resp)
         text = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
         calls = [c for c in parse_tool_calls(text) if c.error is None] if tools else []
-        content = TOOL_CALL_RE.sub("", text).strip() if calls else text
+        # a block that does not parse stays in the text, as the servers' own parsers leave it
+        content = TOOL_CALL_RE.sub(_drop_if_parsed, text).strip() if calls else text
         tool_calls: list[ChatCompletionMessageToolCallUnion] = [ChatCompletionMessageToolCall(
             id=f"call_{uuid.uuid4().hex[:12]}", type="function",
             function=Function(name=c.name, arguments=json.dumps(c.arguments))) for c in calls]

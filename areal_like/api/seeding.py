@@ -68,6 +68,11 @@ def begin_episode(seed: int) -> EpisodeSeeds:
     return episode
 
 
+def current_episode() -> Optional[EpisodeSeeds]:
+    """The seeds of the episode running in this asyncio task (None outside one)."""
+    return _EPISODE.get()
+
+
 def request_seed(req: ModelRequest) -> int:
     """The sampling seed for `req`: its own `seed`, else the next seed of the running episode,
     else a random one (a request outside any seeded episode is not reproducible)."""

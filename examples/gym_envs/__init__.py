@@ -1,0 +1,1 @@
+"""Gymnasium-style text environments (workflows/gym_env.py runs them as episodes)."""

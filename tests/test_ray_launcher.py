@@ -196,23 +196,6 @@ def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_
     assert (logs / "trainer_0.log").read_text().count("[step 3]") >= 1
 
 
-def test_grpo_on_ray_with_vllm_servers(ray_address, tiny_model_dir, tmp_path):
-    """`server.backend=vllm` under the Ray launcher: the server actor starts vLLM from its
-    venv, the trainer ranks on the two nodes send it weights over process groups."""
-    from conftest import require_venv
-
-    require_venv("vllm")
-    proc = _run("ray", ["grpo", *_common(tiny_model_dir, tmp_path, 2),
-                        f"launcher.ray_address={ray_address}", "server.backend=vllm",
-                        "rollout.weights.transport=distributed"])
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-4000:]
-    run = tmp_path / "grpo_addition" / "trial0"
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
-    assert "vllm.entrypoints.openai.api_server" in (run / "logs" / "server_0.log").read_text()
-    assert "vllm server(s)" in out
-
-
 def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int,
                    key: str = "user/world_size", also: Callable[[], bool] = lambda: True,
                    out_path: Path | None = None) -> list[dict]:
@@ -250,8 +233,9 @@ def _assert_all_gone(actors: list[dict], timeout: float = 120) -> None:
 
 def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
                           interrupt: Callable[[subprocess.Popen, list[dict]], None],
-                          *overrides: str) -> tuple[int, str, list[dict], list[dict]]:
-    """Start the user's script as a job far too long to finish, wait for its first step,
+                          *overrides: str, step: int = 1
+                          ) -> tuple[int, str, list[dict], list[dict]]:
+    """Start the user's script as a job far too long to finish, wait for `step`,
     `interrupt(proc, actors)`; (exit code, output, metric records, actors.json)."""
     run = tmp_path / "user_script" / "trial0"
     proc = _run("ray", [*SCRIPT, *_common(model_dir, tmp_path, 100_000),
@@ -260,7 +244,7 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
                         FORK, *overrides],
                 start_new_session=True)
     try:
-        records = _wait_for_step(proc, run / "metrics.jsonl", 1)
+        records = _wait_for_step(proc, run / "metrics.jsonl", step)
         actors = json.loads((run / "logs" / "actors.json").read_text())
         interrupt(proc, actors)
         out, _ = proc.communicate(timeout=300)
@@ -271,17 +255,30 @@ def _interrupted_long_job(ray_address: str, model_dir: Path, tmp_path: Path,
     return proc.returncode, out, records, actors
 
 
-def test_ctrl_c_stops_every_actor_and_process(ray_address, tiny_model_dir, tmp_path):
-    """The user's own script runs as the trainer (its `user/*` stats are logged, world size
-    2); Ctrl-C stops the job and leaves no process behind."""
+def test_vllm_servers_on_ray_then_ctrl_c_stops_every_actor_and_process(ray_address,
+                                                                       tiny_model_dir,
+                                                                       tmp_path):
+    """`server.backend=vllm` under the Ray launcher: the server actor starts vLLM from its
+    venv, the user's own script runs as the trainer (its `user/*` stats are logged, world
+    size 2) and its ranks on the two nodes send the server weights over process groups; then
+    Ctrl-C stops the job and leaves no process behind."""
+    from conftest import require_venv
+
+    require_venv("vllm")
     code, out, records, actors = _interrupted_long_job(
-        ray_address, tiny_model_dir, tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT))
+        ray_address, tiny_model_dir, tmp_path, lambda proc, _: proc.send_signal(signal.SIGINT),
+        "server.backend=vllm", step=2)
+    run = tmp_path / "user_script" / "trial0"
+    assert "vllm.entrypoints.openai.api_server" in (run / "logs" / "server_0.log").read_text()
+    assert "vllm server(s)" in out
+    # two updates broadcast to the vLLM server, and rollouts generated with them
+    assert max(r.get("rollout/version", 0) for r in records) >= 1, records
     assert next(r for r in records if "user/world_size" in r)["user/world_size"] == 2
     assert code == 130, out[-4000:]
     assert "interrupted: stopped every actor" in out
     _assert_all_gone(actors)
     # the trainers' last output (after the signal) was collected too
-    assert (tmp_path / "user_script" / "trial0" / "logs" / "trainer_0.log").stat().st_size > 0
+    assert (run / "logs" / "trainer_0.log").stat().st_size > 0
 
 
 def test_a_rendezvous_port_in_use_is_named(ray_address, tiny_model_dir, tmp_path):

@@ -20,10 +20,12 @@ rollouts; each is logged against the version it evaluated when it is done.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tensordict import TensorDict
@@ -50,6 +52,7 @@ from engines import FSDPEngine
 from engines.fleet.updater import FleetUpdater
 from workflows.rlvr import RLVRWorkflow
 
+PLOT_TIMEOUT_S = 120.0  # the curves of a long run: seconds of drawing
 CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "timeperf/step",
            "timeperf/startup"]
 
@@ -296,10 +299,13 @@ class RLSetup:
         self.save_final()
         self.log_evaluations(wait=True)
         self.run.summarize("eval/accuracy")
+        plot: Optional[concurrent.futures.Future[Path]] = None
         if self.run.metrics is not None and self.config.logging.plot:
-            png = plot_run(self.run.metrics.jsonl_path, self.run.dir / "curves.png",
-                           self.run.dir.name)
-            print(f"curves: {png}", flush=True)
+            # drawn while the rollout process and the reward workers shut down (~1-2 s each)
+            plotter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="curves")
+            plot = plotter.submit(plot_run, self.run.metrics.jsonl_path,
+                                  self.run.dir / "curves.png", self.run.dir.name)
+            plotter.shutdown(wait=False)
         if self.fleet is not None:
             self.fleet.close()
         if self.rollout is not None:
@@ -307,4 +313,6 @@ class RLSetup:
         if self.broadcaster is not None:
             self.broadcaster.close()
         self.rewards.shutdown()
+        if plot is not None:
+            print(f"curves: {plot.result(timeout=PLOT_TIMEOUT_S)}", flush=True)
         self.run.close()

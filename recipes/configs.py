@@ -100,6 +100,36 @@ class MultiTurnConfig(GRPOConfig):
 
 
 @dataclass
+class ProgramConfig:
+    """The agent program the `agent_program` recipe trains (the `program:` section): run once
+    per episode against the trainer's gateway (workflows/program.py)."""
+
+    command: list[str] = field(default_factory=list)  # argv; a leading `python` is this one
+    verifier: str = ""  # import path of score(item, run) -> float
+    timeout_s: float = bounded(120.0, bound=above(0, " seconds"))
+    turn_discount: float = 1.0
+    export_style: str = bounded("concat", bound=choices("concat", "individual"))
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "program")
+        check("ProgramConfig", "program.command", bool(self.command), self.command,
+              "the program's argv, e.g. [python, examples/calculator_agent/agent.py]")
+        check("ProgramConfig", "program.verifier", bool(self.verifier), self.verifier,
+              "the import path of score(item, run) -> float")
+        check("ProgramConfig", "program.turn_discount", 0.0 <= self.turn_discount <= 1.0,
+              self.turn_discount, "a value in [0, 1]")
+
+
+@dataclass
+class ProgramRecipeConfig(GRPOConfig):
+    """An agent program (any command) trained through the gateway with the GRPO family."""
+
+    program: ProgramConfig = field(default_factory=lambda: ProgramConfig(
+        command=["python", "examples/calculator_agent/agent.py"],
+        verifier="examples.calculator_agent.task:score"))
+
+
+@dataclass
 class MemoryAgentConfig:
     """The memory agent's own knobs (the `agent:` section)."""
 
@@ -205,7 +235,8 @@ def _changed(prefix: str, value: object, default: object) -> list[str]:
 SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
            "ppo_prm_schema": PPOPRMConfig,
            "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
-           "distill_schema": DistillConfig, "sft_schema": SFTConfig}
+           "distill_schema": DistillConfig, "sft_schema": SFTConfig,
+           "agent_program_schema": ProgramRecipeConfig}
 for _name, _cls in SCHEMAS.items():
     register_schema(_name, _cls)
 # a user's YAML anywhere may build on the shipped ones: `defaults: [grpo_addition, _self_]`
@@ -220,5 +251,6 @@ RECIPES: dict[str, tuple[type, str, bool]] = {
     "distill": (DistillConfig, "distill_addition.yaml", True),
     "multi_turn": (MultiTurnConfig, "multi_turn_addition.yaml", True),
     "agent": (AgentConfig, "agent_memory.yaml", True),
+    "agent_program": (ProgramRecipeConfig, "agent_program_calculator.yaml", True),
     "sft": (SFTConfig, "sft_addition.yaml", False),
 }

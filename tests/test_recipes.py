@@ -55,6 +55,9 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2", 
     # the session fleet is the teacher too; the exact-KL form (its top-k travel to the loss;
     # the sampled form's advantages are checked against float64 in tests/test_distill.py)
     ("distill", ["gconfig.n_samples=2", "algorithm.preset=distill_full", "teacher.top_k=8"]),
+    # the calculator agent, a program of its own per episode, through the gateway
+    ("agent_program", ["gconfig.n_samples=2", "gconfig.max_new_tokens=8",
+                       "valid_dataset.size=2", "evaluation.n_prompts=2"]),
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
     if recipe == "distill":
@@ -75,6 +78,9 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     if recipe == "distill":  # the teacher's log-probs reached the update as its KL reference
         assert last["actor/kl_coef"] == 1.0 and "actor/kl_ref/avg" in last  # the preset's
         assert any("distill/reverse_kl" in r for r in records)  # logged by the rollout side
+    if recipe == "agent_program":  # every episode's program called the gateway
+        assert any(r.get("program/calls", 0) >= 1 for r in records)  # logged when they ran
+        assert last["rollout/failed_total"] == 0
     if recipe == "agent":  # Mem-alpha's statistics, per step and at evaluation
         for key in ("accuracy", "tool_success", "compression", "content_quality",
                     "mean_reward"):

@@ -36,6 +36,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, InferenceEngine, RolloutWorkflow
+from areal_like.utils import stats_tracker
 from areal_like.utils.batching import concat_padded
 from areal_like.utils.imports import load_object
 from workflows.common import load_tokenizer, stable_id
@@ -158,6 +159,9 @@ class ProgramWorkflow(RolloutWorkflow):
             finally:
                 client = await gateway.close_session(session.key)
             run = ProgramRun(code, out, err, work_dir, len(client.completions))
+            stats_tracker.scalar(**{"program/calls": float(run.n_calls),
+                                    "program/invalid_tool_calls":
+                                        float(session.invalid_tool_calls)})
             what = f"program {shlex.join(self.argv)}"
             if self.check_exit and run.exit_code != 0:
                 raise ProgramError(f"{what} exited with code {run.exit_code}; the end of its "

@@ -227,7 +227,9 @@ class AgentGateway:
         record = next(r for r in reversed(client.completions) if r.id == completion.id)
         counts["calls"] += 1
         if kwargs.get("tools"):
-            counts["invalid_tool_calls"] += invalid_tool_calls(record, client)
+            invalid = invalid_tool_calls(record, client)
+            counts["invalid_tool_calls"] += invalid
+            session.invalid_tool_calls += invalid
         reply = dialect.reply(completion, record, client, body)
         if not body.get("stream"):
             return web.json_response(reply)

@@ -37,6 +37,7 @@ class AgentSession:
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
     opened: float = field(default_factory=time.time)
     closed: Optional[float] = None  # wall-clock time of the close, for the refusal's message
+    invalid_tool_calls: int = 0  # tool calls the model wrote that did not parse
 
     @property
     def is_open(self) -> bool:

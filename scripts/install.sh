@@ -21,6 +21,7 @@ start_env() {  # name script venv
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 [ -f scripts/install_sglang.sh ] && start_env sglang scripts/install_sglang.sh "${SGLANG_VENV:-.venv-sglang}"
 [ -f scripts/install_vllm.sh ] && start_env vllm scripts/install_vllm.sh "${VLLM_VENV:-.venv-vllm}"
+[ -f scripts/install_verifiers.sh ] && start_env verifiers scripts/install_verifiers.sh "${VERIFIERS_VENV:-.venv-verifiers}"
 
 # the code sandbox's isolation tool (areal_like/utils/sandbox.py): Debian's bubblewrap
 if ! command -v bwrap >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
 """Rollout workflows: RLVR (with images too), ReMax (greedy vs sample), multi-turn,
 tool-using agents, agents written for the OpenAI client, agent programs through the gateway,
-Gymnasium-style text environments."""
+Gymnasium-style text environments, `verifiers` environments."""
 
 from typing import Any
 
@@ -28,7 +28,9 @@ __all__ = [
     "ToolCall",
     "ToolRegistry",
     "ToolResult",
+    "VerifiersWorkflow",
     "VisionRLVRWorkflow",
+    "load_verifiers_items",
     "make_memory_episodes",
     "parse_tool_calls",
 ]
@@ -39,7 +41,9 @@ _LAZY = LazyExports(__name__, {"ArealOpenAI": "workflows.openai_client",
                                "OpenAIAgentWorkflow": "workflows.openai_agent",
                                "AgentGateway": "workflows.gateway",
                                "ProgramWorkflow": "workflows.program",
-                               "GymTextWorkflow": "workflows.gym_env"})
+                               "GymTextWorkflow": "workflows.gym_env",
+                               "VerifiersWorkflow": "workflows.verifiers_env",
+                               "load_verifiers_items": "workflows.verifiers_env"})
 
 
 def __getattr__(name: str) -> Any:

@@ -35,6 +35,11 @@ def _python(box: Sandbox, code: str):
     return asyncio.run(box.run_python(code))
 
 
+async def _two_at_once(box: Sandbox):
+    return await asyncio.gather(box.run_python("import os\nprint(os.getuid())"),
+                                box.run_python("import os\nprint(os.getuid())"))
+
+
 def _sandbox_uid_processes(uid: int) -> list[int]:
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
@@ -56,7 +61,11 @@ def test_code_runs_in_its_own_directory_as_an_unprivileged_user(sandbox):
     assert result.ok, result.stderr
     cwd, uid, rest = result.stdout.split(" ", 2)
     assert cwd == "/work"
-    assert int(uid) == (sandbox.uid if os.geteuid() == 0 else os.getuid())
+    assert int(uid) == (result.uid if os.geteuid() == 0 else os.getuid())
+    if os.geteuid() == 0:  # a uid per run: runs at once do not share their process budget
+        first, second = asyncio.run(_two_at_once(sandbox))
+        assert first.ok and second.ok and first.stdout != second.stdout
+        assert {int(first.stdout), int(second.stdout)} == {first.uid, second.uid}
     assert rest == "['bin', 'dev', 'lib', 'lib64', 'proc', 'tmp', 'usr', 'work'] 5\n"
 
 
@@ -91,7 +100,7 @@ def test_limits_end_a_busy_loop_a_sleep_a_fork_bomb_and_a_memory_hog(sandbox):
     assert busy.exit_code == 128 + 9 and not busy.timed_out
     hog = _python(sandbox, "x = bytearray(4 * 1024 ** 3)")
     assert hog.exit_code == 1 and "MemoryError" in hog.stderr
-    short = Sandbox(SandboxLimits(wall_s=2, cpu_s=30, processes=16), uid=sandbox.uid)
+    short = Sandbox(SandboxLimits(wall_s=2, cpu_s=30, processes=16))
     start = time.monotonic()
     sleep = _python(short, "import time\ntime.sleep(600)")
     assert sleep.timed_out and sleep.exit_code is None
@@ -99,10 +108,10 @@ def test_limits_end_a_busy_loop_a_sleep_a_fork_bomb_and_a_memory_hog(sandbox):
                           "    except OSError:\n        pass")
     assert bomb.timed_out  # bounded by RLIMIT_NPROC until the wall-clock limit
     assert time.monotonic() - start < 300  # bounds for a hang, not the expected time
-    if os.geteuid() == 0:  # nothing of the sandbox's uid is left
+    if os.geteuid() == 0:  # nothing of the bomb's uid is left
         deadline = time.monotonic() + 60
-        while _sandbox_uid_processes(sandbox.uid):
-            assert time.monotonic() < deadline, _sandbox_uid_processes(sandbox.uid)
+        while _sandbox_uid_processes(bomb.uid):
+            assert time.monotonic() < deadline, _sandbox_uid_processes(bomb.uid)
             time.sleep(0.1)
     assert _python(sandbox, "print('still fine')").stdout == "still fine\n"
 
@@ -120,7 +129,7 @@ def test_the_python_tool_answers_a_registry_call_and_survives_a_fork_bomb(sandbo
     from workflows.tools import ToolCall, ToolRegistry
 
     registry = ToolRegistry(timeout=120)
-    short = Sandbox(SandboxLimits(wall_s=2, cpu_s=30, processes=16), uid=sandbox.uid)
+    short = Sandbox(SandboxLimits(wall_s=2, cpu_s=30, processes=16))
     registry.register(python_tool(short), name="python")
     ok = asyncio.run(registry.call(ToolCall("python", {"code": "print(6 * 7)"})))
     assert ok.ok and ok.content == {"exit_code": 0, "stdout": "42\n", "stderr": ""}

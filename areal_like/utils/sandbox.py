@@ -15,16 +15,19 @@ at most `file_mb` (RLIMIT_FSIZE), `processes` (RLIMIT_NPROC) and `wall_s` of wal
 at which its process tree is killed (bubblewrap's `--die-with-parent`, and the pid namespace
 ends with its first process). Output is kept up to `output_kb` per stream.
 
-Started by root, the code runs as `uid` (65534, "nobody", by default): RLIMIT_NPROC counts the
-processes of a real uid, so a uid that runs nothing else is what bounds a fork bomb (root in a
-user namespace is not bounded by it). Started by another user, it runs as that user, and
-`processes` counts all of that user's processes.
+Started by root, each run executes as a uid of its own (`fresh_uid`, or the `uid` given):
+RLIMIT_NPROC counts the processes of a real uid, so a uid that runs nothing else is what
+bounds a fork bomb (root in a user namespace is not bounded by it) — and one uid per run keeps
+concurrent runs (an agent per episode, a whole held-out evaluation at once) from using up
+each other's process budget. Started by another user, it runs as that user, and `processes`
+counts all of that user's processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 SANDBOX_PYTHON = "/usr/bin/python3"  # the system's, under the read-only /usr
+UID_BASE = 1 << 24  # sandbox uids: above any system or user account; below 2**31
 KILLED_TREE_S = 30.0  # a bound for the killed tree's pipes to close
 
 
@@ -62,6 +66,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+    uid: Optional[int] = None  # the uid it ran as (started by root)
 
     @property
     def ok(self) -> bool:
@@ -80,13 +85,23 @@ async def _read_capped(stream: Optional[asyncio.StreamReader], cap: int) -> byte
     return bytes(kept)
 
 
+_runs = itertools.count()
+
+
+def fresh_uid() -> int:
+    """A uid no other live run uses: this process's pid and a count of its runs (a process
+    has fewer than 256 runs at once)."""
+    return UID_BASE + (os.getpid() << 8) + (next(_runs) & 0xFF)
+
+
 class Sandbox:
     """Runs commands isolated (see the module doc). Check once with `check()`: a missing
     tool is an error naming its package."""
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), uid: int = 65534) -> None:
+    def __init__(self, limits: SandboxLimits = SandboxLimits(),
+                 uid: Optional[int] = None) -> None:
         self.limits = limits
-        self.uid = uid
+        self.uid = uid  # None: a fresh one per run
         self.as_root = os.geteuid() == 0
 
     def check(self) -> None:
@@ -100,14 +115,15 @@ class Sandbox:
                 f"the code sandbox needs {', '.join(missing)}: install it, e.g. `apt-get "
                 f"install -y bubblewrap`")
 
-    def command(self, argv: Sequence[str], work_dir: Path) -> list[str]:
-        """The whole command line that runs `argv` in the sandbox, `work_dir` as /work."""
+    def command(self, argv: Sequence[str], work_dir: Path, uid: Optional[int]) -> list[str]:
+        """The whole command line that runs `argv` in the sandbox as `uid` (root only),
+        `work_dir` as /work."""
         lim = self.limits
         limits = ["prlimit", f"--cpu={lim.cpu_s}", f"--as={lim.memory_mb * 2**20}",
                   f"--fsize={lim.file_mb * 2**20}", f"--nproc={lim.processes}", "--core=0",
                   "--"]
-        user = (["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                 "--"] if self.as_root else [])
+        user = (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+                if uid is not None else [])
         bwrap = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session",
                  "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
                  "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
@@ -125,10 +141,14 @@ class Sandbox:
         try:
             for name, text in (files or {}).items():
                 (work_dir / name).write_text(text)
-            if self.as_root:  # writable by the sandbox's uid, readable by nobody else
+            uid = None
+            if self.as_root:  # writable by the run's uid, readable by nobody else
+                uid = self.uid if self.uid is not None else fresh_uid()
                 for path in (work_dir, *work_dir.iterdir()):
-                    os.chown(path, self.uid, self.uid)
-            return await self._run(self.command(argv, work_dir))
+                    os.chown(path, uid, uid)
+            result = await self._run(self.command(argv, work_dir, uid))
+            result.uid = uid
+            return result
         finally:
             shutil.rmtree(work_dir, ignore_errors=True)
 

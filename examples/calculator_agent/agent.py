@@ -53,7 +53,10 @@ def run_tool(sandbox: Sandbox, call: dict) -> str:
 
 def main() -> int:
     item = json.loads(os.environ["AREAL_LIKE_ITEM"])
-    sandbox = Sandbox(SandboxLimits(wall_s=10, cpu_s=2, memory_mb=256))
+    # the work is bounded by CPU time; the wall-clock limit only catches a hang (a held-out
+    # evaluation runs every question's program at once: on a busy machine, queueing for a
+    # core must not time the code out)
+    sandbox = Sandbox(SandboxLimits(wall_s=120, cpu_s=5, memory_mb=256))
     messages: list[dict] = [{"role": "user", "content": item["question"]}]
     answer = ""
     for _ in range(MAX_TURNS):

@@ -20,6 +20,7 @@ from areal_like.utils.packed_logprobs import (
     shift_packed_to_next_token,
 )
 from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
+from engines.fsdp.attention import bucket_plan as attention_bucket_plan
 
 
 def _reference(logits: torch.Tensor, labels: torch.Tensor, temperature: float):
@@ -93,15 +94,24 @@ def test_next_token_labels_and_mask_stay_inside_each_sequence() -> None:
     torch.testing.assert_close(logp[3].double(), ref[3, 21])
 
 
-def test_packed_attention_equals_per_sequence_forward_and_backward(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("lengths, bucketed", [
+    ([5, 17, 1, 30], False),  # no two alike: one SDPA call per sequence
+    # a GRPO-like pack: buckets {3, 9, 10} {20..22} {30, 31}, short rows padded in each
+    ([20, 21, 3, 22, 20, 9, 21, 30, 10, 20, 31, 22], True),
+])
+def test_packed_attention_equals_per_sequence_forward_and_backward(
+        tiny_model_dir: Path, lengths: list[int], bucketed: bool) -> None:
     packed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                                   attn_implementation=PACKED_SDPA)
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                                  attn_implementation="eager")
     gen = torch.Generator().manual_seed(0)
-    lengths = [5, 17, 1, 30]
     seqs = [torch.randint(3, 500, (n,), generator=gen) for n in lengths]
     cu = torch.tensor([0, *torch.cumsum(torch.tensor(lengths), 0).tolist()])
+    plan = attention_bucket_plan(cu)
+    assert (plan is not None) == bucketed
+    if plan is not None:
+        assert [b.length for b in plan.buckets] == [10, 22, 31]
     pos = torch.cat([torch.arange(n) for n in lengths])
     out = packed(input_ids=torch.cat(seqs)[None], position_ids=pos[None], attention_mask=None,
                  use_cache=False, **packed_model_kwargs(cu)).logits[0]
@@ -114,4 +124,4 @@ def test_packed_attention_equals_per_sequence_forward_and_backward(tiny_model_di
     # without cu_seq_lens the function is ordinary (causal, unpacked) SDPA
     with torch.no_grad():
         whole = packed(input_ids=seqs[1][None]).logits[0]
-    torch.testing.assert_close(whole, ref[5:22], atol=1e-5, rtol=0)
+    torch.testing.assert_close(whole, ref[int(cu[1]):int(cu[2])], atol=1e-5, rtol=0)

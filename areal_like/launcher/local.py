@@ -6,7 +6,9 @@
 
 The config is composed and validated first, so a typo fails before any process starts. Unless
 `rollout.server_addrs` names an existing fleet, `server.n_servers` SGLang servers are started
-on `model.path` and their addresses passed to the trainer. The trainer is
+on `model.path` and the trainer at once beside them, with their addresses (its imports and
+set-up overlap the servers' start-up; its first wait for healthy servers covers
+`server.startup_timeout` too, and a server that fails to start stops the run). The trainer is
 `torchrun --nproc_per_node=launcher.n_trainer_procs -m recipes.<recipe>` (or the user's script,
 which receives `--config FILE key=value ...` with `rollout.server_addrs` added). Logs stream
 with `[trainer]` / `[server i]` prefixes (the trainer's also go to `<run dir>/trainer.log`).
@@ -187,6 +189,25 @@ def _start_teacher_fleet(config: Any, server_config: Any, log_dir: Path,
     return fleet
 
 
+def _supervise_once_started(fleet: Any, config: Any, mute: threading.Event,
+                            log_dir: Path) -> Any:
+    """While the servers start beside the trainer: None until every one is healthy, then the
+    supervisor that restarts dead ones. A server that fails to start stops the run, naming it
+    (the trainer, waiting for it, is stopped quietly)."""
+    from engines.fleet.supervisor import FleetSupervisor
+    from engines.server.errors import ServerStartError
+
+    try:
+        if not fleet.check_started():
+            return None
+    except ServerStartError as e:
+        mute.set()
+        raise LaunchError(f"{e}\n(trainer stopped; its output is in "
+                          f"{log_dir / 'trainer.log'})") from e
+    CONSOLE.line(f"[launcher] servers ready: {fleet.addresses}")
+    return FleetSupervisor(fleet, config.server.max_restarts, config.rollout.health.min_servers)
+
+
 def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int:
     """Run a recipe or a training script with its fleet; returns the trainer's exit code."""
     target = resolve_target(target_name, argv)  # fails fast on a typo
@@ -208,16 +229,20 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
             from engines.server.errors import ServerStartError
 
             CONSOLE.line(f"[launcher] starting {config.server.n_servers} "
-                         f"{config.server.backend} server(s) on {config.model.path}")
+                         f"{config.server.backend} server(s) on {config.model.path}; the "
+                         f"trainer starts beside them")
             fleet = InferenceFleet(config.model.path, server_config,
                                    api_key=config.rollout.client.api_key,
                                    log_dir=log_dir / "servers")
             try:
-                fleet.start()
-            except ServerStartError as e:  # start() already stopped every server
+                fleet.spawn()
+            except ServerStartError as e:  # spawn() already stopped every server
                 raise LaunchError(str(e)) from e
-            CONSOLE.line(f"[launcher] servers ready: {fleet.addresses}")
             overrides.append(f"rollout.server_addrs=[{','.join(fleet.addresses)}]")
+            # the trainer's first wait for healthy servers includes their start-up (the
+            # launcher names a server that fails to start, within server.startup_timeout)
+            setup_timeout = config.rollout.client.setup_timeout + server_config.startup_timeout
+            overrides.append(f"rollout.client.setup_timeout={setup_timeout}")
             if not quiet_servers:
                 for i, path in enumerate(fleet.log_paths):
                     _follow(f"server {i}", path, stop_follow)
@@ -252,13 +277,10 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         log_dir.mkdir(parents=True, exist_ok=True)
         pump = _stream("trainer", trainer.stdout, log_dir / "trainer.log", mute, last_lines)
         supervisor = None
-        if fleet is not None:
-            from engines.fleet.supervisor import FleetSupervisor
-
-            supervisor = FleetSupervisor(fleet, config.server.max_restarts,
-                                         config.rollout.health.min_servers)
         while trainer.poll() is None:
             time.sleep(1.0)
+            if fleet is not None and supervisor is None:
+                supervisor = _supervise_once_started(fleet, config, mute, log_dir)
             if supervisor is not None:
                 try:
                     supervisor.check()

@@ -185,9 +185,23 @@ class InferenceFleet:
         self.log_paths: list[Path] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
+        self._started_at = 0.0  # when `spawn` started the servers
+        self._starting: set[int] = set()  # not yet healthy, by index (`check_started`)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> InferenceFleet:
+        """Start every server and wait until each answers `/health` (see `spawn`)."""
+        self.spawn()
+        try:
+            self.wait_healthy(self.config.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn(self) -> InferenceFleet:
+        """Start every server without waiting for it: `.addresses` are known at once, so a
+        trainer can start beside them (`wait_healthy` or `check_started` after)."""
         if self.processes:
             raise ServerStartError("InferenceFleet.start() called twice")
         if not (Path(self.model_path) / "config.json").exists():
@@ -206,10 +220,11 @@ class InferenceFleet:
                 self.processes.append(self._spawn(i, port, "wb"))
                 self.addresses.append(f"{self.host}:{port}")
                 self.log_paths.append(self.log_dir / f"server_{i}.log")
-            self.wait_healthy(self.config.startup_timeout)
         except BaseException:
             self.stop()
             raise
+        self._started_at = time.monotonic()
+        self._starting = set(range(len(self.processes)))
         return self
 
     def _spawn(self, index: int, port: int, mode: str) -> subprocess.Popen[bytes]:
@@ -272,32 +287,48 @@ class InferenceFleet:
         naming the server and its log tail if one exits or `timeout` passes first."""
         deadline = time.monotonic() + timeout
         pending = set(range(len(self.processes)))
-        while pending:
-            for i in sorted(pending):
-                code = self.processes[i].poll()
-                if code is not None:
-                    raise ServerStartError(
-                        f"{self.kind} server {i} ({self.addresses[i]}) exited with code "
-                        f"{code} during start-up. Last lines of {self.log_paths[i]}:\n"
-                        f"{tail_file(self.log_paths[i])}"
-                    )
-                if health_ok(self.addresses[i]):
-                    pending.discard(i)
-                elif _bind_failed(self.log_paths[i]):  # the process may linger: fail now
-                    raise ServerStartError(
-                        f"{self.kind} server {i} could not bind {self.addresses[i]} (address "
-                        f"already in use: another process took the port). Last lines of "
-                        f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
-                    )
-            if pending and time.monotonic() > deadline:
-                i = min(pending)
+        while True:
+            pending = self._still_starting(pending, deadline, timeout)
+            if not pending:
+                return
+            time.sleep(0.5)
+
+    def check_started(self) -> bool:
+        """One look at servers started by `spawn`: True once every one answers /health;
+        raises `ServerStartError` (naming the server, its log tail) if one exited or
+        `config.startup_timeout` has passed since `spawn`."""
+        timeout = self.config.startup_timeout
+        self._starting = self._still_starting(
+            self._starting, self._started_at + timeout, timeout)
+        return not self._starting
+
+    def _still_starting(self, pending: set[int], deadline: float, timeout: float) -> set[int]:
+        """`pending` less the servers that answer /health now."""
+        pending = set(pending)
+        for i in sorted(pending):
+            code = self.processes[i].poll()
+            if code is not None:
                 raise ServerStartError(
-                    f"{self.kind} server {i} ({self.addresses[i]}) not healthy after "
-                    f"{timeout:.0f} s (ServerConfig.startup_timeout). Last lines of "
+                    f"{self.kind} server {i} ({self.addresses[i]}) exited with code "
+                    f"{code} during start-up. Last lines of {self.log_paths[i]}:\n"
+                    f"{tail_file(self.log_paths[i])}"
+                )
+            if health_ok(self.addresses[i]):
+                pending.discard(i)
+            elif _bind_failed(self.log_paths[i]):  # the process may linger: fail now
+                raise ServerStartError(
+                    f"{self.kind} server {i} could not bind {self.addresses[i]} (address "
+                    f"already in use: another process took the port). Last lines of "
                     f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
                 )
-            if pending:
-                time.sleep(0.5)
+        if pending and time.monotonic() > deadline:
+            i = min(pending)
+            raise ServerStartError(
+                f"{self.kind} server {i} ({self.addresses[i]}) not healthy after "
+                f"{timeout:.0f} s (ServerConfig.startup_timeout). Last lines of "
+                f"{self.log_paths[i]}:\n{tail_file(self.log_paths[i])}"
+            )
+        return pending
 
     def kill_server(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to server `index`'s process group (tests use it to simulate a crash)."""

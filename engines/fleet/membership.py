@@ -124,15 +124,19 @@ class FleetMembership:
         continued = False
         while True:
             session = self._session()
+            not_generating = False  # a starting server says so at once (HTTP 503): not this
             try:
                 wait = max(0.1, min(5.0, deadline - time.monotonic()))
                 last = await self.api.health(session, addr, wait)
                 if not last:
                     return
+                not_generating = last == "paused"
             except RETRYABLE as e:  # (a timeout's text is empty: say what it waited for)
                 last = f"{type(e).__name__}: {e}" if str(e) else (
                     f"{type(e).__name__}: no answer to /health within {wait:.0f} s")
-            if not continued and not await self.api.answers(session, addr, 5.0):
+                not_generating = isinstance(e, asyncio.TimeoutError)
+            if (not continued and not_generating
+                    and not await self.api.answers(session, addr, 5.0)):
                 # up but not generating: maybe left paused; continuing is idempotent
                 continued = True
                 try:

@@ -1,0 +1,218 @@
+"""The main job against Hugging Face TRL's `GRPOTrainer`, one after the other, same machine.
+
+    python benchmarks/vs_trl.py [--seeds 1 2] [--steps 200] [--eval-every 25]
+                                [--trl-seeds 1 2] [--skip-ours] [--skip-trl] [-- OVERRIDES...]
+
+Both start from the main job's SFT warm start (`scripts/warm_start.sh`, built if missing) on
+2-digit addition: 16 prompts x 8 samples a step, answers of at most 6 tokens, temperature 1,
+AdamW at 1.5e-4 cosine-decayed to a tenth over the run, clip 0.2, no KL, group-normalised
+advantages, loss averaged per sequence then over sequences; held-out greedy exact-match on
+the same 200 test items at step 0 and every `--eval-every` steps.
+
+- **ours**: `python -m areal_like.launcher.local grpo` as `scripts/main.sh` runs it (extra
+  Hydra overrides after `--`); its `metrics.jsonl` is watched as the run writes it, so every
+  time here is wall clock seen from outside (launch = the command starts).
+- **TRL**: `benchmarks/trl_addition_grpo.py` in TRL's own environment (`.venv-trl`, made by
+  `scripts/install_trl.sh` here if missing; never the project's).
+
+Columns: launch to exit; start-up (launch to the training loop's first step beginning);
+s/step (median step, wall clock, after the first 5; TRL's in-loop evaluations left out);
+held-out accuracy at steps 0 / 25 / 50 / last; seconds of training loop until the first
+evaluation at or above `--target` (TRL's evaluation time left out: ours runs beside training);
+and each against ours (the first seed) as a ratio. What could not be matched is listed in
+docs/benchmarks.md ("Against TRL").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+WARM = REPO / ".cache/models/addition-sft"
+TRL_PYTHON = REPO / ".venv-trl/bin/python"
+
+
+@dataclass
+class Run:
+    name: str
+    launch_to_exit: float = 0.0
+    startup: float = 0.0
+    step_s: list[float] = field(default_factory=list)  # each step's wall clock, in order
+    loop_at_step: dict[int, float] = field(default_factory=dict)  # loop seconds at step's end
+    accuracy: dict[int, float] = field(default_factory=dict)  # held-out, by step
+    breakdown: dict[str, float] = field(default_factory=dict)  # median seconds per step
+
+    def s_per_step(self) -> float:
+        steady = self.step_s[5:] or self.step_s
+        return statistics.median(steady) if steady else float("nan")
+
+    def to_target(self, target: float) -> Optional[float]:
+        for step in sorted(self.accuracy):
+            if self.accuracy[step] >= target:
+                return self.loop_at_step.get(step, 0.0)
+        return None
+
+
+def ensure_ready() -> None:
+    subprocess.run(["bash", "scripts/warm_start.sh", "recipes/conf/sft_addition.yaml",
+                    "sft_addition", str(WARM.relative_to(REPO))], cwd=REPO, check=True)
+
+
+def run_ours(seed: int, steps: int, every: int, overrides: list[str], out: Path) -> Run:
+    log_dir = out / f"ours_{seed}"
+    cmd = [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={WARM}",
+           f"logging.log_dir={log_dir}", f"seed={seed}", f"total_train_steps={steps}",
+           f"evaluation.freq_steps={every}", "logging.tensorboard=false", *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    launched = time.monotonic()
+    with open(out / f"ours_{seed}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        seen: dict[int, float] = {}  # training step -> when its record appeared
+        records: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            done = proc.poll() is not None
+            for path in log_dir.glob("*/*/metrics.jsonl"):
+                with open(path) as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                complete = chunk[:chunk.rfind("\n") + 1]
+                offset += len(complete)
+                now = time.monotonic() - launched
+                for line in complete.splitlines():
+                    record = json.loads(line)
+                    records.append(record)
+                    if "timeperf/step" in record:
+                        seen.setdefault(int(record["step"]), now)
+            if done:
+                break
+            time.sleep(0.1)
+    if proc.returncode != 0:
+        raise SystemExit(f"ours (seed {seed}) exited with {proc.returncode}: "
+                         f"{out / f'ours_{seed}.log'}")
+    run = Run(f"areal-like, seed {seed}", launch_to_exit=time.monotonic() - launched)
+    train = {int(r["step"]): r for r in records if "timeperf/step" in r}
+    first = min(train)
+    run.startup = seen[first] - float(train[first]["timeperf/step"])
+    previous = run.startup
+    for step in sorted(seen):
+        run.step_s.append(seen[step] - previous)
+        previous = seen[step]
+        run.loop_at_step[step] = seen[step] - run.startup
+    run.loop_at_step[0] = 0.0
+    run.accuracy = {int(r["step"]): float(r["eval/accuracy"]) for r in records
+                    if "eval/accuracy" in r}
+    keys = sorted({k for r in train.values() for k in r
+                   if k.startswith(("timeperf/", "weight_sync/"))})
+    for key in keys:
+        values = [float(r[key]) for s, r in train.items() if s > 5 and key in r]
+        if values:
+            run.breakdown[key] = statistics.median(values)
+    return run
+
+
+def run_trl(seed: int, steps: int, every: int, out: Path) -> Run:
+    events_path = out / f"trl_{seed}.jsonl"
+    cmd = [str(TRL_PYTHON), "benchmarks/trl_addition_grpo.py", "--model", str(WARM),
+           "--out", str(events_path), "--seed", str(seed), "--steps", str(steps),
+           "--eval-every", str(every)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("PYTHONPATH", None)
+    launched_unix = time.time()
+    with open(out / f"trl_{seed}.log", "w") as log:
+        subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    exited_unix = time.time()
+    events = [json.loads(line) for line in events_path.read_text().splitlines()]
+    run = Run(f"TRL, seed {seed}", launch_to_exit=exited_unix - launched_unix)
+    evals = {e["step"]: e for e in events if e["event"] == "eval"}
+    begin = next(e["unix"] for e in events if e["event"] == "train_begin")
+    run.startup = begin - launched_unix - evals[0]["eval_s"]
+    previous, eval_time = begin, 0.0
+    parts: dict[str, list[float]] = {}
+    for e in (e for e in events if e["event"] == "step"):
+        run.step_s.append(e["unix"] - previous)
+        run.loop_at_step[e["step"]] = e["unix"] - begin - eval_time
+        previous = e["unix"]
+        if e["step"] in evals:  # evaluation inside the loop: not the step's time
+            eval_time += evals[e["step"]]["eval_s"]
+            previous += evals[e["step"]]["eval_s"]
+        if e["step"] > 5:
+            for key in ("generate_s", "reward_s", "prepare_s", "step_total_s"):
+                parts.setdefault(key, []).append(e[key])
+    run.loop_at_step[0] = 0.0
+    run.accuracy = {s: e["accuracy"] for s, e in evals.items()}
+    run.breakdown = {k: statistics.median(v) for k, v in parts.items()}
+    return run
+
+
+def table(runs: list[Run], steps: int, every: int, target: float) -> str:
+    marks = sorted({0, every, 2 * every, steps})
+    base = runs[0]
+    head = (f"| | launch to exit | start-up | s/step | held-out {' / '.join(map(str, marks))} "
+            f"steps | to {target} |")
+    lines = [head, "|" + "---|" * 6]
+    for run in runs:
+        reached = run.to_target(target)
+        base_reached = base.to_target(target)
+
+        def ratio(mine: Optional[float], theirs: Optional[float]) -> str:
+            return f" ({mine / theirs:.2f}x)" if mine and theirs else ""
+        acc = " / ".join(f"{run.accuracy[m]:.3f}" if m in run.accuracy else "-" for m in marks)
+        lines.append(
+            f"| {run.name} | {run.launch_to_exit:.0f} s"
+            f"{ratio(run.launch_to_exit, base.launch_to_exit)}"
+            f" | {run.startup:.1f} s{ratio(run.startup, base.startup)}"
+            f" | {run.s_per_step():.2f}{ratio(run.s_per_step(), base.s_per_step())}"
+            f" | {acc} | "
+            + (f"{reached:.0f} s{ratio(reached, base_reached)}" if reached is not None
+               else "not reached") + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--trl-seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs' files here")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="vs_trl_"))
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_ready()
+    if not args.skip_trl:
+        subprocess.run(["bash", "scripts/install_trl.sh"], cwd=REPO, check=True)
+    runs: list[Run] = []
+    if not args.skip_ours:
+        for seed in args.seeds:
+            runs.append(run_ours(seed, args.steps, args.eval_every, overrides, out))
+            print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
+    if not args.skip_trl:
+        for seed in args.trl_seeds:
+            runs.append(run_trl(seed, args.steps, args.eval_every, out))
+            print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
+    print(table(runs, args.steps, args.eval_every, args.target))
+    print("\nmedian seconds per step (after step 5):")
+    for run in runs:
+        print(f"  {run.name}: " + ", ".join(f"{k}={v:.3f}" for k, v in run.breakdown.items()))
+    print(f"\n(runs' files: {out})")
+
+
+if __name__ == "__main__":
+    main()

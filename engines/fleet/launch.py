@@ -203,7 +203,7 @@ class InferenceFleet:
         """Start every server without waiting for it: `.addresses` are known at once, so a
         trainer can start beside them (`wait_healthy` or `check_started` after)."""
         if self.processes:
-            raise ServerStartError("InferenceFleet.start() called twice")
+            raise ServerStartError("InferenceFleet started twice (start() or spawn())")
         if not (Path(self.model_path) / "config.json").exists():
             raise ServerStartError(
                 f"model_path {self.model_path!r} is not an HF model folder (no config.json)"

@@ -73,7 +73,7 @@ def packed_sdpa_attention(
                       for x in (q, k, v))
         ob = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True,
                                             scale=scaling, enable_gqa=gqa)
-        pieces.append(ob.transpose(0, 1).flatten(1, 2).index_select(1, bucket.keep))
+        pieces.append(ob.transpose(0, 1).flatten(1, 2))  # [H, rows * length, D]
     out = torch.cat(pieces, dim=1).index_select(1, plan.restore)  # [H, T, D], packed order
     return out.transpose(0, 1)[None].contiguous(), None
 
@@ -83,13 +83,12 @@ class Bucket:
     n_rows: int
     length: int  # rows are right-padded to it
     gather: torch.Tensor  # [n_rows * length] packed positions; the padding slot for pads
-    keep: torch.Tensor  # the real positions of the bucket's flattened rows
 
 
 @dataclass(frozen=True)
 class BucketPlan:
     buckets: tuple[Bucket, ...]
-    restore: torch.Tensor  # from the buckets' real positions, in order, to packed order
+    restore: torch.Tensor  # [T]: each packed position's place in the buckets' padded rows
 
 
 BUCKET_LENGTH_RATIO = 1.25  # a bucket's longest row at most this x (or + 8 tokens) its shortest
@@ -116,7 +115,7 @@ def bucket_plan(cu_seq_lens: torch.Tensor) -> Optional[BucketPlan]:
         device, total = cu_seq_lens.device, bounds[-1]
         starts = cu_seq_lens[:-1].to(torch.long)
         sizes = (cu_seq_lens[1:] - cu_seq_lens[:-1]).to(torch.long)
-        buckets, order = [], []
+        buckets, restore, placed = [], torch.empty(total, dtype=torch.long, device=device), 0
         for group in groups:
             index = torch.tensor(group, device=device)
             length = max(lengths[i] for i in group)
@@ -124,10 +123,9 @@ def bucket_plan(cu_seq_lens: torch.Tensor) -> Optional[BucketPlan]:
             real = offsets < sizes[index][:, None]
             gather = torch.where(real, starts[index][:, None] + offsets, total).flatten()
             keep = real.flatten().nonzero().squeeze(1)
-            buckets.append(Bucket(len(group), length, gather, keep))
-            order.append(gather.index_select(0, keep))
-        restore = torch.empty(total, dtype=torch.long, device=device)
-        restore[torch.cat(order)] = torch.arange(total, device=device)
+            restore[gather.index_select(0, keep)] = keep + placed
+            placed += gather.numel()
+            buckets.append(Bucket(len(group), length, gather))
         plan = BucketPlan(tuple(buckets), restore)
     _last_plan = (cu_seq_lens, plan)
     return plan

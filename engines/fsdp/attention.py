@@ -11,8 +11,8 @@ Many short sequences (a GRPO batch: 128 answers of ~20 tokens) would make as man
 per layer, and as many slices whose backward each writes a gradient as large as the whole
 row. Sequences of similar lengths are therefore gathered into buckets, each one batched SDPA
 call on rows right-padded to the bucket's longest (causal: a real token never sees a pad), and
-the real positions scattered back (`benchmarks/vs_trl.py`, docs/benchmarks.md: 3x less
-attention time on the main job's batches). With flash-attn installed on
+the real positions scattered back (`benchmarks/packed_attention.py`, docs/benchmarks.md: 3x
+less attention time on the main job's batches). With flash-attn installed on
 CUDA the engine uses `flash_attention_2`, which reads the same `cu_seq_lens_*` kwargs (varlen).
 """
 

@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> None:
             stats_tracker.scalar(**{k: float(batch[k].float().mean())
                                     for k in train_workflow.metric_keys})
         batch["rewards"] = batch["action_rewards"]  # r_a on each action's last token
-        batch["prox_logp"] = actor.compute_logp(batch)
         return actor.update(actor.compute_advantages(batch))
 
     rl.train(train_workflow, train_step)

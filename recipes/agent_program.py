@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> None:
     rl.track_state("actor", actor)
 
     def train_step(batch: TensorDict) -> dict[str, float]:
-        batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
         return actor.update(actor.compute_advantages(batch))
 
     rl.train(workflow(rl), train_step, should_accept=dynamic_sampling_filter(config.algorithm))

@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> None:
         if "teacher_top_ids" in batch.keys():  # kl.estimator=full: the teacher's distribution
             batch["ref_top_ids"] = shift_to_next_token(batch["teacher_top_ids"])
             batch["ref_top_logp"] = shift_to_next_token(batch["teacher_top_logprobs"])
-        batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
         batch = actor.compute_advantages(batch)  # task advantage - KL-to-teacher return
         return actor.update(batch)
 

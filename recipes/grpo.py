@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     def train_step(batch: TensorDict) -> dict[str, float]:
         if ref is not None:
             batch["ref_logp"] = actor.compute_ref_logp(batch)
-        batch["prox_logp"] = actor.compute_logp(batch)  # proximal policy = current weights
+        # proximal policy = current weights: recomputed, or the update's own forward's
         batch = actor.compute_advantages(batch)
         return actor.update(batch)
 

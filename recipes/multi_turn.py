@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> None:
     train_workflow = workflow(rl)
 
     def train_step(batch: TensorDict) -> dict[str, float]:  # one conversation per prompt
-        batch["prox_logp"] = actor.compute_logp(batch)
         return actor.update(actor.compute_advantages(batch))
 
     rl.train(train_workflow, train_step)

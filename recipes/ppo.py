@@ -23,7 +23,6 @@ def main(argv: list[str] | None = None) -> None:
     workflow = rl.make_workflow(RLVRWorkflow)  # or rollout.workflow's class
 
     def train_step(batch: TensorDict) -> dict[str, float]:
-        batch["prox_logp"] = actor.compute_logp(batch)
         batch["values"] = critic.compute_values(batch)  # V(s_t)
         batch = actor.compute_advantages(batch)  # GAE(gamma, lambda) and returns
         stats = actor.update(batch)

@@ -39,7 +39,6 @@ def main(argv: list[str] | None = None) -> None:
             config.prm.score_offset)
 
         def train_step(batch: TensorDict) -> dict[str, float]:
-            batch["prox_logp"] = actor.compute_logp(batch)
             batch["values"] = critic.compute_values(batch)  # V(s_t)
             batch = actor.compute_advantages(batch)  # GAE over step rewards, then normalised
             stats = actor.update(batch)  # ppo_epochs x ppo_n_minibatches optimizer steps

@@ -25,7 +25,6 @@ def main(argv: list[str] | None = None) -> None:
 
     for step in rl.steps():
         batch = rl.rollout.rollout_batch(data.next_items(), workflow)
-        batch["prox_logp"] = actor.compute_logp(batch)
         batch = actor.compute_advantages(batch)
         stats = actor.update(batch)
         stats |= rl.push_weights(step)

@@ -6,6 +6,7 @@ computed directly on the padded batch with per-token loops (the formulas of loss
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -21,7 +22,6 @@ from areal_like.algorithms import (
     register_advantage_estimator,
 )
 from areal_like.api.algorithm_presets import algorithm_config
-from areal_like.api.config import AlgorithmConfig
 from areal_like.utils.stats_tracker import StatsTracker
 
 
@@ -182,11 +182,13 @@ def test_policy_loss_through_packed_micro_batches_matches_padded_reference(tiny_
 
 
 def test_recomputed_logprobs_align_with_behaviour_logprobs(tiny_model_dir):
-    """Behaviour log-probs from the same weights: the decoupled weight must be exactly ~1."""
+    """Behaviour log-probs from the same weights: the decoupled weight must be exactly ~1
+    (two optimizer steps per batch: the proximal log-probs are recomputed before the first)."""
     model = _model(tiny_model_dir)
     batch = _batch(model, noise=0.0)
     tracker = StatsTracker()
-    actor = PPOActor(RefEngine(model, max_tokens_per_mb=24), AlgorithmConfig(group_size=4),
+    actor = PPOActor(RefEngine(model, max_tokens_per_mb=24),
+                     algorithm_config(group_size=4, update=dict(n_minibatches=2)),
                      tracker=tracker)
     prepared = actor.compute_advantages(batch)
     m = prepared["loss_mask"]
@@ -196,6 +198,51 @@ def test_recomputed_logprobs_align_with_behaviour_logprobs(tiny_model_dir):
     assert "advantages" not in batch.keys()  # the input batch is untouched
     with pytest.raises(ValueError, match="already prepared"):
         actor.compute_advantages(prepared)
+
+
+def _counted_forward(engine, calls, *args, **kwargs):
+    calls.append(args)
+    return RefEngine.forward(engine, *args, **kwargs)
+
+
+def test_a_one_step_update_takes_the_proximal_logprobs_from_its_own_forward(tiny_model_dir):
+    """One optimizer step per batch: no separate forward, and the same update, decoupled
+    weights and train/inference gap as with the proximal log-probs recomputed first."""
+    batch = _batch(_model(tiny_model_dir, torch.float64), noise=0.3)  # behaviour != current
+    batch["versions"] = torch.where(batch["loss_mask"], torch.arange(8)[:, None] % 3, -1)
+    config = algorithm_config(group_size=4, off_policy=dict(behav_imp_weight_cap=1.5))
+    runs = {}
+    for name in ("from_update", "recomputed"):
+        model = _model(tiny_model_dir, torch.float64)
+        engine, tracker = RefEngine(model, lr=1.0, max_tokens_per_mb=24), StatsTracker()
+        engine.set_version(2)
+        actor = PPOActor(engine, config, tracker=tracker)
+        given = batch.clone()
+        if name == "recomputed":
+            given["prox_logp"] = actor.compute_logp(given)
+        forwards: list[object] = []
+        engine.forward = functools.partial(_counted_forward, engine, forwards)
+        actor.update(given)
+        runs[name] = (forwards, tracker.export(), [p.detach().clone() for p in model.parameters()])
+    (forwards, got, params), (_, want, want_params) = runs["from_update"], runs["recomputed"]
+    assert forwards == []  # nothing but the update's own forward and backward
+    for p, q in zip(params, want_params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+    gap_keys = [k for k in want if k.startswith("actor/gap/")]
+    assert "actor/gap/lag2/abs_log_diff/avg" in gap_keys and "actor/gap/k3/avg" in gap_keys
+    assert sorted(k for k in got if k.startswith("actor/gap/")) == sorted(gap_keys)
+    for key in gap_keys + ["actor/update/behav_imp_weight/avg", "actor/update/behav_capped_ratio/avg",
+                           "actor/update/importance_weight/max", "actor/update/approx_kl/avg"]:
+        assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
+    # two optimizer steps need them before the first: a batch prepared without them is refused
+    two_steps = PPOActor(RefEngine(_model(tiny_model_dir)),
+                         algorithm_config(group_size=4, update=dict(n_minibatches=2)),
+                         tracker=StatsTracker())
+    prepared = PPOActor(RefEngine(_model(tiny_model_dir)), config,
+                        tracker=StatsTracker()).compute_advantages(batch)
+    assert "prox_logp" not in prepared.keys() and "version_lag" in prepared.keys()
+    with pytest.raises(ValueError, match="n_minibatches=2"):
+        two_steps.update(prepared)
 
 
 def test_grpo_update_raises_the_rewarded_completion(tiny_model_dir):

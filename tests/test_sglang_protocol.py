@@ -14,7 +14,9 @@ from engines.server.errors import ServerProtocolError
 from engines.server.replies import versions_from_spans
 from engines.sglang.protocol import (
     generate_payload,
+    group_payload,
     parse_generate_reply,
+    parse_group_reply,
     parse_score_reply,
     score_payload,
 )
@@ -114,6 +116,28 @@ def test_payload_is_token_in_with_logprobs():
     sp = p["sampling_params"]
     assert sp["temperature"] == 0.0 and sp["max_new_tokens"] == 8 and sp["min_new_tokens"] == 1
     assert sp["stop_token_ids"] == [2] and sp["no_stop_trim"] is True
+
+
+def test_a_group_is_one_batched_request_with_a_rid_and_seed_per_sample():
+    g = GenerationHyperparameters(temperature=1.0, max_new_tokens=6)
+    singles = [{**generate_payload([5, 6, 7], g, f"grp-{i}", 6, 0, seed=10 + i),
+                "lora_path": "policy"} for i in range(3)]
+    p = group_payload(singles)
+    assert p["input_ids"] == [[5, 6, 7]] * 3 and p["rid"] == ["grp-0", "grp-1", "grp-2"]
+    assert [sp["sampling_seed"] for sp in p["sampling_params"]] == [10, 11, 12]
+    assert p["lora_path"] == ["policy"] * 3 and p["return_logprob"] is True
+    assert p["stream"] is False
+    with pytest.raises(ValueError, match="no images"):
+        group_payload([{**singles[0], "image_data": ["png"]}])
+    reply = {"output_ids": [9], "meta_info": {"output_token_logprobs": [[-0.5, 9]],
+                                               "finish_reason": {"type": "length"},
+                                               "weight_version": "3"}}
+    group = parse_group_reply([reply, reply, reply], "s:1", p["rid"])
+    assert [r.output_ids for r in group.replies] == [[9]] * 3 and group.versions == [3] * 3
+    with pytest.raises(ServerProtocolError, match="a list of 2; expected a list of 3"):
+        parse_group_reply([reply, reply], "s:1", p["rid"])
+    with pytest.raises(ServerProtocolError, match="rid=grp-1"):  # names the bad sample
+        parse_group_reply([reply, {"output_ids": [9]}, reply], "s:1", p["rid"])
 
 
 def test_server_pool_least_inflight_sticky_and_avoids_failed():

@@ -135,23 +135,27 @@ async def test_abort_mode_pause_is_continued_transparently(any_fleet, engine):
     abort_engine = make_engine(any_fleet.addresses[:1], SGLANG_TEST_API_KEY,
                                pause_mode="abort", backend=any_fleet.config.backend)
     try:
-        g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0)
+        # a prompt's two samples (SGLang: one request, each sample continued alone)
+        g = GenerationHyperparameters(max_new_tokens=800, min_new_tokens=800, temperature=1.0,
+                                      n_samples=2)
         # a pause that comes before the scheduler holds the request does not abort it (it
         # waits in the HTTP front end): then pause later; one after the request ended: earlier
         delay = 0.2
         for _ in range(WINDOW_ATTEMPTS):
-            task = asyncio.ensure_future(abort_engine.agenerate(ModelRequest(input_ids=PROMPT,
-                                                                             gconfig=g)))
+            task = asyncio.ensure_future(abort_engine.agenerate_n(ModelRequest(input_ids=PROMPT,
+                                                                               gconfig=g)))
             await _until_sent(abort_engine, task)
             await asyncio.sleep(delay)
             ended_first = task.done()
             await abort_engine.apause()
             await asyncio.sleep(0.2)
             await abort_engine.aresume()
-            resp = await task
-            assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
-            assert len(resp.output_versions) == 800
-            if resp.metadata["segments"] >= 2:  # it was aborted and continued
+            resps = await task
+            assert len(resps) == 2 and len({r.rid for r in resps}) == 2
+            for resp in resps:
+                assert resp.stop_reason == "length" and len(resp.output_tokens) == 800
+                assert len(resp.output_versions) == 800
+            if all(r.metadata["segments"] >= 2 for r in resps):  # aborted and continued
                 break
             delay = delay / 4 if ended_first else delay * 2.5
         else:

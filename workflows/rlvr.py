@@ -61,12 +61,9 @@ class RLVRWorkflow(RolloutWorkflow, UsesRewards):
 
     async def sample_group(self, engine: InferenceEngine, input_ids: list[int]
                            ) -> list[ModelResponse]:
-        """`gconfig.n_samples` completions of one prompt, requested concurrently."""
-        single = self.gconfig.new(n_samples=1)
-        return list(await asyncio.gather(*[
-            engine.agenerate(ModelRequest(input_ids=input_ids, gconfig=single))
-            for _ in range(self.gconfig.n_samples)
-        ]))
+        """`gconfig.n_samples` completions of one prompt, sampled concurrently (one request
+        where the engine's servers take a batch)."""
+        return await engine.agenerate_n(ModelRequest(input_ids=input_ids, gconfig=self.gconfig))
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> TensorDict:
         input_ids = self.prompt_ids(data)

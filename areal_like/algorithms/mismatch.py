@@ -28,8 +28,8 @@ from areal_like.algorithms.corrections import (
     kept_by,
     log_weights,
     row_segments,
-    sequence_log_weights,
 )
+from areal_like.algorithms.functional import segment_mean
 from areal_like.api.algorithm_config import CORRECTION_BOUNDS
 
 if TYPE_CHECKING:
@@ -45,7 +45,18 @@ def record_gap(tracker: Any, behav: torch.Tensor, prox: torch.Tensor, mask: torc
     `lag` [B, L]: how many versions behind the trainer each token is (None: unknown, no
     per-lag split)."""
     flat_mask, cu = row_segments(mask.bool())
-    log_w = log_weights(prox.reshape(-1).float(), behav.reshape(-1).float(), flat_mask)
+    record_gap_packed(tracker, behav.reshape(-1), prox.reshape(-1), flat_mask, cu,
+                      None if lag is None else lag.reshape(-1), config)
+
+
+def record_gap_packed(tracker: Any, behav: torch.Tensor, prox: torch.Tensor,
+                      mask: torch.Tensor, cu_seqlens: torch.Tensor, lag: Optional[torch.Tensor],
+                      config: OffPolicyConfig) -> None:
+    """`record_gap` of packed [T] log-probs (sequences by `cu_seqlens`), e.g. a micro-batch's
+    inside the loss, where the update's own forward gives the proximal log-probs."""
+    flat_mask = mask.bool()
+    cu = cu_seqlens
+    log_w = log_weights(prox.float(), behav.float(), flat_mask)
     w = torch.exp(log_w)
     per_token = {
         "abs_log_diff": log_w.abs(),
@@ -59,18 +70,16 @@ def record_gap(tracker: Any, behav: torch.Tensor, prox: torch.Tensor, mask: torc
     _, cap = correction_bounds(config, "tis")
     assert cap is not None
     per_token["tis_truncated"] = (flat_mask & (w > cap)).float()
-    row_has_tokens = mask.bool().any(-1)
-    seq_log_w = sequence_log_weights(log_w, flat_mask, cu).reshape(mask.shape)[:, 0]
+    seq_log_w, n_trained = segment_mean(log_w, flat_mask, cu)
     with tracker.scope("gap"):
-        tracker.denominator(gap_tokens=flat_mask, gap_seqs=row_has_tokens)
+        tracker.denominator(gap_tokens=flat_mask, gap_seqs=n_trained > 0)
         tracker.stat(denominator="gap_tokens", **per_token)
         tracker.stat(denominator="gap_seqs", seq_imp_weight=torch.exp(seq_log_w))
         if lag is None:
             return
-        flat_lag = lag.reshape(-1)
         for k in range(LAGS):
             name = f"lag{k}" if k < LAGS - 1 else f"lag{k}+"
-            at = flat_mask & ((flat_lag == k) if k < LAGS - 1 else (flat_lag >= k))
+            at = flat_mask & ((lag == k) if k < LAGS - 1 else (lag >= k))
             tracker.denominator(**{f"{name}_tokens": at})
             tracker.stat(denominator=f"{name}_tokens",
                          **{f"{name}/abs_log_diff": per_token["abs_log_diff"],

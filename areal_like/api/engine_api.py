@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -93,6 +94,13 @@ class InferenceEngine(FleetClient):
     @abc.abstractmethod
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate one completion (or `gconfig.n_samples` of them, see implementations)."""
+
+    async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
+        """`req.gconfig.n_samples` completions of one prompt: here one `agenerate` each,
+        concurrently (a fleet client sends them as one request where its servers take it)."""
+        one = req.gconfig.new(n_samples=1)
+        return list(await asyncio.gather(*(self.agenerate(req.copy(gconfig=one))
+                                           for _ in range(req.gconfig.n_samples))))
 
     async def ascore(self, input_ids: list[int], start: int, rid: str = "score") -> list[float]:
         """log p(input_ids[t] | input_ids[:t]) for t = start .. len - 1 under the served

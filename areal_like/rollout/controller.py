@@ -91,6 +91,9 @@ class RolloutController(InferenceEngine, RolloutAPI):
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         return await self.engine.agenerate(req)
 
+    async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
+        return await self.engine.agenerate_n(req)
+
     # ---- rollouts (the executor) --------------------------------------------------------
     @property
     def keep_partial_groups(self) -> bool:

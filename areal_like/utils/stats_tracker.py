@@ -58,6 +58,21 @@ class StatsTracker:
         finally:
             stack.pop()
 
+    @contextlib.contextmanager
+    def outside(self, name: str) -> Iterator[None]:
+        """Inside the block, names are recorded as if the innermost open scope were closed,
+        when it is `name` (a statistic of the whole batch recorded from inside one step's
+        `name` scope keeps the batch's name); otherwise nothing changes."""
+        stack = self._stack()
+        if not stack or stack[-1] != name:
+            yield
+            return
+        stack.pop()
+        try:
+            yield
+        finally:
+            stack.append(name)
+
     # ---- recording ----------------------------------------------------------------------
     def denominator(self, **masks: torch.Tensor) -> None:
         """Register boolean masks that later `stat` calls average over (by name)."""

@@ -16,7 +16,8 @@ Synchronous callers use `update_weights`, `pause`, `resume`, which run their asy
 sync method from the loop itself raises (it would deadlock) — await the async twin there.
 
 Requests: `agenerate(req)` generates one sample (`req.gconfig.n_samples` must be 1);
-`agenerate_n(req)` fans `n_samples` samples out concurrently and returns a list. Servers are
+`agenerate_n(req)` samples `n_samples` concurrently (one batched request where the backend
+takes one) and returns a list. Servers are
 chosen by fewest in-flight requests (or round robin), sticky by `rid`, so a multi-turn
 conversation that reuses its rid hits the server that holds its prefix cache. Connection errors,
 timeouts, HTTP 5xx, malformed JSON and impossible replies are retried with exponential backoff,
@@ -39,9 +40,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Coroutine
-from typing import Any, Callable, Optional, TypeVar, cast
+from typing import Any, Callable, Optional, TypeVar
 
 import aiohttp
 
@@ -51,7 +51,6 @@ from areal_like.api.io_struct import (
     FleetView,
     ModelRequest,
     ModelResponse,
-    StopReason,
     TokenScores,
     UpdateReport,
     WeightUpdateMeta,
@@ -60,30 +59,24 @@ from areal_like.api.seeding import derive_seed, request_seed
 from areal_like.utils.loop_thread import EventLoopThread
 from engines.fleet.backends import server_api
 from engines.fleet.membership import FleetMembership
+from engines.fleet.requests import FleetRequests
 from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
-from engines.server.errors import InferenceServerError, ServerProtocolError
+from engines.server.errors import InferenceServerError
 from engines.server.http import (
     CONTROL_TIMEOUT_S,
     MalformedReplyError,
     open_session,
-    parse_json_reply,
 )
-from engines.server.http import RETRYABLE as _RETRYABLE
-from engines.server.http import RetryableHTTPError as _RetryableHTTPError
-from engines.server.replies import GenerateReply, ScoreReply
+from engines.server.replies import ScoreReply
 
 __all__ = ["MalformedReplyError", "RemoteInferenceEngine", "RemoteSGLangEngine",
            "InferenceServerError", "RemoteVLLMEngine"]
 
 logger = logging.getLogger(__name__)
 
-# A server that answers /generate with nonsense (impossible log-probabilities, missing fields)
-# is treated like one that dropped the connection: the request goes to another server.
-_GENERATE_RETRYABLE = (*_RETRYABLE, ServerProtocolError)
 _NOT_INITIALIZED = "the inference engine is not initialized: call initialize() first"
 T = TypeVar("T")
-R = TypeVar("R", GenerateReply, ScoreReply)  # a /generate reply, parsed
 
 
 class RemoteInferenceEngine(InferenceEngine):
@@ -115,7 +108,8 @@ class RemoteInferenceEngine(InferenceEngine):
         self._own_aborts = OwnAborts()  # this engine's pauses that abort: continued
         self.membership = FleetMembership(config, self.servers, self._require_session,
                                           self._fail, self.api, self._own_aborts)
-        self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
+        self.requests = FleetRequests(config, self.api, self.servers, self.membership,
+                                      self._own_aborts, self._require_session)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def initialize(
@@ -208,17 +202,22 @@ class RemoteInferenceEngine(InferenceEngine):
             )
         seed = request_seed(req)  # before any await: the order of calls fixes the seeds
         return await self._on_rollout_loop(
-            self._generate(req, route_key=req.rid, rid=req.rid, seed=seed))
+            self.requests.sample(req, route_key=req.rid, rid=req.rid, seed=seed))
 
     async def agenerate_n(self, req: ModelRequest) -> list[ModelResponse]:
         """`req.gconfig.n_samples` completions, sampled concurrently on the server `req.rid` is
-        sticky to (they share the prompt's prefix cache); sample i has rid `<rid>-<i>`."""
+        sticky to (they share the prompt's prefix cache); sample i has rid `<rid>-<i>`. Where
+        the backend takes a batch (SGLang) and the prompt has no images, the samples go as one
+        request, each with its own rid and seed: one round trip instead of n."""
         n = req.gconfig.n_samples
         one = req.gconfig.new(n_samples=1)
         seeds = ([derive_seed(req.seed, i) for i in range(n)] if req.seed is not None
                  else [request_seed(req) for _ in range(n)])
-        coros = [self._generate(req.copy(gconfig=one), route_key=req.rid, rid=f"{req.rid}-{i}",
-                                seed=seeds[i])
+        if n > 1 and self.api.groups_in_one_request and not req.image_data:
+            return await self._on_rollout_loop(
+                self.requests.sample_group(req.copy(gconfig=one), req.rid, seeds))
+        coros = [self.requests.sample(req.copy(gconfig=one), route_key=req.rid,
+                                      rid=f"{req.rid}-{i}", seed=seeds[i])
                  for i in range(n)]
 
         async def fan_out() -> list[ModelResponse]:
@@ -226,65 +225,7 @@ class RemoteInferenceEngine(InferenceEngine):
 
         return await self._on_rollout_loop(fan_out())
 
-    async def _generate(self, req: ModelRequest, route_key: str, rid: str,
-                        seed: int) -> ModelResponse:
-        # requests may share a rid (AReaL-lite's workflows do); the server needs distinct ids
-        rid = self.servers.claim_rid(rid)
-        try:
-            return await self._generate_as(req, route_key, rid, seed)
-        finally:
-            self.servers.release_rid(rid)
-
-    async def _generate_as(self, req: ModelRequest, route_key: str, rid: str,
-                           seed: int) -> ModelResponse:
-        g = req.gconfig
-        start = time.monotonic()
-        epoch = self._own_aborts.epoch
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        ttft: Optional[float] = None
-        segment = 0
-        while True:
-            # After an abort we continue from the tokens we have (a new rid: SGLang may still
-            # be cleaning up the old one).
-            seg_rid = rid if segment == 0 else f"{rid}#cont{segment}"
-            payload = self.api.generate_payload(
-                list(req.input_ids) + tokens, g, seg_rid,
-                max_new_tokens=g.max_new_tokens - len(tokens),
-                min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
-                seed=seed,  # a continuation draws what the uninterrupted request would have
-            )
-            if req.image_data:
-                payload = self.api.add_images(payload, req.image_data)
-            addr, reply = await self._post_generate(payload, route_key, seg_rid,
-                                                    self.api.parse_generate_reply)
-            if ttft is None:
-                ttft = time.monotonic() - start
-            tokens += reply.output_ids
-            logprobs += reply.logprobs
-            versions += reply.versions
-            stop_reason = reply.stop_reason
-            if stop_reason != "abort" or not self._own_aborts.ours(epoch):
-                break  # a real abort (not caused by our pause) is reported as such
-            epoch = self._own_aborts.epoch
-            segment += 1
-            if len(tokens) >= g.max_new_tokens:
-                stop_reason = "length"
-                break
-        return ModelResponse(
-            input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs,
-            output_versions=versions, stop_reason=cast(StopReason, stop_reason),  # checked there
-            latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
-            metadata={"server": addr, "segments": segment + 1,
-                      "num_retractions": reply.meta_info.get("num_retractions", 0),
-                      # the last segment's prompt as the server counted it (images expanded)
-                      "prompt_tokens": reply.meta_info.get("prompt_tokens"),
-                      # of it, taken from the server's prefix cache (SGLang; None elsewhere)
-                      "cached_tokens": reply.meta_info.get("cached_tokens")},
-        )
-
-    # ---- retries ------------------------------------------------------------
+    # ---- scoring ------------------------------------------------------------
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
                            rid: str = "score") -> list[list[float]]:
         """One prefill batch on one server (nothing sampled; one request where the backend takes
@@ -309,7 +250,7 @@ class RemoteInferenceEngine(InferenceEngine):
 
             claimed = self.servers.claim_rid(name)
             try:
-                _, reply = await self._post_generate(payload, rid, claimed, parse)
+                _, reply = await self.requests.post(payload, rid, claimed, parse)
             finally:
                 self.servers.release_rid(claimed)
             return reply.scores
@@ -319,84 +260,6 @@ class RemoteInferenceEngine(InferenceEngine):
             return [lps for part in parts for lps in part]
 
         return await self._on_rollout_loop(score_all())
-
-    async def _post_generate(
-        self, payload: dict[str, Any], route_key: str, rid: str,
-        parse: Callable[[Any, str, str], R],
-    ) -> tuple[str, R]:
-        session = self._require_session()
-        timeout = aiohttp.ClientTimeout(total=self.config.client.request_timeout)
-        tried: list[str] = []
-        last_error: BaseException | None = None
-        for attempt in range(self.config.client.request_retries):
-            addr = await self.membership.wait_in_service(route_key, frozenset(tried))
-            floor = self.membership.served_version()  # what `addr` holds at least, now
-            tried.append(addr)
-            # A retry gets a fresh rid: the failed server may still hold the old one.
-            sent_rid = rid if attempt == 0 else f"{rid}#retry{attempt}"
-            self.api.set_rid(payload, sent_rid)
-            self.servers.inflight[addr] += 1
-            try:
-                path = self.api.generate_path
-                async with session.post(f"http://{addr}{path}", json=payload,
-                                        timeout=timeout) as resp:
-                    if resp.status >= 500:
-                        raise _RetryableHTTPError(resp.status, await resp.text())
-                    lost = (self.api.lost_state(resp.status, await resp.text())
-                            if resp.status != 200 else "")
-                    if lost:  # restarted between requests: out, reloaded, then back
-                        last_error = self.membership.lost_state(addr, lost)
-                        continue
-                    if resp.status != 200:
-                        raise InferenceServerError(
-                            f"{self.api.name} server {addr} rejected {path} rid={sent_rid}: "
-                            f"HTTP {resp.status}: {(await resp.text())[:500]}"
-                        )
-                    data = parse_json_reply(await resp.text(), addr, path)
-                    reply = parse(data, addr, sent_rid)
-                last_error = self.membership.lost_weights(addr, reply.versions, floor)
-                if last_error is None:
-                    return addr, reply
-            except _GENERATE_RETRYABLE as e:
-                if session.closed:  # this engine's destroy() closed it: no server is at fault
-                    raise InferenceServerError(f"generate rid={sent_rid}: the engine was "
-                                               f"destroyed while the request ran") from e
-                last_error = e
-                self.servers.mark_failed(addr)
-                if isinstance(e, aiohttp.ClientConnectorError):  # nothing listens: it is down
-                    self.membership.take_out(addr, f"connection refused ({e})")
-                elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
-                    self.membership.check_soon(addr, e)  # dead or hung: out of service
-                logger.warning("%s server %s failed rid=%s (try %d/%d): %s: %s", self.api.name,
-                               addr, sent_rid, attempt + 1, self.config.client.request_retries,
-                               type(e).__name__,
-                               str(e) or f"no reply within {self.config.client.request_timeout} s")
-                if isinstance(e, asyncio.TimeoutError):
-                    self._abort_later(addr, sent_rid)
-                if attempt + 1 < self.config.client.request_retries:
-                    await asyncio.sleep(self.config.client.retry_backoff * 2**attempt)
-            finally:
-                self.servers.inflight[addr] -= 1
-        cause = (f"timed out after {self.config.client.request_timeout} s (RolloutConfig."
-                 f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
-                 else f"{type(last_error).__name__}: {last_error}")
-        raise InferenceServerError(
-            f"{self.api.generate_path} rid={rid} failed after {len(tried)} tries (servers "
-            f"tried: {tried}); last error from {self.api.name} server {tried[-1]}: {cause}"
-        ) from last_error
-
-    def _abort_later(self, addr: str, rid: str) -> None:
-        """Best effort: stop a timed-out request from burning the server's compute."""
-
-        async def abort() -> None:
-            try:
-                await self.api.abort(self._require_session(), addr, rid)
-            except (InferenceServerError, *_RETRYABLE) as e:
-                logger.warning("could not abort rid=%s on %s: %s", rid, addr, e)
-
-        task = asyncio.get_running_loop().create_task(abort())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # ---- control calls ------------------------------------------------------------------
     async def _pause_servers(self, mode: str) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import aiohttp
 
 from areal_like.api.io_struct import GenerationHyperparameters, WeightUpdateMeta
-from engines.server.replies import GenerateReply, ScoreReply
+from engines.server.replies import GenerateReply, GroupReply, ScoreReply
 
 
 class ServerAPI(abc.ABC):
@@ -52,6 +52,20 @@ class ServerAPI(abc.ABC):
     @abc.abstractmethod
     def set_rid(self, payload: dict[str, Any], rid: str) -> None:
         """Name the request `rid` in `payload` (a retry renames it)."""
+
+    # ---- a prompt's samples in one request (backends that take a batch) -------------------
+    groups_in_one_request = False  # agenerate_n: one request for the samples (else one each)
+
+    def group_payload(self, payloads: list[dict[str, Any]]) -> dict[str, Any]:
+        """`generate_payload`s of one prompt's samples as one request."""
+        raise NotImplementedError(f"the {self.name} backend takes one sample per request")
+
+    def parse_group_reply(self, data: Any, server: str, rids: list[str]) -> GroupReply:
+        raise NotImplementedError(f"the {self.name} backend takes one sample per request")
+
+    def set_rids(self, payload: dict[str, Any], rids: list[str]) -> None:
+        """Name the samples of a `group_payload` (a retry renames them)."""
+        raise NotImplementedError(f"the {self.name} backend takes one sample per request")
 
     @abc.abstractmethod
     async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:

@@ -79,6 +79,17 @@ class GenerateReply:
     meta_info: dict[str, Any]
 
 
+@dataclass
+class GroupReply:
+    """The replies of one batched `/generate` (a prompt's samples), in request order."""
+
+    replies: list[GenerateReply]
+
+    @property
+    def versions(self) -> list[int]:  # every generated token's, for the lost-weights check
+        return [v for reply in self.replies for v in reply.versions]
+
+
 def check_top_k(top_k: int) -> None:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"score: top_k={top_k!r} must be an integer >= 0 (0: no top tokens)")

@@ -17,10 +17,12 @@ from engines.server.http import (
     get_json,
     post_json,
 )
-from engines.server.replies import GenerateReply, ScoreReply
+from engines.server.replies import GenerateReply, GroupReply, ScoreReply
 from engines.sglang.protocol import (
     generate_payload,
+    group_payload,
     parse_generate_reply,
+    parse_group_reply,
     parse_score_reply,
     score_payload,
 )
@@ -53,6 +55,17 @@ class SGLangAPI(ServerAPI):
 
     def set_rid(self, payload: dict[str, Any], rid: str) -> None:
         payload["rid"] = rid
+
+    groups_in_one_request = True
+
+    def group_payload(self, payloads: list[dict[str, Any]]) -> dict[str, Any]:
+        return group_payload(payloads)
+
+    def parse_group_reply(self, data: Any, server: str, rids: list[str]) -> GroupReply:
+        return parse_group_reply(data, server, rids)
+
+    def set_rids(self, payload: dict[str, Any], rids: list[str]) -> None:
+        payload["rid"] = list(rids)
 
     async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
         return await get_answers(session, addr, "/model_info", timeout)

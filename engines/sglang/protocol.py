@@ -17,6 +17,7 @@ from engines.server.replies import (
     LOGPROB_TOLERANCE,
     STOP_REASON_MAP,
     GenerateReply,
+    GroupReply,
     ScoreReply,
     check_top_k,
     parse_version_label,
@@ -58,6 +59,31 @@ def generate_payload(
         "rid": rid,
         "stream": False,
     }
+
+
+_REQUEST_FLAGS = ("return_logprob", "stream")
+
+
+def group_payload(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate payloads of one prompt's samples as one batched `/generate`: SGLang runs each
+    as its own request (its own rid and sampling params, so its own seed) and replies with a
+    list in the same order. One HTTP round trip and one tokenizer-manager pass for the group."""
+    if not payloads or any("image_data" in p for p in payloads) \
+            or any(p.keys() != payloads[0].keys() for p in payloads):
+        raise ValueError("group_payload: needs payloads with the same keys, and no images")
+    # the whole request's flags once; per sample: ids, params, rid (and a LoRA adapter's name)
+    return {key: (payloads[0][key] if key in _REQUEST_FLAGS else [p[key] for p in payloads])
+            for key in payloads[0]}
+
+
+def parse_group_reply(data: Any, server: str, rids: list[str]) -> GroupReply:
+    """The batched reply of `group_payload`: one checked reply per sample, in order."""
+    if not isinstance(data, list) or len(data) != len(rids):
+        got = f"a list of {len(data)}" if isinstance(data, list) else type(data).__name__
+        raise ServerProtocolError(f"server {server}, rids {rids[0]}..{rids[-1]}: batched "
+                                  f"/generate reply is {got}; expected a list of {len(rids)}")
+    return GroupReply([parse_generate_reply(d, server, rid)
+                       for d, rid in zip(data, rids, strict=True)])
 
 
 def _token_id(value: Any) -> int:

@@ -30,8 +30,7 @@ def main() -> None:
 
     def train_step(batch: TensorDict) -> dict[str, float]:
         solved = (sequence_rewards(batch["rewards"]) > 0.5).float().mean().item()
-        batch["prox_logp"] = actor.compute_logp(batch)
-        batch = actor.compute_advantages(batch)
+        batch = actor.compute_advantages(batch)  # (the proximal log-probs too, when needed)
         stats = actor.update(batch)
         return {**stats, "user/solved_fraction": solved, "user/world_size": rl.run.world_size}
 

@@ -4,7 +4,10 @@ They run on the engine's packed micro-batch: `logits` [T, V], and every per-toke
 prepared batch packed to [T] (next-token aligned, see `actors/base.py`) plus `cu_seqlens`.
 Keys read by the policy loss: input_ids, loss_mask, advantages, old_logp (the ratio's
 anchor), and when configured logprobs (behaviour) + prox_logp (decoupled loss), ref_logp
-(KL in the loss).
+(KL in the loss). Without old_logp / prox_logp (the batch is trained in one optimizer step,
+see `PPOActor.proximal_from_update`) this forward's detached log-probs are the proximal
+policy's: the weights are the same, and the train/inference gap is recorded here, under the
+actor's scope (`<scope>/gap/`, with `version_lag` when the batch has it).
 
 Policy objective per token (then aggregated by `loss.agg_mode`):
 
@@ -33,6 +36,7 @@ from areal_like.algorithms.losses import (
     masked_inputs,
     value_loss,
 )
+from areal_like.algorithms.mismatch import record_gap_packed
 from areal_like.algorithms.registry import get_policy_loss
 from areal_like.utils.packed_logprobs import next_token_logprobs, next_token_logprobs_entropy
 
@@ -49,9 +53,12 @@ def _zero_if_empty(loss: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor)
 
 
 def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
-                        kl_coef: Optional[float] = None) -> LossFn:
+                        kl_coef: Optional[float] = None,
+                        proximal_from_forward: bool = False) -> LossFn:
     """The PPO-family loss closure for `config` (policy loss looked up by name); `kl_coef`
-    is the KL controller's current coefficient (None: config.kl.coef)."""
+    is the KL controller's current coefficient (None: config.kl.coef).
+    `proximal_from_forward`: the batch is trained in this one optimizer step, so a batch
+    without prox_logp / old_logp takes this forward's (see the module doc)."""
     policy_loss = get_policy_loss(config.loss.policy)
     coef = config.kl.coef if kl_coef is None else kl_coef
 
@@ -61,13 +68,19 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
         # the high-entropy selection was made once for the whole batch (PPOActor)
         mask = mb["policy_mask"].bool() if "policy_mask" in mb.keys() else trained
         logp, entropy = masked_inputs(trained, logp, entropy)
-        (old,) = masked_inputs(mask, mb["old_logp"].float())
+        # no proximal log-probs in the batch: this forward's weights are the proximal policy
+        prox_here = proximal_from_forward and "prox_logp" not in mb.keys()
+        current = logp.detach()
+        (old,) = masked_inputs(mask, current if prox_here and "old_logp" not in mb.keys()
+                               else mb["old_logp"].float())
+        if config.off_policy.decoupled:
+            prox, behav = masked_inputs(mask, current if prox_here else mb["prox_logp"].float(),
+                                        mb["logprobs"].float())
         inputs = PolicyLossInputs(logp, old, mb["advantages"].float(), mask, mb["cu_seqlens"])
         token_loss, st = policy_loss(inputs, config)
         kept = mask
         if config.off_policy.decoupled:  # the behaviour weight, capped and corrected
-            w, kept = corrected_weights(mb["prox_logp"].float(), mb["logprobs"].float(), mask,
-                                        mb["cu_seqlens"], config.off_policy)
+            w, kept = corrected_weights(prox, behav, mask, mb["cu_seqlens"], config.off_policy)
             token_loss = token_loss * w
         if config.loss.entropy_coef:
             token_loss = token_loss - config.loss.entropy_coef * entropy
@@ -99,12 +112,15 @@ def make_policy_loss_fn(config: AlgorithmConfig, tracker: Any,
         tracker.stat(denominator="n_valid_tokens", **values)
         tracker.stat(denominator="n_trained_tokens", entropy=entropy.detach())
         if config.off_policy.decoupled:
-            prox, behav = masked_inputs(mask, mb["prox_logp"].float(), mb["logprobs"].float())
             behav_log_w = prox - behav
             tracker.denominator(n_behav_kept_tokens=kept)
             tracker.stat(denominator="n_valid_tokens", behav_approx_kl=behav_log_w,
                          behav_capped_ratio=(mask & ~kept).float())
             tracker.stat(denominator="n_behav_kept_tokens", behav_imp_weight=w)
+        if prox_here and "logprobs" in mb.keys():
+            with tracker.outside("update"):  # a statistic of the batch, not of this step
+                record_gap_packed(tracker, mb["logprobs"].float(), current, trained,
+                                  mb["cu_seqlens"], mb.get("version_lag", None), config.off_policy)
         return _zero_if_empty(loss, logits, mask)
 
     return loss_fn

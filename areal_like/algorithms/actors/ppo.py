@@ -14,6 +14,11 @@ consecutive groups of `group_size`), values [B, L] (critic, for gae), baseline_r
 (remax, raw: shaped here like the rewards), prox_logp / ref_logp / entropy [B, L] (computed
 here when needed and missing).
 
+The proximal log-probs (decoupled PPO's, or the ratio's anchor when recomputed) are the current
+weights'. When the batch is trained in one optimizer step (one mini-batch, one epoch), the
+update's own forward runs on exactly those weights: its detached log-probs serve, and no
+separate forward is run (the loss takes them; the train/inference gap is recorded there).
+
 With loss.top_entropy_ratio = rho < 1 the prepared batch carries `policy_mask`: the top ceil(rho*n)
 of the n trained tokens of the whole batch (all ranks) by the entropy recorded when the batch
 was prepared; the policy loss and its aggregation weights use exactly those tokens.
@@ -74,7 +79,8 @@ class _Aligned:
     mask: torch.Tensor  # the trained tokens, next-token aligned
     zero: torch.Tensor
     behav: Optional[torch.Tensor]  # the behaviour policy's (the server's)
-    prox: Optional[torch.Tensor]  # the proximal policy's (recomputed by the trainer)
+    # the proximal policy's (recomputed by the trainer; None: the update's forward gives them)
+    prox: Optional[torch.Tensor]
     old: Optional[torch.Tensor]  # the ratio's denominator: prox when recomputed, else behav
     ref: Optional[torch.Tensor]  # the reference model's
     values: Optional[torch.Tensor]  # the critic's
@@ -163,12 +169,22 @@ class PPOActor:
             elif "entropy" in batch.keys():
                 extra["entropy"] = batch["entropy"]
             if needs_prox and "prox_logp" not in extra:
-                extra["prox_logp"] = (batch["prox_logp"] if "prox_logp" in batch.keys()
-                                      else self.compute_logp(batch))
+                if "prox_logp" in batch.keys():
+                    extra["prox_logp"] = batch["prox_logp"]
+                elif not self.proximal_from_update():
+                    extra["prox_logp"] = self.compute_logp(batch)
             if cfg.kl.coef > 0:
                 extra["ref_logp"] = (batch["ref_logp"] if "ref_logp" in batch.keys()
                                      else self.compute_ref_logp(batch))
             return self._prepare(batch, group_index, extra)
+
+    def proximal_from_update(self) -> bool:
+        """Whether the update's own forward gives the proximal log-probs (see the module doc):
+        one optimizer step per batch, and nothing needs them before it (the reference KL
+        observed for its controller, the entropy filter's forward gives them anyway)."""
+        cfg = self.config
+        return (cfg.update.n_minibatches == 1 and cfg.update.epochs == 1 and cfg.kl.coef <= 0
+                and cfg.loss.top_entropy_ratio >= 1.0)
 
     def _prepare(self, batch: TensorDict, group_index: torch.Tensor,
                  extra: dict[str, torch.Tensor]) -> TensorDict:
@@ -300,14 +316,18 @@ class PPOActor:
         mask, zero = aligned.mask, aligned.zero
         prepared = {
             **model_inputs(batch),
-            "loss_mask": mask, "old_logp": aligned.old,
+            "loss_mask": mask,
             "advantages": torch.where(mask, adv.float(), zero),
         }
-        optional = {"logprobs": aligned.behav, "prox_logp": aligned.prox,
+        optional = {"old_logp": aligned.old, "logprobs": aligned.behav, "prox_logp": aligned.prox,
                     "ref_logp": aligned.ref, "values": aligned.values,
                     "returns": None if returns is None else torch.where(mask, returns.float(),
                                                                         zero)}
         prepared.update({k: v for k, v in optional.items() if v is not None})
+        deferred = aligned.prox is None and (self.config.off_policy.recompute_logprob
+                                             or self.config.off_policy.decoupled)
+        if deferred and "versions" in batch.keys():  # for the gap the loss records
+            prepared["version_lag"] = self._version_lag(batch)
         for key in ("ref_top_ids", "ref_top_logp"):  # kl.estimator=full's reference
             if key in batch.keys():
                 prepared[key] = batch[key]
@@ -346,13 +366,16 @@ class PPOActor:
         token_stats = {"advantages": adv}
         if token_kl is not None:
             token_stats["kl_ref"] = token_kl
-        lag = None
-        if "versions" in batch.keys():
-            lag = self.engine.get_version() - shift_to_next_token(batch["versions"])
+        lag = self._version_lag(batch) if "versions" in batch.keys() else None
+        if lag is not None:
             token_stats["version_lag"] = torch.where(mask, lag, 0).float()
         t.stat(denominator="n_valid_tokens", **token_stats)
         if aligned.behav is not None and aligned.prox is not None:  # the train/inference gap
             record_gap(t, aligned.behav, aligned.prox, mask, lag, self.config.off_policy)
+
+    def _version_lag(self, batch: TensorDict) -> torch.Tensor:
+        """[B, L]: how many versions behind the trainer each next-token-aligned token is."""
+        return self.engine.get_version() - shift_to_next_token(batch["versions"])
 
     def _observe_kl(self, token_kl: torch.Tensor, mask: torch.Tensor) -> None:
         # LightRFT's info["kl"]: each sequence's mean token KL; sequences without tokens skipped
@@ -378,7 +401,8 @@ class PPOActor:
 
     # ---- training ------------------------------------------------------------------------
     def make_loss_fn(self):
-        return make_policy_loss_fn(self.config, self.tracker, kl_coef=self.kl_controller.value)
+        return make_policy_loss_fn(self.config, self.tracker, kl_coef=self.kl_controller.value,
+                                   proximal_from_forward=self.proximal_from_update())
 
     def update(self, batch: TensorDict) -> dict[str, float]:
         """One training step on `batch` (`algorithm.update.n_minibatches` optimizer steps per
@@ -386,6 +410,14 @@ class PPOActor:
         prepared. Returns the engine's stats averaged over mini-batches; diagnostics go to the
         stats tracker under `scope`."""
         prepared = batch if "advantages" in batch.keys() else self.compute_advantages(batch)
+        off_policy = self.config.off_policy
+        if (off_policy.recompute_logprob or off_policy.decoupled) \
+                and "prox_logp" not in prepared.keys() and not self.proximal_from_update():
+            raise ValueError(
+                f"PPOActor.update: the prepared batch has no 'prox_logp', and "
+                f"algorithm.update.n_minibatches={self.config.update.n_minibatches} x "
+                f"epochs={self.config.update.epochs} optimizer steps need them computed before "
+                "the first (prepare the batch with this actor's compute_advantages)")
         loss_fn = self.make_loss_fn()
         mask_key = "policy_mask" if "policy_mask" in prepared.keys() else "loss_mask"
         weight_fn = functools.partial(loss_weight, mode=self.config.loss.agg_mode,

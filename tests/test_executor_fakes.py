@@ -28,6 +28,7 @@ class InstantEngine(InferenceEngine):
 
     def __init__(self, config: RolloutConfig) -> None:
         self.version = 0
+        self.updating_to: Optional[int] = None  # a driven update begun, not ended
         self.requests = 0
         self.executor = WorkflowExecutor(config, self, wait_timeout=30.0)
 
@@ -58,6 +59,9 @@ class InstantEngine(InferenceEngine):
 
     def get_version(self) -> int:
         return self.version
+
+    def trainer_version(self) -> int:
+        return max(self.version, self.updating_to or 0)
 
 
 def pad_rows(rows: list[list[Any]], pad: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -72,7 +72,11 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert last["weight_sync/export_s"] > 0
     # rank 0's split of the load: holding the fleet (the rollout process's turn), the servers
     held, served = last["weight_sync/hold_s"], last["weight_sync/servers_s"]
-    assert held > 0 and served > 0 and held + served <= last["weight_sync/load_s"]
+    assert held > 0 and served > 0
+    if recipe == "grpo":  # the main job's rollout.weights.overlap_load: beside the next step
+        assert "weight_sync/load_s" not in last and last["weight_sync/load_wait_s"] >= 0
+    else:
+        assert held + served <= last["weight_sync/load_s"]
     if recipe == "ppo":
         assert "critic/loss" in last
     if recipe == "distill":  # the teacher's log-probs reached the update as its KL reference

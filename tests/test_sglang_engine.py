@@ -21,6 +21,7 @@ from sglang_helpers import (
 from transformers import AutoConfig
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
+from areal_like.api.rollout_config import FleetClientConfig
 from engines.server.errors import InferenceServerError
 
 PROMPTS = [[1, 2, 3, 4], [17, 29, 5, 60, 61, 2], [300, 12], [7] * 9]
@@ -168,6 +169,39 @@ async def test_agenerate_n_fans_out_on_one_server(engine, tiny_model_dir):
         ref = hf_logprobs(tiny_model_dir, PROMPTS[3], r.output_tokens)
         torch.testing.assert_close(torch.tensor(r.output_logprobs, dtype=torch.float64), ref,
                                    atol=LOGPROB_ATOL, rtol=0)
+
+
+@pytest.mark.sglang
+async def test_requests_merged_in_a_window_sample_what_separate_ones_do(sglang_fleet):
+    """`rollout.client.batch_window_ms`: prompts asked for together with the same sampling
+    parameters go as one request (groups and single samples alike), and every sample's tokens
+    and log-probs are those of the separate requests (seeded sampling, batch-invariant
+    kernels). Sampled and greedy requests are asked for apart: sharing one scheduler batch,
+    a greedy row changes what SGLang's sampler draws for the sampled ones, merged or not."""
+    sampled = GenerationHyperparameters(max_new_tokens=6, temperature=1.0, n_samples=3)
+    greedy = GenerationHyperparameters(max_new_tokens=6, greedy=True)
+    groups = [ModelRequest(input_ids=p, gconfig=sampled, seed=10 + i, rid=f"group-{i}")
+              for i, p in enumerate(PROMPTS)]
+    singles = [ModelRequest(input_ids=p, gconfig=greedy, rid=f"single-{i}")
+               for i, p in enumerate(PROMPTS[:2])]
+    results = {}
+    for window in (0.0, 200.0):
+        client = fleet_engine(sglang_fleet, client=FleetClientConfig(batch_window_ms=window))
+        try:
+            sampled_out = await asyncio.gather(*(client.agenerate_n(r) for r in groups))
+            greedy_out = await asyncio.gather(*(client.agenerate(r) for r in singles))
+            results[window] = [[(r.output_tokens, r.output_logprobs) for r in g]
+                               for g in [*sampled_out, greedy_out]]
+            coalescer = client.requests.coalescer
+            if window:  # one request for the four groups, one for the two greedy samples
+                assert coalescer is not None and coalescer.requests == coalescer.merged == 2
+                assert len({r.metadata["server"] for g in sampled_out for r in g}) == 1
+            else:
+                assert coalescer is None
+        finally:
+            client.destroy()
+    assert results[200.0] == results[0.0]
+    assert len({tuple(t) for g in results[0.0][:-1] for t, _ in g}) > 1  # really sampled
 
 
 async def test_same_rid_sticks_to_its_server(engine):

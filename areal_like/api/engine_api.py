@@ -61,6 +61,12 @@ class FleetClient(abc.ABC):
     @abc.abstractmethod
     def get_version(self) -> int: ...
 
+    def trainer_version(self) -> int:
+        """The version the trainer holds, which consumption checks staleness against: the
+        fleet's own, or the version of a driven update already begun (the trainer has it;
+        the servers load it while it trains, `rollout.weights.overlap_load`)."""
+        return self.get_version()
+
     # ---- a weight update that trainer rank 0 drives over HTTP itself --------------------
     # (engines.fleet.updater.FleetUpdater): begin -> pause, load, continue each server ->
     # end. In between, the client readmits no server and holds what the pauses abort.

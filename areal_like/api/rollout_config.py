@@ -39,6 +39,10 @@ class FleetClientConfig:
                                    bound=choices("least_inflight", "round_robin"))
     # how a server is paused for a weight load: "retract" keeps the requests in flight
     pause_mode: str = bounded("retract", bound=choices("retract", "abort", "in_place"))
+    # requests asked for within this many ms of each other go to a server as one batched
+    # request (SGLang; each sample keeps its rid and seed; engines/fleet/coalescing.py);
+    # 0: one request per prompt
+    batch_window_ms: float = bounded(0.0, bound=at_least(0, " ms"))
 
     def __post_init__(self) -> None:
         check_bounds(self, "rollout.client")
@@ -104,6 +108,12 @@ class WeightTransportConfig:
     # distributed: after a failed broadcast, "retry" once with the servers that still answer,
     # or "stop" the run
     on_broadcast_failure: str = bounded("retry", bound=choices("retry", "stop"))
+    # the servers load version k while the trainer trains step k (rank 0's updater thread;
+    # the trainer waits for it before its next export, an evaluation, a checkpoint, the
+    # end): the load's pause, read and continue off the trainer's path. Applies to the disk
+    # transport at staleness.max_head_offpolicyness >= 1; elsewhere (a broadcast needs every
+    # rank; at eta = 0 the next batch needs the new version) the load stays in the step
+    overlap_load: bool = False
 
     def __post_init__(self) -> None:
         check_bounds(self, "rollout.weights")

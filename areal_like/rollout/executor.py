@@ -301,7 +301,7 @@ class WorkflowExecutor:
                                                f"rollout_batch({len(data)} items)",
                                                len(data), len(ticket.outcomes), timeout,
                                                version))
-        version = self.engine.get_version()
+        version = self.engine.trainer_version()  # what the batch is trained by
         results = self._state.drop_stale_results(outcomes, version)
         if len(results) < len(data):  # never fewer rows without saying why
             message = (f"rollout_batch: {len(results)} of {len(data)} items gave a trajectory "
@@ -372,7 +372,7 @@ class WorkflowExecutor:
         progress = WaitProgress(what, count)  # a line every ~30 s while the wait lasts
         self._kick()
         while True:
-            version = self.engine.get_version()
+            version = self.engine.trainer_version()  # what the batch is trained by
 
             def timeout_error(v: int = version) -> Exception:  # counts the ready groups then
                 return self._timeout_error(what, count, len(self._state.ready), timeout, v)

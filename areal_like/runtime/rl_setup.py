@@ -44,7 +44,7 @@ from areal_like.runtime.context import RunContext
 from areal_like.runtime.held_out import eval_items, load_task, remote_reward
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
-from areal_like.runtime.weight_sync import push_weights
+from areal_like.runtime.weight_sync import FleetLoadBesideTraining, push_weights
 from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
 from areal_like.utils.progress import progress
@@ -111,8 +111,26 @@ class RLSetup:
         self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
                             if self.adapter_in_memory and not config.actor.lora.enabled
                             else None)
+        # rollout.weights.overlap_load: the fleet loads version k while step k trains
+        self.load_beside = (FleetLoadBesideTraining(config.actor.collective_timeout)
+                            if self._overlaps_load() else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
         self.stateful: dict[str, Any] = {}  # name -> object with state_dict/load_state_dict
+
+    def _overlaps_load(self) -> bool:
+        """`rollout.weights.overlap_load` where it applies (see its comment); says so."""
+        rollout = self.config.rollout
+        if not rollout.weights.overlap_load:
+            return False
+        eta = rollout.staleness.max_head_offpolicyness
+        why = ("a broadcast needs every trainer rank" if self.adapter_in_memory
+               else "at max_head_offpolicyness=0 the next batch needs the new version"
+               if eta == 0 else "")
+        if self.run.is_main:
+            print("weight loads: " + (f"in the step (rollout.weights.overlap_load: {why})"
+                                      if why else "beside the next training step "
+                                      "(rollout.weights.overlap_load)"), flush=True)
+        return not why
 
     def track_state(self, name: str, obj: Any) -> None:
         """Save `obj.state_dict()` with every checkpoint and restore it on recover (e.g. the
@@ -228,10 +246,21 @@ class RLSetup:
         return self.run.scatter_batch(batch, self.shard_group_size)
 
     def push_weights(self, step: int) -> dict[str, float]:
-        """Export the trainer's weights as version step + 1 and load them on the fleet."""
+        """Export the trainer's weights as version step + 1 and load them on the fleet (with
+        `rollout.weights.overlap_load`: the load goes on beside the next step, see
+        `wait_for_fleet`)."""
+        if self.load_beside is not None:
+            stats = self.load_beside.wait()  # version step's, loaded while step trained
+            return stats | self.load_beside.start(self.actor_engine, self.fleet, step + 1,
+                                                  self.run.weights_dir)
         return push_weights(self.actor_engine, self.fleet, step + 1, self.run.weights_dir,
                             collective_timeout_s=self.config.actor.collective_timeout,
                             broadcaster=self.broadcaster, in_memory=self.adapter_in_memory)
+
+    def wait_for_fleet(self) -> dict[str, float]:
+        """Wait for a load beside training (`rollout.weights.overlap_load`) to end: the fleet
+        then serves the trainer's version (before an evaluation of it, a checkpoint, the end)."""
+        return self.load_beside.wait() if self.load_beside is not None else {}
 
     @property
     def adapter_in_memory(self) -> bool:
@@ -281,14 +310,17 @@ class RLSetup:
             engine.step_lr_scheduler()
         last = step + 1 == self.config.total_train_steps
         freq = self.config.evaluation.freq_steps
-        if freq and ((step + 1) % freq == 0 or last):
+        evaluate = bool(freq) and ((step + 1) % freq == 0 or last)
+        save = self.ckpt.should_save(step, last)
+        if evaluate or save:
+            stats |= self.wait_for_fleet()
+        if evaluate:
             self.start_evaluation(step + 1)  # the fleet holds version step + 1 now
         if self.rollout is not None:
             stats |= self.rollout.export_stats()
             self.run.log_episodes(step + 1, trained=self._batch_episode_ids)
         # log first: a checkpoint then always has its step's metrics on record
         self.run.log_step(step + 1, stats)
-        save = self.ckpt.should_save(step, last)
         self.log_evaluations(wait=save)  # ... and every evaluation started before it
         if save:
             save_checkpoint(self.ckpt, step, self.actor_engine, self.rollout, self.stateful)
@@ -296,6 +328,7 @@ class RLSetup:
     def finish(self) -> None:
         """Write the final policy to `<run dir>/final`, print accuracy before -> after, write
         the curves PNG, release everything."""
+        self.wait_for_fleet()
         self.save_final()
         self.log_evaluations(wait=True)
         self.run.summarize("eval/accuracy")

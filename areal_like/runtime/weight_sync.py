@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import shutil
 import time
@@ -54,15 +55,87 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
         if fleet is None:
             return
         fleet.update_weights(meta)  # pause (retract) -> load -> version label -> continue
-        for old in sorted(root.glob("v*")):
-            if old.name[1:].isdigit() and int(old.name[1:]) <= version - keep:
-                shutil.rmtree(old, ignore_errors=True)
+        _remove_old_folders(root, version, keep)
 
     run_on_main(load_on_fleet, f"loading weights version {version} on the fleet",
                 collective_timeout_s)
     engine.set_version(version)
     return {"weight_sync/export_s": exported - start,
             "weight_sync/load_s": time.perf_counter() - exported, **_timings_of(fleet)}
+
+
+def _remove_old_folders(root: Path, version: int, keep: int) -> None:
+    for old in sorted(root.glob("v*")):
+        if old.name[1:].isdigit() and int(old.name[1:]) <= version - keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class FleetLoadBesideTraining:
+    """A folder's load on the fleet while the trainer goes on (`rollout.weights.overlap_load`).
+
+    The trainer exports version k and takes the fleet's hold (so the rollout controller
+    knows of version k before the trainer asks it for a batch: it then drops what is more
+    than η versions older than k, as if the fleet held k already); the servers' pause, load
+    and continue run in rank 0's updater thread while the trainer trains step k. `wait()`
+    (every rank; the others wait for rank 0 with heartbeats) ends it: before the next
+    export, an evaluation of the new version, a checkpoint, and the end of the run. A failed
+    load fails that `wait()` on every rank, as it fails `push_weights`."""
+
+    def __init__(self, collective_timeout_s: float) -> None:
+        self.collective_timeout_s = collective_timeout_s
+        self._version: Optional[int] = None
+        self._future: Optional[concurrent.futures.Future[None]] = None
+        self._fleet: Optional[FleetUpdater] = None
+        self._root, self._keep = Path("."), 2  # where the folders are, how many stay
+
+    @property
+    def pending(self) -> bool:
+        return self._version is not None
+
+    def start(self, engine: TrainEngine, fleet: Optional[FleetUpdater], version: int,
+              root: Path, keep: int = 2) -> dict[str, float]:
+        """Export `version` (every rank) and start its load (rank 0); returns the export's
+        time. The previous load must have been waited for."""
+        if self.pending:
+            raise RuntimeError(f"weights version {self._version} is still loading: wait() "
+                               f"before starting version {version}")
+        meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
+        start = time.perf_counter()
+        with _held_ahead(fleet, meta):
+            engine.update_weights(meta)
+        exported = time.perf_counter()
+
+        def begin() -> None:
+            if fleet is not None:
+                self._future = fleet.start_update(meta)
+
+        run_on_main(begin, f"holding the fleet for weights version {version}",
+                    self.collective_timeout_s)
+        self._version, self._fleet = version, fleet
+        self._root, self._keep = root, keep
+        engine.set_version(version)
+        return {"weight_sync/export_s": exported - start,
+                "weight_sync/hold_wait_s": time.perf_counter() - exported}
+
+    def wait(self) -> dict[str, float]:
+        """End the load under way (if any): how long the trainer waited for it, and where
+        the load spent its time (beside training)."""
+        if self._version is None:
+            return {}
+        version, self._version = self._version, None
+        future, self._future = self._future, None
+        fleet = self._fleet
+        waited = time.perf_counter()
+
+        def finish() -> None:
+            if future is not None:
+                assert fleet is not None
+                future.result(timeout=fleet.update_bound_s)
+                _remove_old_folders(self._root, version, self._keep)
+
+        run_on_main(finish, f"loading weights version {version} on the fleet",
+                    self.collective_timeout_s)
+        return {"weight_sync/load_wait_s": time.perf_counter() - waited, **_timings_of(fleet)}
 
 
 def _push_adapter(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,

@@ -102,6 +102,7 @@ class RemoteInferenceEngine(InferenceEngine):
         self._on_fleet_failure: list[Callable[[BaseException], None]] = []
         self._session: Optional[aiohttp.ClientSession] = None
         self._version = 0
+        self._updating_to: Optional[int] = None  # a driven update's version, begun not ended
         self._version_lock = threading.Lock()
         # touched by the rollout loop only
         self.servers = ServerPool(self.addresses, config.client.schedule_policy)
@@ -306,16 +307,23 @@ class RemoteInferenceEngine(InferenceEngine):
         # group's formation and a broadcast), then released with the servers taken out
         timeout = self.config.weights.update_timeout
         expires = 3 * timeout + self.config.weights.broadcast_timeout + 4 * CONTROL_TIMEOUT_S
-        return self.run_coroutine(self._on_rollout_loop(
+        view = self.run_coroutine(self._on_rollout_loop(
             self.membership.hold_for_update(version, pause_mode, expires)),
             timeout + CONTROL_TIMEOUT_S)
+        with self._version_lock:
+            self._updating_to = int(version)
+        return view
 
     def end_weight_update(self, report: UpdateReport) -> None:
         async def end() -> None:
             if self.membership.end_update(report) and report.advanced:
                 self.set_version(report.meta.version)
 
-        self.run_coroutine(self._on_rollout_loop(end()), CONTROL_TIMEOUT_S)
+        try:
+            self.run_coroutine(self._on_rollout_loop(end()), CONTROL_TIMEOUT_S)
+        finally:
+            with self._version_lock:
+                self._updating_to = None
 
     def set_version(self, version: int) -> None:
         with self._version_lock:
@@ -324,6 +332,10 @@ class RemoteInferenceEngine(InferenceEngine):
     def get_version(self) -> int:
         with self._version_lock:
             return self._version
+
+    def trainer_version(self) -> int:
+        with self._version_lock:
+            return max(self._version, self._updating_to or 0)
 
     def inflight(self) -> dict[str, int]:  # per server, a snapshot
         return dict(self.servers.inflight)
@@ -339,8 +351,14 @@ class RemoteInferenceEngine(InferenceEngine):
         self._loop_thread.call_soon(self.servers.add, addr, "new: loading the current weights")
 
     def fleet_stats(self) -> dict[str, float]:
-        """Servers in service, and how many times servers left, came back or joined."""
-        return {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
+        """Servers in service, and how many times servers left, came back or joined (with
+        `rollout.client.batch_window_ms`: the batched requests sent, and those that merged)."""
+        stats = {f"fleet/{k}": float(v) for k, v in self.membership.stats().items()}
+        coalescer = self.requests.coalescer
+        if coalescer is not None:
+            stats |= {"fleet/batched_requests_total": float(coalescer.requests),
+                      "fleet/merged_requests_total": float(coalescer.merged)}
+        return stats
 
 
 class RemoteSGLangEngine(RemoteInferenceEngine):

@@ -21,6 +21,7 @@ import aiohttp
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import ModelRequest, ModelResponse, StopReason
+from engines.fleet.coalescing import RequestCoalescer
 from engines.fleet.membership import FleetMembership
 from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
@@ -58,6 +59,13 @@ class FleetRequests:
         self.config, self.api, self.servers = config, api, servers
         self.membership, self._own_aborts, self._session = membership, own_aborts, session
         self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
+        window_s = config.client.batch_window_ms / 1000.0
+        self.coalescer = (RequestCoalescer(api.group_payload, self._post_group, window_s)
+                          if window_s > 0 and api.groups_in_one_request else None)
+
+    async def _post_group(self, payload: dict[str, Any], route_key: str,
+                          rids: list[str]) -> tuple[str, GroupReply]:
+        return await self.post(payload, route_key, rids, self.api.parse_group_reply)
 
     # ---- samples ------------------------------------------------------------------------
     async def sample(self, req: ModelRequest, route_key: str, rid: str,
@@ -77,17 +85,20 @@ class FleetRequests:
         rids = [self.servers.claim_rid(f"{route_key}-{i}") for i in range(len(seeds))]
         try:
             start, epoch = time.monotonic(), self._own_aborts.epoch
-            payload = self.api.group_payload([
-                self.api.generate_payload(list(req.input_ids), g, rid, g.max_new_tokens,
-                                          g.min_new_tokens, seed=seed)
-                for rid, seed in zip(rids, seeds, strict=True)])
-            addr, group = await self.post(payload, route_key, rids,
-                                                    self.api.parse_group_reply)
+            payloads = [self.api.generate_payload(list(req.input_ids), g, rid, g.max_new_tokens,
+                                                  g.min_new_tokens, seed=seed)
+                        for rid, seed in zip(rids, seeds, strict=True)]
+            if self.coalescer is not None:  # with other prompts' samples, as one request
+                addr, replies = await self.coalescer.submit(payloads, route_key, rids)
+            else:
+                addr, group = await self.post(self.api.group_payload(payloads), route_key,
+                                              rids, self.api.parse_group_reply)
+                replies = group.replies
             ttft = time.monotonic() - start
             return list(await asyncio.gather(*(
                 self._segments(req, route_key, rid, seed,
                                   _FirstSegment(addr, reply, start, ttft, epoch))
-                for rid, seed, reply in zip(rids, seeds, group.replies, strict=True))))
+                for rid, seed, reply in zip(rids, seeds, replies, strict=True))))
         finally:
             for rid in rids:
                 self.servers.release_rid(rid)
@@ -119,8 +130,11 @@ class FleetRequests:
                 )
                 if req.image_data:
                     payload = self.api.add_images(payload, req.image_data)
-                addr, reply = await self.post(payload, route_key, seg_rid,
-                                                        self.api.parse_generate_reply)
+                if self.coalescer is not None and not req.image_data:
+                    addr, (reply,) = await self.coalescer.submit([payload], route_key, [seg_rid])
+                else:
+                    addr, reply = await self.post(payload, route_key, seg_rid,
+                                                  self.api.parse_generate_reply)
             if ttft is None:
                 ttft = time.monotonic() - start
             tokens += reply.output_ids

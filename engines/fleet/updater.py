@@ -69,6 +69,8 @@ class FleetUpdater:
         # a hold asked for ahead of its update (`hold_ahead`): the update, the answer to come
         self._ahead: Optional[tuple[WeightUpdateMeta, concurrent.futures.Future[FleetView]]] = None
         self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-hold")
+        # a load beside training (`start_update`): HTTP calls only, off the trainer's thread
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-load")
 
     async def _open_session(self) -> None:
         self._session = open_session(self.config.client.api_key)
@@ -100,6 +102,11 @@ class FleetUpdater:
         if answer.exception(timeout=self._two_loads_s()) is None:  # held: release it
             self.coordinator.end_weight_update(UpdateReport(meta))
 
+    @property
+    def update_bound_s(self) -> float:
+        """How long a `start_update` future may take at most (its load, then its end)."""
+        return self._two_loads_s() + 2 * CONTROL_TIMEOUT_S
+
     def _two_loads_s(self) -> float:
         """The bound on a hold (pinned work, then a readmission's load may come first) and
         on an update (a load, then the answer probes of a fleet-wide failure)."""
@@ -117,17 +124,35 @@ class FleetUpdater:
         """Pause -> load `meta` -> continue on every server in service, each on its own; the
         servers that fail leave service. Raises when none loaded it and one that still answers
         refused it (the version then does not move)."""
+        self._check_loadable(meta)
+        start = time.perf_counter()
+        view = self._hold(meta)
+        self._load_held(meta, view, time.perf_counter() - start)
+
+    def start_update(self, meta: WeightUpdateMeta) -> concurrent.futures.Future[None]:
+        """`update_weights(meta)` beside the caller's work: the fleet's hold is taken here
+        (so the coordinator hears of the update before any later call of the caller's), the
+        load and the continue run in the updater's own thread; the future raises what
+        `update_weights` would. One at a time: wait for it before the next update."""
+        self._check_loadable(meta)
+        start = time.perf_counter()
+        view = self._hold(meta)
+        held_s = time.perf_counter() - start
+        return self._loader.submit(self._load_held, meta, view, held_s)
+
+    @staticmethod
+    def _check_loadable(meta: WeightUpdateMeta) -> None:
         if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is broadcast bucket by bucket: "
                              "see areal_like.runtime.weight_broadcast")
-        start = time.perf_counter()
-        view = self._hold(meta)
+
+    def _load_held(self, meta: WeightUpdateMeta, view: FleetView, held_s: float) -> None:
         held = time.perf_counter()
         report = UpdateReport(meta)
         refused = None
         try:
             refused = self._run(self._load(view, meta, report), self._two_loads_s())
-            self.last_timings = {"weight_sync/hold_s": held - start,
+            self.last_timings = {"weight_sync/hold_s": held_s,
                                  "weight_sync/servers_s": time.perf_counter() - held}
         except BaseException as e:
             unfinished = f"the update did not finish ({type(e).__name__}: {e})"
@@ -200,6 +225,7 @@ class FleetUpdater:
         try:
             self.release_ahead()
             self._asker.shutdown()
+            self._loader.shutdown()  # waits for a load under way (bounded by its own timeout)
             self._run(self.weight_group.dissolve(), 2 * CONTROL_TIMEOUT_S)
         finally:
             session, self._session = self._session, None

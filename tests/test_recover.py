@@ -45,7 +45,9 @@ STEPS = 8
 # episodes of the next batch (prefetched while training) and the reward calls they made so far.
 VOLATILE = ("time", "timeperf/", "perf/", "rollout/episode_latency", "weight_sync/",
             "rollout/running", "rollout/queued", "rollout/buffered", "rollout/capacity",
-            "reward/calls")
+            "reward/calls",
+            # the fleet client's requests since its process started (not resumed state)
+            "fleet/batched_requests", "fleet/merged_requests")
 
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 

@@ -44,12 +44,7 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
             raise TypeError(f"the distributed transport needs trainer rank 0's FleetUpdater, "
                             f"got {type(fleet).__name__}")
         return broadcaster.push(engine, fleet, version)
-    # absolute: servers started elsewhere resolve relative paths against their own cwd
-    meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
-    start = time.perf_counter()
-    with _held_ahead(fleet, meta):
-        engine.update_weights(meta)
-    exported = time.perf_counter()
+    meta, start, exported = _export_folder(engine, fleet, version, root)
 
     def load_on_fleet() -> None:
         if fleet is None:
@@ -62,6 +57,18 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
     engine.set_version(version)
     return {"weight_sync/export_s": exported - start,
             "weight_sync/load_s": time.perf_counter() - exported, **_timings_of(fleet)}
+
+
+def _export_folder(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,
+                   root: Path) -> tuple[WeightUpdateMeta, float, float]:
+    """Write `version` as an HF folder under `root` (rank 0's updater asks for the fleet's
+    hold meanwhile); returns its meta and when the export began and ended."""
+    # absolute: servers started elsewhere resolve relative paths against their own cwd
+    meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
+    start = time.perf_counter()
+    with _held_ahead(fleet, meta):
+        engine.update_weights(meta)
+    return meta, start, time.perf_counter()
 
 
 def _remove_old_folders(root: Path, version: int, keep: int) -> None:
@@ -99,11 +106,7 @@ class FleetLoadBesideTraining:
         if self.pending:
             raise RuntimeError(f"weights version {self._version} is still loading: wait() "
                                f"before starting version {version}")
-        meta = WeightUpdateMeta.from_disk(str(root.resolve() / f"v{version}"), version)
-        start = time.perf_counter()
-        with _held_ahead(fleet, meta):
-            engine.update_weights(meta)
-        exported = time.perf_counter()
+        meta, start, exported = _export_folder(engine, fleet, version, root)
 
         def begin() -> None:
             if fleet is not None:

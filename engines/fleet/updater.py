@@ -124,27 +124,22 @@ class FleetUpdater:
         """Pause -> load `meta` -> continue on every server in service, each on its own; the
         servers that fail leave service. Raises when none loaded it and one that still answers
         refused it (the version then does not move)."""
-        self._check_loadable(meta)
-        start = time.perf_counter()
-        view = self._hold(meta)
-        self._load_held(meta, view, time.perf_counter() - start)
+        self._load_held(meta, *self._take_hold(meta))
 
     def start_update(self, meta: WeightUpdateMeta) -> concurrent.futures.Future[None]:
         """`update_weights(meta)` beside the caller's work: the fleet's hold is taken here
         (so the coordinator hears of the update before any later call of the caller's), the
         load and the continue run in the updater's own thread; the future raises what
         `update_weights` would. One at a time: wait for it before the next update."""
-        self._check_loadable(meta)
-        start = time.perf_counter()
-        view = self._hold(meta)
-        held_s = time.perf_counter() - start
-        return self._loader.submit(self._load_held, meta, view, held_s)
+        return self._loader.submit(self._load_held, meta, *self._take_hold(meta))
 
-    @staticmethod
-    def _check_loadable(meta: WeightUpdateMeta) -> None:
+    def _take_hold(self, meta: WeightUpdateMeta) -> tuple[FleetView, float]:
+        """The fleet held for `meta` (a folder or an adapter), and how long that took."""
         if meta.type == "distributed":
             raise ValueError("WeightUpdateMeta(type='distributed') is broadcast bucket by bucket: "
                              "see areal_like.runtime.weight_broadcast")
+        start = time.perf_counter()
+        return self._hold(meta), time.perf_counter() - start
 
     def _load_held(self, meta: WeightUpdateMeta, view: FleetView, held_s: float) -> None:
         held = time.perf_counter()

@@ -49,7 +49,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("server", "ServerConfig"),
     ("actor", "TrainEngineConfig"), ("actor.model", "ModelConfig"),
     ("actor.optimizer", "OptimizerConfig"), ("actor.mb_spec", "MicroBatchSpec"),
-    ("actor.lora", "LoRAConfig"), ("algorithm", "AlgorithmConfig"),
+    ("actor.lora", "LoRAConfig"), ("actor.moe", "MoEConfig"), ("algorithm", "AlgorithmConfig"),
     ("algorithm.adv", "AdvantageConfig"),
     ("algorithm.norm", "AdvantageNormConfig"), ("algorithm.loss", "PolicyLossConfig"),
     ("algorithm.off_policy", "OffPolicyConfig"), ("algorithm.kl", "KLConfig"),
@@ -78,7 +78,8 @@ def documented_classes() -> list[type]:
     return [
         core.BaseExperimentConfig, core.ModelConfig, GenerationHyperparameters,
         core.RolloutConfig, *ROLLOUT_SECTIONS, core.ServerConfig, core.TrainEngineConfig,
-        core.OptimizerConfig, core.MicroBatchSpec, core.LoRAConfig, core.AlgorithmConfig,
+        core.OptimizerConfig, core.MicroBatchSpec, core.LoRAConfig, core.MoEConfig,
+        core.AlgorithmConfig,
         *ALGORITHM_SECTIONS,
         core.DatasetConfig,
         core.RewardConfig,

@@ -107,7 +107,8 @@ EOF
     find "$SITE/sgl_kernel" -name '__pycache__' -prune -exec rm -rf {} +
     cp "$SHIM_DIR/areal_like_sglang_shim.py" "$SHIM_DIR/areal_like_sglang_shim.pth" \
         "$SHIM_DIR/areal_like_sglang_deterministic.py" \
-        "$SHIM_DIR/areal_like_sglang_lora.py" "$SHIM_DIR/areal_like_sglang_vision.py" "$SITE/"
+        "$SHIM_DIR/areal_like_sglang_lora.py" "$SHIM_DIR/areal_like_sglang_vision.py" \
+        "$SHIM_DIR/areal_like_sglang_moe.py" "$SITE/"
 
     # Guard rails: the CPU torch stayed, and no CUDA torchvision slipped in.
     "$VPY" - "$TORCH_VERSION" <<'EOF'

@@ -93,6 +93,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_1m"), size="1m", seed=1)
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1.5M-parameter Qwen3-MoE model (8 experts, top-2) on the same tokenizer (seed 1)."""
+    from areal_like.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_moe_1m"), size="1m", seed=1,
+                            arch="qwen3_moe")
+
+
 @pytest.fixture
 def executor_factory():
     """Makes RewardExecutors from RewardConfig keyword arguments; shuts them all down after."""

@@ -14,6 +14,7 @@ import areal_like.api.algorithm_config as algorithm_configs
 import areal_like.api.config as base_configs
 import areal_like.api.launcher_config as launcher_configs
 import areal_like.api.lora_config as lora_configs
+import areal_like.api.moe_config as moe_configs
 import areal_like.api.rollout_config as rollout_configs
 import recipes.configs as recipe_configs
 from areal_like.api.io_struct import GenerationHyperparameters
@@ -22,14 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("areal_like", "engines", "workflows", "recipes")
 DEFINITIONS = {REPO / "areal_like/api/config.py", REPO / "areal_like/api/algorithm_config.py",
                REPO / "areal_like/api/launcher_config.py", REPO / "areal_like/api/lora_config.py",
-               REPO / "areal_like/api/rollout_config.py",
+               REPO / "areal_like/api/moe_config.py", REPO / "areal_like/api/rollout_config.py",
                REPO / "recipes/configs.py"}
 
 
 def _config_classes() -> list[type]:
     classes = [GenerationHyperparameters]
     for module in (base_configs, algorithm_configs, launcher_configs, lora_configs,
-                   rollout_configs, recipe_configs):
+                   moe_configs, rollout_configs, recipe_configs):
         classes += [c for c in vars(module).values()
                     if dataclasses.is_dataclass(c) and c.__module__ == module.__name__]
     return list(dict.fromkeys(classes))  # an alias (SGLangServerConfig) is the same class

@@ -188,3 +188,21 @@ def test_gap_metrics_match_a_float64_reference():
     lag3 = [abs(prox[t] - behav[t]) for t in range(7, 13) if MASK[t]]
     assert out["actor/gap/lag3+/abs_log_diff/avg"] == pytest.approx(sum(lag3) / len(lag3),
                                                                     rel=1e-5)
+
+
+def test_gap_k3_keeps_its_precision_where_the_gap_is_tiny():
+    """|d| ~ 1e-5: w - 1 - log w in float32 cancels to noise (or below zero); the metric
+    equals the series d^2/2 + d^3/6 + d^4/24 of the exact float32 differences."""
+    behav = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    gaps = [2.0**-17, -(2.0**-16), 2.0**-20, 3 * 2.0**-18]  # exact in float32 at these values
+    prox = behav + torch.tensor([gaps])
+    mask = torch.ones_like(behav, dtype=torch.bool)
+    tracker = StatsTracker()
+    with tracker.scope("actor"):
+        record_gap(tracker, behav, prox, mask, None, OffPolicyConfig())
+    out = tracker.export()
+    d = [float(p) - float(b) for p, b in zip(prox[0].tolist(), behav[0].tolist(), strict=True)]
+    assert d == gaps  # the float32 differences are the intended gaps
+    k3 = [x * x / 2 + x**3 / 6 + x**4 / 24 for x in d]
+    assert out["actor/gap/k3/avg"] == pytest.approx(sum(k3) / len(k3), rel=1e-5)
+    assert out["actor/gap/k3/min"] == pytest.approx(min(k3), rel=1e-5) and min(k3) > 0

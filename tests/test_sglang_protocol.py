@@ -240,3 +240,32 @@ def test_scoring_with_top_k_reads_each_positions_most_likely_tokens():
         parse_score_reply([item], SERVER, "s-3", [ids], [2], top_k=3)
     with pytest.raises(ValueError, match="top_k=-1 must be an integer >= 0"):
         score_payload([ids], [2], "s", top_k=-1)
+
+
+def test_routed_experts_are_asked_for_decoded_and_required_when_asked():
+    import base64
+
+    import numpy as np
+
+    from engines.fleet.backends import server_api
+
+    g = GenerationHyperparameters(max_new_tokens=2)
+    api = server_api("sglang", routed_experts=True)
+    payloads = [api.generate_payload([1, 2, 3], g, f"r{i}", 2, 0, seed=i) for i in range(2)]
+    assert payloads[0]["return_routed_experts"] is True
+    assert group_payload(payloads)["return_routed_experts"] is True  # once for the batch
+    assert "return_routed_experts" not in server_api("sglang").generate_payload(
+        [1, 2, 3], g, "r", 2, 0)
+    experts = np.arange(4 * 3 * 2, dtype="<i4")  # 4 positions x 3 layers x top-2
+    reply = _reply([7, 8], [{"version": "0", "start": 0, "end": 2}])
+    reply["meta_info"]["routed_experts"] = base64.b64encode(experts.tobytes()).decode()
+    parsed = api.parse_generate_reply(reply, SERVER, "r0")
+    assert parsed.routed_experts.tolist() == experts.tolist()
+    del reply["meta_info"]["routed_experts"]
+    with pytest.raises(ServerProtocolError, match="--enable-return-routed-experts"):
+        api.parse_generate_reply(reply, SERVER, "r0")
+    reply["meta_info"]["routed_experts"] = "not base64!"
+    with pytest.raises(ServerProtocolError, match="routed_experts is not base64"):
+        api.parse_generate_reply(reply, SERVER, "r0")
+    with pytest.raises(ValueError, match="rollout.return_routed_experts with a vllm fleet"):
+        server_api("vllm", routed_experts=True)

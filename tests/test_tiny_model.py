@@ -48,8 +48,26 @@ def test_cli_writes_a_loadable_folder(tmp_path):
          "--seed", "2"], capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "wrote 1m model" in proc.stdout
+    assert "wrote 1m qwen2 model" in proc.stdout
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_cli_writes_a_mixture_of_experts_on_the_same_tokenizer(tmp_path, tiny_model_dir):
+    import json
+
+    out = tmp_path / "moe"
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_like.models.tiny", "--out", str(out), "--arch",
+         "qwen3_moe"], capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 1m qwen3_moe model (1.51M params)" in proc.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["num_experts_per_tok"]) == ("qwen3_moe", 2)
+    assert config.get("num_experts", config.get("num_local_experts")) == 8
+    assert (out / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
+    with pytest.raises(ValueError, match="unknown tiny model arch 'mixtral'"):
+        build_tiny_model(tmp_path / "x", arch="mixtral")
 
 
 def test_unknown_size_is_a_clear_error(tmp_path):

@@ -16,12 +16,14 @@ from areal_like.utils.network import find_free_port
 LAUNCH_TIMEOUT_S = 600
 
 
-def run_worker(worker: str, model_dir: Path, out: Path) -> dict[str, Any]:
-    """Run tests/`worker` on two ranks (`--model model_dir --out out`, loopback rendezvous,
-    one thread each); fail the test with its output if it fails; return `out`/results.pt."""
+def run_worker(worker: str, model_dir: Path, out: Path, *extra: str) -> dict[str, Any]:
+    """Run tests/`worker` on two ranks (`--model model_dir --out out` + `extra` arguments,
+    loopback rendezvous, one thread each); fail the test with its output if it fails; return
+    `out`/results.pt."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
-           str(Path(__file__).with_name(worker)), "--model", str(model_dir), "--out", str(out)]
+           str(Path(__file__).with_name(worker)), "--model", str(model_dir), "--out", str(out),
+           *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from areal_like.api import GenerationHyperparameters, ModelResponse
+from areal_like.api.trajectory import NO_EXPERT, ROUTED_EXPERTS
 from areal_like.utils.chat import render_chat
 
 
@@ -53,6 +54,8 @@ class TrajectoryBuilder:
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
+        # a mixture of experts' routing (rollout.return_routed_experts): per position
+        self.routed_experts: Optional[torch.Tensor] = None
         if context_ids:
             self.add_context(context_ids)
 
@@ -66,6 +69,13 @@ class TrajectoryBuilder:
         self.versions += [-1] * len(ids)
 
     def add_generation(self, resp: ModelResponse) -> None:
+        if resp.routed_experts is not None:  # the server's routing of the whole sequence
+            if list(resp.input_tokens) != self.input_ids:
+                raise ValueError(
+                    f"rid={resp.rid}: routed experts came with a prompt of {resp.input_len} "
+                    f"tokens that is not this trajectory's {len(self)} tokens so far; router "
+                    f"replay needs the sequence sent exactly as trained")
+            self.routed_experts = resp.routed_experts
         self.input_ids += resp.output_tokens
         self.loss_mask += [1] * resp.output_len
         self.logprobs += resp.output_logprobs
@@ -84,6 +94,10 @@ class TrajectoryBuilder:
             "versions": torch.tensor([self.versions], dtype=torch.long),
             "rewards": torch.tensor([reward], dtype=torch.float32),
         }
+        if self.routed_experts is not None:  # context after the last generation: none
+            routed = self.routed_experts
+            missing = routed.new_full((n - routed.shape[0], routed.shape[1]), NO_EXPERT)
+            data[ROUTED_EXPERTS] = torch.cat([routed, missing])[None]
         for key, value in per_sequence.items():
             if isinstance(value, torch.Tensor):
                 data[key] = value.reshape(1, *value.shape) if value.dim() == 1 else value

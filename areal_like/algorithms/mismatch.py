@@ -39,6 +39,13 @@ LAGS = 4  # lags 0, 1, 2 and 3+ (older tokens pooled)
 MASKING = [name for name in CORRECTION_BOUNDS if name not in ("none", "tis")]
 
 
+def k3_of_log_weights(log_w: torch.Tensor) -> torch.Tensor:
+    """w - 1 - log w of w = exp(log_w), in float64 through expm1: in float32, exp(d) - 1 - d
+    cancels below |d| ~ 1e-4 (3e-9 reported where the value is 5e-12, and negative values)."""
+    d = log_w.double()
+    return torch.expm1(d) - d
+
+
 def record_gap(tracker: Any, behav: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor,
                lag: Optional[torch.Tensor], config: OffPolicyConfig) -> None:
     """Record the gap of padded [B, L] next-token-aligned log-probs (see the module doc);
@@ -60,7 +67,7 @@ def record_gap_packed(tracker: Any, behav: torch.Tensor, prox: torch.Tensor,
     w = torch.exp(log_w)
     per_token = {
         "abs_log_diff": log_w.abs(),
-        "k3": w - 1.0 - log_w,
+        "k3": k3_of_log_weights(log_w),
         "imp_weight": w,
     }
     for name in MASKING:

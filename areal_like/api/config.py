@@ -30,6 +30,7 @@ from areal_like.api.io_struct import GenerationHyperparameters
 from areal_like.api.launcher_config import LauncherConfig
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.lora_serving import serve_actor_lora
+from areal_like.api.moe_config import MoEConfig, serve_routed_experts
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.rollout_config import BACKENDS, RolloutConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
@@ -99,6 +100,7 @@ class TrainEngineConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters only
     # a VLM's vision tower (patch embedding, blocks, merger) takes no gradient
     freeze_vision_tower: bool = False
+    moe: MoEConfig = field(default_factory=MoEConfig)  # a mixture of experts' routers
 
     def __post_init__(self) -> None:
         check_bounds(self, "TrainEngineConfig")
@@ -285,6 +287,7 @@ class BaseExperimentConfig:
                              f"server.backend={self.server.backend} servers: set server.backend "
                              f"(rollout.backend is for attaching to a running fleet)")
         serve_actor_lora(self.actor.lora, self.server, self.rollout)
+        serve_routed_experts(self.actor.moe, self.server, self.rollout)
         if not self.rollout.server_addrs:  # the launcher starts the servers with this context
             need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
             _check("ServerConfig", "context_length", self.server.context_length >= need,

@@ -117,6 +117,10 @@ class ModelResponse:
     ttft: float = 0.0
     rid: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    # a mixture of experts' routing, asked with rollout.return_routed_experts: a tensor
+    # [input_len + output_len, n_moe_layers * top_k] of the experts the server routed each
+    # position to (its last row NO_EXPERT: the last token is never forwarded)
+    routed_experts: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.output_tokens)

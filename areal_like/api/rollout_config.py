@@ -151,6 +151,9 @@ class RolloutConfig:
     workflow: str = ""
     # the LoRA adapter every request names (set from actor.lora); empty: the base weights
     lora_adapter: str = ""
+    # a mixture of experts: every reply carries the experts the server routed each token to,
+    # and trajectories their `routed_experts` (router replay: actor.moe.router_replay)
+    return_routed_experts: bool = False
     seed: Optional[int] = None  # of all sampling; None: the recipe's seed (bare engine: random)
     client: FleetClientConfig = field(default_factory=FleetClientConfig)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)

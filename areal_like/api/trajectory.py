@@ -12,13 +12,20 @@ REQUIRED_KEYS = TOKEN_KEYS + ("rewards",)
 BEHAVIOUR_LOGPROBS = "logprobs"
 # a vision-language model's images, per row (see engines/fsdp/packing.py for the layout)
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+# a mixture of experts' routing as the inference server chose it, per token
+# [B, L, n_moe_layers * top_k] int16 expert ids, layer by layer (NO_EXPERT where the server
+# recorded none):
+# what router replay (R3, actor.moe.router_replay) routes the trainer's forward by
+ROUTED_EXPERTS = "routed_experts"
+NO_EXPERT = -1
 
 
 def model_inputs(batch: TensorDict) -> dict[str, torch.Tensor]:
-    """What a trainer's forward reads besides the loss's keys: the tokens, their mask and the
-    row's images where the batch has them. Actors that build a new batch for the engine keep
-    these."""
-    keys = ("input_ids", "attention_mask", *[k for k in IMAGE_KEYS if k in batch.keys()])
+    """What a trainer's forward reads besides the loss's keys: the tokens, their mask, the
+    row's images and the server's expert routing where the batch has them. Actors that build
+    a new batch for the engine keep these."""
+    keys = ("input_ids", "attention_mask",
+            *[k for k in (*IMAGE_KEYS, ROUTED_EXPERTS) if k in batch.keys()])
     return {key: batch[key] for key in keys}
 
 
@@ -97,4 +104,11 @@ def validate_trajectory(td: TensorDict) -> TensorDict:
             "'versions' is negative on tokens where 'loss_mask' is set; every trained token "
             "needs the policy version that generated it"
         )
+    routed = td.get(ROUTED_EXPERTS, None)
+    if routed is not None and (routed.dim() != 3 or tuple(routed.shape[:2]) != tuple(ids.shape)
+                               or routed.dtype.is_floating_point or routed.dtype == torch.bool):
+        raise TrajectoryError(
+            f"'{ROUTED_EXPERTS}' has {_describe(routed)}; expected integer expert ids "
+            f"[{ids.shape[0]}, {ids.shape[1]}, n_moe_layers * top_k], per token like "
+            f"'input_ids'")
     return td

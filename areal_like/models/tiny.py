@@ -1,6 +1,7 @@
 """Build tiny Qwen2 models with a byte-level BPE tokenizer, fully offline.
 
     python -m areal_like.models.tiny --out DIR --size 1m|10m|50m|100m [--seed N]
+    python -m areal_like.models.tiny --out DIR --arch qwen3_moe --size 1m|10m   (mixture of experts)
 
 The tokenizer splits every digit into its own token (so arithmetic is learnable by a tiny
 model) before a byte-level BPE, and carries a ChatML chat template. The folder is a standard
@@ -19,7 +20,16 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeForCausalLM,
+)
+
+from areal_like.models.tiny_moe import MOE_SIZES, build_moe_config
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -127,16 +137,31 @@ def token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
     return token_id
 
 
-def build_tiny_model(out: str | Path, size: str = "1m", seed: int = 1) -> Path:
-    """Write a tokenizer + randomly initialised Qwen2 model to `out`; return the folder."""
-    if size not in SIZES:
-        raise ValueError(f"unknown tiny model size {size!r}; choose one of {sorted(SIZES)}")
+ARCHS = ("qwen2", "qwen3_moe")
+
+
+def build_tiny_model(out: str | Path, size: str = "1m", seed: int = 1,
+                     arch: str = "qwen2") -> Path:
+    """Write a tokenizer + randomly initialised model to `out`; return the folder. `arch`:
+    qwen2 (dense) or qwen3_moe (a mixture of experts, areal_like/models/tiny_moe.py)."""
+    vocab_sizes = {"qwen2": {name: dims[0] for name, dims in SIZES.items()},
+                   "qwen3_moe": {name: dims[0] for name, dims in MOE_SIZES.items()}}
+    if arch not in vocab_sizes:
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {list(ARCHS)}")
+    if size not in vocab_sizes[arch]:
+        raise ValueError(f"unknown tiny {arch} model size {size!r}; choose one of "
+                         f"{sorted(vocab_sizes[arch])}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(SIZES[size][0], seed)
-    config = build_config(size, tokenizer)
+    tokenizer = build_tokenizer(vocab_sizes[arch][size], seed)
+    model: PreTrainedModel
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    if arch == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(build_moe_config(
+            size, tokenizer, token_id(tokenizer, PAD_TOKEN), token_id(tokenizer, IM_END)))
+    else:
+        model = Qwen2ForCausalLM(build_config(size, tokenizer))
+    config = model.config
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
@@ -149,11 +174,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--size", default="1m", choices=sorted(SIZES))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--arch", default="qwen2", choices=ARCHS,
+                        help="qwen2: dense; qwen3_moe: mixture of experts (sizes 1m, 10m)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    out = build_tiny_model(args.out, args.size, args.seed)
-    n_params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(out).parameters())
-    print(f"wrote {args.size} model ({n_params / 1e6:.2f}M params) to {out} "
+    out = build_tiny_model(args.out, args.size, args.seed, args.arch)
+    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(out).parameters())
+    print(f"wrote {args.size} {args.arch} model ({n_params / 1e6:.2f}M params) to {out} "
           f"in {time.perf_counter() - start:.1f}s")
 
 

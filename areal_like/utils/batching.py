@@ -14,10 +14,13 @@ from typing import Any, Optional, Union
 import torch
 from tensordict import NonTensorStack, TensorDict, is_non_tensor
 
+from areal_like.api.trajectory import NO_EXPERT, ROUTED_EXPERTS
+
 Key = tuple[str, ...]
 
 # Padding for keys not listed in `pad_values`: 0 (ids, masks, logprobs, rewards...).
-DEFAULT_PAD_VALUES: dict[str, Union[int, float, bool]] = {"versions": -1}
+DEFAULT_PAD_VALUES: dict[str, Union[int, float, bool]] = {"versions": -1,
+                                                           ROUTED_EXPERTS: NO_EXPERT}
 
 
 def _name(key: Key) -> str:

@@ -9,9 +9,20 @@ from engines.sglang.lora_api import SGLangLoRAAPI
 from engines.vllm.api import VLLMAPI
 
 
-def server_api(backend: str, lora_adapter: str = "") -> ServerAPI:
+def server_api(backend: str, lora_adapter: str = "", routed_experts: bool = False) -> ServerAPI:
     """The HTTP API of `backend` ("sglang" or "vllm"); with `lora_adapter`, of a fleet that
-    serves the policy as base + that LoRA adapter."""
+    serves the policy as base + that LoRA adapter; with `routed_experts`, whose replies carry
+    a mixture of experts' routing."""
+    api = _server_api(backend, lora_adapter)
+    if routed_experts and not api.can_return_routed_experts:
+        raise ValueError(f"rollout.return_routed_experts with a {backend} fleet: its replies "
+                         f"cannot carry routed experts here (docs/algorithms.md, router "
+                         f"replay); use server.backend=sglang")
+    api.routed_experts = routed_experts
+    return api
+
+
+def _server_api(backend: str, lora_adapter: str) -> ServerAPI:
     apis: dict[str, type[ServerAPI]] = {"sglang": SGLangAPI, "vllm": VLLMAPI}
     if backend not in apis:
         raise ValueError(f"inference backend {backend!r}: expected one of {BACKENDS} "

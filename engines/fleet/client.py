@@ -88,7 +88,7 @@ class RemoteInferenceEngine(InferenceEngine):
     def __init__(self, config: RolloutConfig, addresses: Optional[list[str]] = None) -> None:
         self.config = config
         self.api: ServerAPI = server_api(self.backend or config.backend or "sglang",
-                                         config.lora_adapter)
+                                         config.lora_adapter, config.return_routed_experts)
         self.addresses = list(addresses if addresses is not None else config.server_addrs)
         if not self.addresses:
             raise ValueError(f"{type(self).__name__}: no server addresses (RolloutConfig."

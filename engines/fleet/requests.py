@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, cast
 
 import aiohttp
+import torch
 
 from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import ModelRequest, ModelResponse, StopReason
+from areal_like.api.trajectory import NO_EXPERT
 from engines.fleet.coalescing import RequestCoalescer
 from engines.fleet.membership import FleetMembership
 from engines.fleet.routing import OwnAborts, ServerPool
@@ -148,7 +150,12 @@ class FleetRequests:
             if len(tokens) >= g.max_new_tokens:
                 stop_reason = "length"
                 break
+        routed = None
+        if self.api.routed_experts:  # the last segment forwarded every position before it
+            routed = _routing_by_position(reply.routed_experts, len(req.input_ids) + len(tokens),
+                                          f"server {addr}, rid={rid}")
         return ModelResponse(
+            routed_experts=routed,
             input_tokens=list(req.input_ids), output_tokens=tokens, output_logprobs=logprobs,
             output_versions=versions, stop_reason=cast(StopReason, stop_reason),  # checked there
             latency=time.monotonic() - start, ttft=ttft or 0.0, rid=rid,
@@ -246,3 +253,17 @@ class FleetRequests:
         task = asyncio.get_running_loop().create_task(abort())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _routing_by_position(flat: Optional[torch.Tensor], n_positions: int,
+                         where: str) -> torch.Tensor:
+    """[n_positions, n_moe_layers * top_k] int16 from the server's flat record of the
+    positions it forwarded (all but the last, which gets NO_EXPERT)."""
+    rows = n_positions - 1
+    if flat is None or rows < 1 or flat.numel() % rows or flat.numel() == 0:
+        got = None if flat is None else flat.numel()
+        raise ServerProtocolError(f"{where}: meta_info.routed_experts holds {got} expert ids "
+                                  f"for the {rows} positions the server forwarded; expected "
+                                  f"a whole number of ids per position")
+    table = flat.reshape(rows, -1).to(torch.int16)
+    return torch.cat([table, table.new_full((1, table.shape[1]), NO_EXPERT)])

@@ -52,10 +52,12 @@ from areal_like.api.io_struct import (
     SaveLoadMeta,
     WeightUpdateMeta,
 )
+from areal_like.api.trajectory import ROUTED_EXPERTS
 from areal_like.utils.packed_logprobs import next_token_logprobs
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp import lora as lora_io
 from engines.fsdp import model_io as ckpt
+from engines.fsdp import moe
 from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
 from engines.fsdp.optim import build_optimizer, build_scheduler
@@ -95,7 +97,8 @@ class FSDPEngine(TrainEngine):
         self._version = 0
         self._pad_token_id = 0
         self._vision_language = False  # images in micro-batches (engines/fsdp/vision.py)
-        self._served_names: Optional[list[str]] = None
+        self._served: Optional[list[ckpt.ServedPiece]] = None
+        self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, addr: Optional[str] = None,
@@ -127,6 +130,8 @@ class FSDPEngine(TrainEngine):
         if cfg.freeze_vision_tower:
             frozen = freeze_vision_tower(model)
             logger.info("vision tower frozen: %d parameters take no gradient", frozen)
+        self._routers = moe.router_control(model, cfg.moe, cfg.lora.enabled,
+                                           cfg.model.path)
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -195,8 +200,11 @@ class FSDPEngine(TrainEngine):
     def _dummy_micro_batch(self) -> TensorDict:
         ids = torch.tensor([self._pad_token_id], device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        return TensorDict({"input_ids": ids, "position_ids": zero,
-                           "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
+        mb = TensorDict({"input_ids": ids, "position_ids": zero,
+                         "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
+        if self._routers is not None:  # routed by the trainer's own top-k
+            mb[ROUTED_EXPERTS] = self._routers.unrouted(1, self.device)
+        return mb
 
     def _logits(self, mb: TensorDict) -> torch.Tensor:
         n_tokens = mb["input_ids"].shape[0]
@@ -205,6 +213,8 @@ class FSDPEngine(TrainEngine):
             inputs = vision_model_kwargs(self.model, mb)
         else:
             inputs = {"position_ids": mb["position_ids"][None]}
+        if self._routers is not None:
+            self._routers.begin(mb, self.config.moe.router_replay)
         out = self.model(input_ids=mb["input_ids"][None], attention_mask=None, use_cache=False,
                          **inputs, **packed_model_kwargs(mb["cu_seqlens"]))
         logits = out.logits[0, :n_tokens]
@@ -268,7 +278,7 @@ class FSDPEngine(TrainEngine):
         _, mbs = self._split(batch)
         weights, total = self._weights(mbs, loss_weight_fn)
         optimizer.zero_grad(set_to_none=True)
-        weighted_loss = 0.0
+        weighted_loss = weighted_aux = 0.0
         for mb, w in zip(mbs, weights, strict=True):
             if mb is None or w == 0:
                 # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
@@ -278,6 +288,11 @@ class FSDPEngine(TrainEngine):
                 continue
             loss = self._scalar_loss(loss_fn(self._logits(mb), mb))
             weighted_loss += float(loss.detach()) * w
+            if self._routers is not None:  # the routers' load-balancing loss
+                aux = self._routers.aux_loss()
+                weighted_aux += float(aux.detach()) * w
+                if self.config.moe.aux_loss_coef > 0:
+                    loss = loss + self.config.moe.aux_loss_coef * aux
             # FSDP averages gradients over ranks; scale by world size to get the global sum.
             (loss * (w * self.world_size / total)).backward()
         grad_norm = self._clip_gradients()
@@ -287,7 +302,10 @@ class FSDPEngine(TrainEngine):
         else:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
         optimizer.zero_grad(set_to_none=True)
+        moe_stats = {} if self._routers is None else {
+            "moe_aux_loss": all_reduce_scalar(weighted_aux, self.device) / total}
         return {
+            **moe_stats,
             "loss": all_reduce_scalar(weighted_loss, self.device) / total,
             "grad_norm": grad_norm,
             "lr": float(optimizer.param_groups[0]["lr"]),
@@ -363,13 +381,13 @@ class FSDPEngine(TrainEngine):
                              "(TrainEngineConfig.lora.rank = 0)")
         return lora_io.gather_adapter(self.model, self.rank)
 
-    def base_model_view(self) -> FrozenBaseView:
+    def base_model_view(self) -> lora_io.FrozenBaseView:
         """The frozen base model (adapters off) as an engine with `forward`: the KL
         reference of a LoRA run, without a second copy of the base weights."""
         if not self.lora_enabled:
             raise ValueError("base_model_view: this engine has no LoRA adapters; start a "
                              "separate reference engine instead")
-        return FrozenBaseView(self)
+        return lora_io.FrozenBaseView(self)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, meta: SaveLoadMeta) -> None:
@@ -427,36 +445,45 @@ class FSDPEngine(TrainEngine):
             self._export_hf(meta.path, tokenizer=None, copy_tokenizer=True)
         return {"update_weights_seconds": time.perf_counter() - start}
 
-    def _served_parameters(self) -> list[tuple[str, torch.Tensor]]:
+    def _served_layout(self) -> list[ckpt.ServedPiece]:
         if self.config.model.is_critic:
             raise ValueError("a critic's weights are not served: nothing to send to the fleet")
         if self.lora_enabled:
             raise ValueError("a LoRA engine sends its adapter (adapter_weights), not weight "
                              "buckets of the whole model")
-        if self._served_names is None:  # the HF folder's names, which servers load by
-            self._served_names = ckpt.checkpoint_names(
-                self.model, [name for name, _ in self.model.named_parameters()])
-        params = [p for _, p in self.model.named_parameters()]  # tied weights once, as saved
-        return list(zip(self._served_names, params, strict=True))
+        if self._served is None:  # the HF folder's tensors, which servers load by name
+            params = list(self.model.named_parameters())  # tied weights once, as saved
+            self._served = ckpt.served_layout(self.model, [name for name, _ in params],
+                                              [tuple(p.shape) for _, p in params])
+        return self._served
 
     def weight_specs(self) -> list[ParamSpec]:
         self._require_initialized()
-        return [ParamSpec(name, str(p.dtype).removeprefix("torch."), tuple(p.shape))
-                for name, p in self._served_parameters()]
+        dtypes = {name: str(p.dtype).removeprefix("torch.")
+                  for name, p in self.model.named_parameters()}
+        return [ParamSpec(piece.name, dtypes[piece.param], piece.shape)
+                for piece in self._served_layout()]
 
     def iter_weight_buckets(self, buckets: Sequence[Sequence[ParamSpec]]
                             ) -> Iterator[Optional[list[torch.Tensor]]]:
         self._require_initialized()
-        params = dict(self._served_parameters())
+        params = dict(self.model.named_parameters())
+        owner = {piece.name: piece.param for piece in self._served_layout()}
+        gathered: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the last parameter's pieces
         for bucket in buckets:
             tensors = []
             for spec in bucket:
-                if spec.name not in params:
+                if spec.name not in owner:
                     raise KeyError(f"weight bucket names {spec.name!r}, which the model lacks")
-                p = params[spec.name].detach()
-                tensors.append(p.full_tensor() if isinstance(p, DTensor) else p)  # collective
+                name = owner[spec.name]
+                if gathered[0] != name:  # a fused parameter's pieces may span buckets
+                    p = params[name].detach()
+                    full = p.full_tensor() if isinstance(p, DTensor) else p  # collective
+                    gathered = (name, ckpt.served_pieces(self.model, name, full))
+                tensors.append(gathered[1][spec.name])
             yield tensors if self.rank == 0 else None
             del tensors
+        del gathered
 
     def _export_hf(self, path: Optional[str], tokenizer: Any, copy_tokenizer: bool) -> None:
         if not path:
@@ -477,23 +504,3 @@ class FSDPEngine(TrainEngine):
         del state_dict
         dist.barrier()
 
-
-class FrozenBaseView:
-    """`forward` of an engine's model with its LoRA adapters switched off (see
-    `FSDPEngine.base_model_view`); shares the engine's weights, trains nothing."""
-
-    def __init__(self, engine: FSDPEngine) -> None:
-        self.engine = engine
-
-    def eval(self) -> FrozenBaseView:
-        self.engine.eval()
-        return self
-
-    def train(self, mode: bool = True) -> FrozenBaseView:
-        self.engine.train(mode)
-        return self
-
-    def forward(self, batch: TensorDict, post_hook: Optional[PostHook] = None,
-                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
-        with self.engine.model.disable_adapter():
-            return self.engine.forward(batch, post_hook=post_hook, aggregate_fn=aggregate_fn)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 from safetensors.torch import save_file
+from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
 from areal_like.api.io_struct import AdapterWeights
@@ -101,3 +103,25 @@ def merged_state_dict(model: PeftModel, full_state: dict[str, torch.Tensor]
             value = (value.double() + scaling * (b @ a)).to(value.dtype)
         merged[name] = value
     return merged
+
+
+class FrozenBaseView:
+    """`forward` of an engine's model with its LoRA adapters switched off (see
+    `FSDPEngine.base_model_view`); shares the engine's weights, trains nothing."""
+
+    def __init__(self, engine: Any) -> None:  # an FSDPEngine with LoRA adapters
+        self.engine = engine
+
+    def eval(self) -> FrozenBaseView:
+        self.engine.eval()
+        return self
+
+    def train(self, mode: bool = True) -> FrozenBaseView:
+        self.engine.train(mode)
+        return self
+
+    def forward(self, batch: TensorDict,
+                post_hook: Optional[Callable[[torch.Tensor, TensorDict], torch.Tensor]] = None,
+                aggregate_fn: Optional[Callable[[list[torch.Tensor]], Any]] = None) -> Any:
+        with self.engine.model.disable_adapter():
+            return self.engine.forward(batch, post_hook=post_hook, aggregate_fn=aggregate_fn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, cast
 
@@ -77,20 +78,37 @@ def _value_head(text_config: Any, dtype: torch.dtype) -> torch.nn.Linear:
     return head
 
 
-def checkpoint_names(model: PreTrainedModel, names: list[str]) -> list[str]:
-    """Each parameter name as the model's HF folder spells it: transformers renames some on
-    load and back on save (Qwen2-VL: `model.visual.*` <-> `visual.*`, `model.language_model.*`
-    <-> `model.*`), and a server loads weights under the folder's names."""
+@dataclass(frozen=True)
+class ServedPiece:
+    """One tensor of the model's HF folder: `name` as the folder (and a server) spells it,
+    cut from the model's parameter `param`."""
+
+    name: str
+    param: str
+    shape: tuple[int, ...]
+
+
+def served_layout(model: PreTrainedModel, names: list[str],
+                  shapes: list[tuple[int, ...]]) -> list[ServedPiece]:
+    """Each parameter as the model's HF folder holds it: transformers renames some on load
+    and back on save (Qwen2-VL: `model.visual.*` <-> `visual.*`, `model.language_model.*` <->
+    `model.*`) and fuses a mixture of experts' per-expert weights into one 3-D tensor per
+    layer (split again on save); a server loads weights under the folder's names."""
     from transformers.core_model_loading import revert_weight_conversion
 
-    saved = []
-    for name in names:
-        reverted = list(revert_weight_conversion(model, {name: torch.empty(0)}))
-        if len(reverted) != 1:
-            raise ValueError(f"parameter {name!r} is saved as {reverted}: only one-to-one "
-                             f"renamings can be broadcast")
-        saved.append(reverted[0])
-    return saved
+    pieces = []
+    for name, shape in zip(names, shapes, strict=True):
+        reverted = revert_weight_conversion(model, {name: torch.empty(shape, device="meta")})
+        pieces += [ServedPiece(saved, name, tuple(t.shape)) for saved, t in reverted.items()]
+    return pieces
+
+
+def served_pieces(model: PreTrainedModel, name: str,
+                  full: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The folder's tensors cut from parameter `name`'s full value (see `served_layout`)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return dict(revert_weight_conversion(model, {name: full}))
 
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -26,6 +26,9 @@ class ServerAPI(abc.ABC):
     scores_in_one_request = True  # ascore_batch: one request for all sequences (else one each)
     # how a server is paused for a weight load: "retract" keeps the requests in flight
     update_pause_mode = "retract"
+    # whether replies can carry a mixture of experts' routing; `routed_experts`: asked for
+    can_return_routed_experts = False
+    routed_experts = False
 
     @abc.abstractmethod
     def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,

@@ -4,7 +4,9 @@ score, token versions, and the checks both backends' parsers share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
+
+import torch
 
 from areal_like.api.io_struct import TokenScores
 from engines.server.errors import ServerProtocolError
@@ -77,6 +79,9 @@ class GenerateReply:
     versions: list[int]
     stop_reason: str
     meta_info: dict[str, Any]
+    # a mixture of experts' routing as the server recorded it, flat int32 (one row per
+    # forwarded position, n_moe_layers * top_k ids each); None unless asked for
+    routed_experts: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -8,7 +8,7 @@ import aiohttp
 
 from areal_like.api.io_struct import GenerationHyperparameters
 from engines.server.api import ServerAPI
-from engines.server.errors import InferenceServerError
+from engines.server.errors import InferenceServerError, ServerProtocolError
 from engines.server.http import (
     CONTROL_TIMEOUT_S,
     GENERATION_PROBE_TIMEOUT_S,
@@ -31,11 +31,16 @@ from engines.sglang.protocol import (
 class SGLangAPI(ServerAPI):
     name = "SGLang"
     generate_path = "/generate"
+    can_return_routed_experts = True  # servers started with --enable-return-routed-experts
 
     def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
                          rid: str, max_new_tokens: int, min_new_tokens: int,
                          seed: Optional[int] = None) -> dict[str, Any]:
-        return generate_payload(input_ids, gconfig, rid, max_new_tokens, min_new_tokens, seed)
+        payload = generate_payload(input_ids, gconfig, rid, max_new_tokens, min_new_tokens,
+                                   seed)
+        if self.routed_experts:
+            payload["return_routed_experts"] = True
+        return payload
 
     def add_images(self, payload: dict[str, Any], image_data: list[str]) -> dict[str, Any]:
         # SGLang's processor expands each image pad of `input_ids` itself; ids sent already
@@ -43,7 +48,15 @@ class SGLangAPI(ServerAPI):
         return {**payload, "image_data": list(image_data)}
 
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:
-        return parse_generate_reply(data, server, rid)
+        return self._with_routing(parse_generate_reply(data, server, rid), server, rid)
+
+    def _with_routing(self, reply: GenerateReply, server: str, rid: str) -> GenerateReply:
+        if self.routed_experts and reply.routed_experts is None:
+            raise ServerProtocolError(
+                f"SGLang server {server}, rid={rid}: the reply has no meta_info.routed_experts "
+                f"(rollout.return_routed_experts): start the servers with "
+                f"--enable-return-routed-experts")
+        return reply
 
     def score_payload(self, sequences: list[list[int]], starts: list[int],
                       rid: str, top_k: int = 0) -> dict[str, Any]:
@@ -62,7 +75,10 @@ class SGLangAPI(ServerAPI):
         return group_payload(payloads)
 
     def parse_group_reply(self, data: Any, server: str, rids: list[str]) -> GroupReply:
-        return parse_group_reply(data, server, rids)
+        group = parse_group_reply(data, server, rids)
+        for reply, rid in zip(group.replies, rids, strict=True):
+            self._with_routing(reply, server, rid)
+        return group
 
     def set_rids(self, payload: dict[str, Any], rids: list[str]) -> None:
         payload["rid"] = list(rids)

@@ -7,8 +7,12 @@ tokenizer never matters (servers run with --skip-tokenizer-init).
 
 from __future__ import annotations
 
+import base64
 import math
 from typing import Any, Optional
+
+import numpy as np
+import torch
 
 from areal_like.api.io_struct import GenerationHyperparameters, TokenScores
 from engines.server.errors import ServerProtocolError
@@ -61,7 +65,8 @@ def generate_payload(
     }
 
 
-_REQUEST_FLAGS = ("return_logprob", "stream")
+# SGLang takes these once for a whole batch
+_REQUEST_FLAGS = ("return_logprob", "stream", "return_routed_experts")
 
 
 def group_payload(payloads: list[dict[str, Any]]) -> dict[str, Any]:
@@ -148,7 +153,23 @@ def parse_generate_reply(data: Any, server: str, rid: Optional[str] = None) -> G
             f"{sorted(STOP_REASON_MAP)}"
         )
     versions = versions_from_spans(meta, len(output_ids), server)
-    return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta)
+    routed = meta.get("routed_experts")
+    return GenerateReply(output_ids, logprobs, versions, STOP_REASON_MAP[kind], meta,
+                         None if routed is None else decode_routed_experts(routed, where))
+
+
+def decode_routed_experts(encoded: Any, where: str) -> torch.Tensor:
+    """`meta_info.routed_experts`: base64 of little-endian int32, [positions, layers, top_k]
+    in C order (SGLang's routed-experts capturer); flat here, the client knows the rows."""
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (TypeError, ValueError) as e:
+        raise ServerProtocolError(f"{where}: meta_info.routed_experts is not base64 ({e})"
+                                  ) from None
+    if len(raw) % 4:
+        raise ServerProtocolError(f"{where}: meta_info.routed_experts holds {len(raw)} bytes, "
+                                  f"not whole int32 expert ids")
+    return torch.from_numpy(np.frombuffer(raw, dtype="<i4").copy())
 
 
 def score_payload(sequences: list[list[int]], starts: list[int], rid: str,

@@ -132,6 +132,12 @@ def _paused_scheduler_waits(scheduler: ModuleType) -> None:
     scheduler.Scheduler._record_scheduler_state_for_paused_engine = record_paused_then_wait
 
 
+def _unregistered_capture_buffers(base: ModuleType) -> None:
+    import areal_like_sglang_moe
+
+    areal_like_sglang_moe.unregistered_capture_buffers(base)
+
+
 def _qwen3_5_cpu_op_stand_ins(qwen3_5: ModuleType) -> None:
     import areal_like_sglang_vision
 
@@ -152,6 +158,7 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         _HOOKS["sglang.srt.managers.scheduler"] = _paused_scheduler_waits
     _HOOKS["sglang.srt.lora.layers"] = _unpinned_lora
     _HOOKS["sglang.srt.lora.backend.torch_backend"] = _unpinned_lora
+    _HOOKS["sglang.srt.state_capturer.base"] = _unregistered_capture_buffers
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # ServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
     _BEFORE_HOOKS["sglang.srt.models.qwen3_5"] = _qwen3_5_cpu_op_stand_ins

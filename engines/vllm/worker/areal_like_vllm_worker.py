@@ -62,6 +62,7 @@ class WeightGroupExtension:
             raise FileNotFoundError(f"{path} is not a model folder with *.safetensors or *.bin "
                                     f"weights on this server's machine")
         self.reload_weights(weights_path=str(folder))  # type: ignore[attr-defined]
+        _repack_cpu_experts(self.model_runner.get_model())  # type: ignore[attr-defined]
 
     @_reported
     def areal_like_join_weight_group(self, master_address: str, master_port: int,
@@ -112,6 +113,7 @@ class WeightGroupExtension:
         if last:
             weights, pending[:] = list(pending), []
             self.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
+            _repack_cpu_experts(self.model_runner.get_model())  # type: ignore[attr-defined]
 
     def _areal_like_pending(self) -> list[tuple[str, torch.Tensor]]:
         """Buckets of the broadcast in progress (a failed one is dropped by the next join)."""
@@ -126,3 +128,30 @@ class WeightGroupExtension:
         pg = self._areal_like_groups().pop(group_name, None)
         if pg is not None:
             dist.destroy_process_group(pg)
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> None:
+    """After an in-place reload, lay a mixture of experts' weights out again for vLLM's CPU
+    MoE kernel. vLLM 0.32 prepacks them (`CPUUnquantizedExperts.process_weights_after_loading`)
+    at start-up only, and a reload writes the checkpoint's plain [E, 2I, H] / [E, H, I]
+    tensors into the prepacked storage: the kernel then reads them in the wrong layout and
+    every MoE layer computes garbage without an error. The repacked values go back into the
+    parameters' own storage (what the compiled model holds)."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # not the CPU build: its kernels read the weights as loaded
+        return
+    for layer in model.modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts) or experts._use_zentorch:
+            continue
+        loaded = {name: getattr(layer, name) for name in ("w13_weight", "w2_weight")}
+        experts.process_weights_after_loading(layer)  # registers new, prepacked parameters
+        for name, param in loaded.items():
+            packed = getattr(layer, name).data
+            if packed.shape != param.shape:  # vLLM padded the experts' width
+                raise RuntimeError(f"{name}: prepacked {tuple(packed.shape)} != loaded "
+                                   f"{tuple(param.shape)}; reloading this MoE is unsupported")
+            param.data.copy_(packed)
+            layer.register_parameter(name, param)

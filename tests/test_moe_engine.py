@@ -147,11 +147,41 @@ def test_train_step_with_balancing_loss_matches_float64_reference(run: dict[str,
     opt.step()
 
     got = run["step"]
+    assert got["moe_route_agreement"] == pytest.approx(_agreement(run), abs=1e-12)
     assert got["loss"] == pytest.approx(float(nll.detach()), rel=TOL)
     assert got["moe_aux_loss"] == pytest.approx(float(aux.detach()), rel=TOL)
     assert got["grad_norm"] == pytest.approx(norm, rel=TOL)
     for name, want in model.state_dict().items():
         torch.testing.assert_close(run["params_step"][name].double(), want, atol=TOL, rtol=0)
+
+
+def own_routing(model: Any, ids: list[int]) -> torch.Tensor:
+    """[len(ids), layers, top_k]: the experts `model`'s routers choose, in router order."""
+    chosen: list[torch.Tensor] = []
+
+    def record(module: Any, inputs: Any, out: Any) -> None:
+        chosen.append(out[2])
+    hooks = [layer.mlp.gate.register_forward_hook(record) for layer in model.model.layers]
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    return torch.stack(chosen, dim=1)
+
+
+def _agreement(run: dict[str, Any]) -> float:
+    """The share of recorded (token, layer) routes where the reference's own top-k picks the
+    batch's (forced) experts."""
+    model, batch = _reference(run["model_dir"]).eval(), run["batch"]
+    agreed = recorded = 0
+    for b in range(batch["input_ids"].shape[0]):
+        n = int(batch["attention_mask"][b].sum())
+        own = own_routing(model, batch["input_ids"][b, :n].tolist())[: n - 1]  # (no record)
+        forced = batch[ROUTED_EXPERTS][b, : n - 1].reshape(n - 1, -1, 2).long()
+        same = (own.sort(-1).values == forced.sort(-1).values).all(-1)
+        agreed, recorded = agreed + int(same.sum()), recorded + same.numel()
+    assert 0 < agreed < recorded
+    return agreed / recorded
 
 
 def test_experts_reach_the_fleet_per_expert_as_the_folder_names_them(

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
 from sglang_helpers import LOGPROB_ATOL, fleet_version, hf_logprobs, make_engine
+from test_moe_engine import own_routing
 from test_weight_broadcast import _export, _perturb, _Rank0Broadcaster
 from transformers import AutoModelForCausalLM
 
@@ -66,14 +67,7 @@ def _hf_routing(weights: Path, ids: list[int]) -> torch.Tensor:
     """[len(ids), layers * top_k] experts of a float64 transformers forward, in router order."""
     model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float64,
                                                  experts_implementation="eager").eval()
-    chosen: list[torch.Tensor] = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
-             for layer in model.model.layers]
-    with torch.no_grad():
-        model(input_ids=torch.tensor([ids]))
-    for hook in hooks:
-        hook.remove()
-    return torch.stack(chosen, dim=1).reshape(len(ids), -1)
+    return own_routing(model, ids).reshape(len(ids), -1)
 
 
 def assert_served(responses: list, weights: Path, routing: bool = True) -> None:

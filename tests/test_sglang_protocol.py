@@ -269,3 +269,22 @@ def test_routed_experts_are_asked_for_decoded_and_required_when_asked():
         api.parse_generate_reply(reply, SERVER, "r0")
     with pytest.raises(ValueError, match="rollout.return_routed_experts with a vllm fleet"):
         server_api("vllm", routed_experts=True)
+
+
+def test_router_replay_makes_the_fleet_record_routing_and_refuses_vllm():
+    from pathlib import Path
+
+    from areal_like.api.config_loader import load_config
+    from recipes.configs import GRPOConfig
+
+    config = load_config(GRPOConfig, Path("recipes/conf/grpo_addition.yaml").resolve(),
+                         ["model.path=/m", "actor.moe.router_replay=true"])
+    assert config.rollout.return_routed_experts  # every reply carries the routing
+    assert config.server.extra_args.count("--enable-return-routed-experts") == 1
+    attached = load_config(GRPOConfig, Path("recipes/conf/grpo_addition.yaml").resolve(),
+                           ["model.path=/m", "rollout.return_routed_experts=true",
+                            "rollout.server_addrs=[127.0.0.1:1]"])
+    assert "--enable-return-routed-experts" not in attached.server.extra_args  # not ours
+    with pytest.raises(Exception, match="router_replay.*with a vllm fleet"):
+        load_config(GRPOConfig, Path("recipes/conf/grpo_addition.yaml").resolve(),
+                    ["model.path=/m", "actor.moe.router_replay=true", "server.backend=vllm"])

@@ -7,7 +7,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import Any, List, Literal, Optional
+from typing import TYPE_CHECKING, Any, List, Literal, Optional
+
+if TYPE_CHECKING:  # (torch is not imported by the contracts' module itself)
+    import torch
 
 StopReason = Literal["stop", "length", "abort", "tool_call"]
 STOP_REASONS: tuple[str, ...] = ("stop", "length", "abort", "tool_call")
@@ -120,7 +123,7 @@ class ModelResponse:
     # a mixture of experts' routing, asked with rollout.return_routed_experts: a tensor
     # [input_len + output_len, n_moe_layers * top_k] of the experts the server routed each
     # position to (its last row NO_EXPERT: the last token is never forwarded)
-    routed_experts: Any = None
+    routed_experts: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         n = len(self.output_tokens)

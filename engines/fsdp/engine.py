@@ -278,7 +278,8 @@ class FSDPEngine(TrainEngine):
         _, mbs = self._split(batch)
         weights, total = self._weights(mbs, loss_weight_fn)
         optimizer.zero_grad(set_to_none=True)
-        weighted_loss = weighted_aux = 0.0
+        weighted_loss = 0.0
+        routing = moe.RoutingTally() if self._routers is not None else None
         for mb, w in zip(mbs, weights, strict=True):
             if mb is None or w == 0:
                 # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
@@ -288,9 +289,9 @@ class FSDPEngine(TrainEngine):
                 continue
             loss = self._scalar_loss(loss_fn(self._logits(mb), mb))
             weighted_loss += float(loss.detach()) * w
-            if self._routers is not None:  # the routers' load-balancing loss
-                aux = self._routers.aux_loss()
-                weighted_aux += float(aux.detach()) * w
+            if self._routers is not None and routing is not None:  # a mixture of experts
+                aux = self._routers.aux_loss()  # the routers' load-balancing loss
+                routing.add(aux, w, self._routers.agreement())
                 if self.config.moe.aux_loss_coef > 0:
                     loss = loss + self.config.moe.aux_loss_coef * aux
             # FSDP averages gradients over ranks; scale by world size to get the global sum.
@@ -302,8 +303,7 @@ class FSDPEngine(TrainEngine):
         else:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
         optimizer.zero_grad(set_to_none=True)
-        moe_stats = {} if self._routers is None else {
-            "moe_aux_loss": all_reduce_scalar(weighted_aux, self.device) / total}
+        moe_stats = {} if routing is None else routing.stats(total, self.device)
         return {
             **moe_stats,
             "loss": all_reduce_scalar(weighted_loss, self.device) / total,
@@ -467,23 +467,8 @@ class FSDPEngine(TrainEngine):
     def iter_weight_buckets(self, buckets: Sequence[Sequence[ParamSpec]]
                             ) -> Iterator[Optional[list[torch.Tensor]]]:
         self._require_initialized()
-        params = dict(self.model.named_parameters())
-        owner = {piece.name: piece.param for piece in self._served_layout()}
-        gathered: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the last parameter's pieces
-        for bucket in buckets:
-            tensors = []
-            for spec in bucket:
-                if spec.name not in owner:
-                    raise KeyError(f"weight bucket names {spec.name!r}, which the model lacks")
-                name = owner[spec.name]
-                if gathered[0] != name:  # a fused parameter's pieces may span buckets
-                    p = params[name].detach()
-                    full = p.full_tensor() if isinstance(p, DTensor) else p  # collective
-                    gathered = (name, ckpt.served_pieces(self.model, name, full))
-                tensors.append(gathered[1][spec.name])
-            yield tensors if self.rank == 0 else None
-            del tensors
-        del gathered
+        yield from ckpt.iter_served_buckets(self.model, self._served_layout(), buckets,
+                                            self.rank == 0)
 
     def _export_hf(self, path: Optional[str], tokenizer: Any, copy_tokenizer: bool) -> None:
         if not path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, cast
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -28,6 +30,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from areal_like.api.io_struct import ParamSpec
 from areal_like.models.qwen2_vl_config import write_flat_config
 from engines.fsdp.vision import attn_implementations, is_vision_language
 
@@ -109,6 +112,29 @@ def served_pieces(model: PreTrainedModel, name: str,
     from transformers.core_model_loading import revert_weight_conversion
 
     return dict(revert_weight_conversion(model, {name: full}))
+
+
+def iter_served_buckets(model: PreTrainedModel, layout: list[ServedPiece],
+                        buckets: Sequence[Sequence[ParamSpec]], is_rank0: bool
+                        ) -> Iterator[Optional[list[torch.Tensor]]]:
+    """Collective: each bucket's tensors (the folder's, see `served_layout`) at rank 0, None
+    elsewhere; every rank gathers each sharded parameter once, in the same order."""
+    params = dict(model.named_parameters())
+    owner = {piece.name: piece.param for piece in layout}
+    gathered: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the last parameter's pieces
+    for bucket in buckets:
+        tensors = []
+        for spec in bucket:
+            if spec.name not in owner:
+                raise KeyError(f"weight bucket names {spec.name!r}, which the model lacks")
+            name = owner[spec.name]
+            if gathered[0] != name:  # a fused parameter's pieces may span buckets
+                p = params[name].detach()
+                full = p.full_tensor() if isinstance(p, DTensor) else p  # collective
+                gathered = (name, served_pieces(model, name, full))
+            tensors.append(gathered[1][spec.name])
+        yield tensors if is_rank0 else None
+        del tensors
 
 
 def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

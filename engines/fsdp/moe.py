@@ -28,6 +28,7 @@ from tensordict import TensorDict
 
 from areal_like.api.moe_config import MoEConfig
 from areal_like.api.trajectory import NO_EXPERT, ROUTED_EXPERTS
+from engines.fsdp.dist import all_reduce_scalar
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class RouterControl:
                 f"(top_k, num_experts, norm_topk_prob, weight) but the config has "
                 f"{shape.n_layers} MoE layers; this router type is not supported")
         self._replay: Optional[torch.Tensor] = None
+        self._recorded: Optional[torch.Tensor] = None
+        self._agreement = torch.zeros(2)
         self._logits: list[torch.Tensor] = []
         self._selected: list[torch.Tensor] = []
         for layer, router in enumerate(self.routers):
@@ -97,19 +100,22 @@ class RouterControl:
 
     # ------------------------------------------------------------------ one forward
     def begin(self, mb: TensorDict, replay: bool) -> None:
-        """Before a packed micro-batch's forward; `replay`: route by its `routed_experts`."""
+        """Before a packed micro-batch's forward; `replay`: route by its `routed_experts`
+        (with or without replay, routing the batch carries is compared with the trainer's
+        own: `agreement`)."""
         routed: Optional[torch.Tensor] = None
-        if replay:
-            if ROUTED_EXPERTS not in mb.keys():
-                raise ValueError(
-                    f"actor.moe.router_replay is on but the batch carries no "
-                    f"{ROUTED_EXPERTS!r}: the rollout must return them "
-                    f"(rollout.return_routed_experts=true); keys: {sorted(mb.keys())}")
+        if ROUTED_EXPERTS in mb.keys():
             routed = mb[ROUTED_EXPERTS]
             check_routed_experts(routed, self.shape, f"the batch's {ROUTED_EXPERTS!r}")
             routed = routed.reshape(-1, self.shape.n_layers, self.shape.top_k)
-        self._replay = routed
+        elif replay:
+            raise ValueError(
+                f"actor.moe.router_replay is on but the batch carries no "
+                f"{ROUTED_EXPERTS!r}: the rollout must return them "
+                f"(rollout.return_routed_experts=true); keys: {sorted(mb.keys())}")
+        self._recorded, self._replay = routed, routed if replay else None
         self._logits, self._selected = [], []
+        self._agreement = torch.zeros(2)  # (routes the trainer's top-k agrees on, routes)
 
     def unrouted(self, n_tokens: int, device: torch.device) -> torch.Tensor:
         """`routed_experts` of `n_tokens` tokens with no record (each routes by its top-k)."""
@@ -123,12 +129,14 @@ class RouterControl:
             logits = F.linear(hidden, cast(torch.Tensor, router.weight))
             probs = torch.softmax(logits, dtype=torch.float, dim=-1)
             top_value, top_index = torch.topk(probs, self.shape.top_k, dim=-1)
-            if self._replay is not None:
-                replayed = self._replay[:, layer].to(top_index.device).long()
-                if replayed.shape[0] != top_index.shape[0]:
-                    raise ValueError(f"routed_experts has {replayed.shape[0]} tokens; the "
+            if self._recorded is not None:
+                recorded = self._recorded[:, layer].to(top_index.device).long()
+                if recorded.shape[0] != top_index.shape[0]:
+                    raise ValueError(f"routed_experts has {recorded.shape[0]} tokens; the "
                                      f"micro-batch has {top_index.shape[0]}")
-                top_index = torch.where(replayed >= 0, replayed, top_index)
+                self._count_agreement(top_index, recorded)
+            if self._replay is not None:
+                top_index = torch.where(recorded >= 0, recorded, top_index)
                 top_value = probs.gather(-1, top_index)
             if router.norm_topk_prob:
                 top_value = top_value / top_value.sum(dim=-1, keepdim=True)
@@ -136,6 +144,18 @@ class RouterControl:
             self._selected.append(top_index)
             return logits, top_value.to(logits.dtype), top_index
         return forward
+
+    def _count_agreement(self, own: torch.Tensor, recorded: torch.Tensor) -> None:
+        """Routes (token, layer) where the trainer's own top-k is the server's expert set."""
+        with torch.no_grad():
+            has = recorded[:, 0] >= 0
+            same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & has
+            self._agreement += torch.tensor([float(same.sum()), float(has.sum())])
+
+    def agreement(self) -> tuple[float, float]:
+        """Of the last forward: (routes where the trainer's own top-k picks the experts the
+        server routed to, routes the server recorded)."""
+        return float(self._agreement[0]), float(self._agreement[1])
 
     def selected_experts(self) -> torch.Tensor:
         """The experts the last forward routed each token to: [T, n_layers, top_k]."""
@@ -150,6 +170,28 @@ class RouterControl:
         slots = F.one_hot(torch.cat(self._selected), self.shape.n_experts).float()
         tokens_per_expert = slots.mean(dim=0)  # [top_k, n_experts]
         return (tokens_per_expert * probs.mean(dim=0)[None]).sum() * self.shape.n_experts
+
+
+class RoutingTally:
+    """train_batch's MoE statistics over its micro-batches and ranks: the balancing loss
+    (weighted like the loss) and, where the batch carried the server's routing, the share of
+    routes the trainer's own top-k agrees with."""
+
+    def __init__(self) -> None:
+        self.weighted_aux, self.agreed, self.recorded = 0.0, 0.0, 0.0
+
+    def add(self, aux: torch.Tensor, weight: float, agreement: tuple[float, float]) -> None:
+        self.weighted_aux += float(aux.detach()) * weight
+        self.agreed += agreement[0]
+        self.recorded += agreement[1]
+
+    def stats(self, total_weight: float, device: torch.device) -> dict[str, float]:
+        """Collective (every rank): the step's `moe_aux_loss`, `moe_route_agreement`."""
+        stats = {"moe_aux_loss": all_reduce_scalar(self.weighted_aux, device) / total_weight}
+        recorded = all_reduce_scalar(self.recorded, device)
+        if recorded > 0:
+            stats["moe_route_agreement"] = all_reduce_scalar(self.agreed, device) / recorded
+        return stats
 
 
 def check_routed_experts(routed: torch.Tensor, shape: MoEShape, where: str) -> None:

@@ -32,6 +32,7 @@ from workflows.common import TrajectoryBuilder
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang]
 PROMPTS = [[11, 22, 33, 44, 55], [7, 300, 12, 9, 450, 31, 8, 77, 5]]
 N_LAYERS, TOP_K = 4, 2
+ROUTER_NOISE = 0.003  # N(0, 1) x this on every router weight (initialised with std 0.02)
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +122,31 @@ def test_the_experts_reach_the_server_by_broadcast_and_from_disk(moe_server, tin
         trainer.destroy()
 
 
+def _perturb_routers(engine: FSDPEngine, seed: int, scale: float) -> None:
+    """Move only the trainer's routers (as an update would): its experts stay the server's,
+    so what differs is the routing and the gates."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in engine.model.model.layers:
+            weight = layer.mlp.gate.weight
+            local = weight.to_local() if hasattr(weight, "to_local") else weight
+            local.add_(scale * torch.randn(local.shape, generator=gen))
+
+
 def test_replayed_routing_brings_the_trainers_logprobs_to_the_servers(moe_server,
                                                                      tiny_moe_dir):
-    """A trainer one step ahead of the server (its weights perturbed): recomputing with the
-    server's routing instead of its own top-k follows the server more closely."""
+    """A trainer whose routers moved since the server generated (a stale batch): recomputing
+    with the server's routing instead of its own top-k follows the server more closely.
+    Greedy answers, so the batch, and the check, are the same in every run."""
     client = _client(moe_server)
     try:
-        responses = generate(client, greedy=False, n=48) + generate(client, greedy=False, n=48)
+        g = GenerationHyperparameters(max_new_tokens=48, greedy=True)
+        prompts = [[3 + (7 * i + 5 * j) % 490 for j in range(5 + 3 * i)] for i in range(6)]
+
+        async def all_prompts() -> list:
+            return await asyncio.gather(*(client.agenerate(ModelRequest(input_ids=p, gconfig=g))
+                                          for p in prompts))
+        responses = asyncio.run(all_prompts())
     finally:
         client.destroy()
     rows = []
@@ -143,7 +162,7 @@ def test_replayed_routing_brings_the_trainers_logprobs_to_the_servers(moe_server
                                               moe=MoEConfig(router_replay=replay)))
         engine.initialize()
         try:
-            _perturb(engine, seed=7)
+            _perturb_routers(engine, seed=7, scale=ROUTER_NOISE)
             logp = engine.forward(batch)
             assert engine._routers is not None
             engine.forward(batch[:1])
@@ -152,14 +171,14 @@ def test_replayed_routing_brings_the_trainers_logprobs_to_the_servers(moe_server
             engine.destroy()
 
     (replayed, selected), (own, own_selected) = recompute(True), recompute(False)
-    server = batch["logprobs"]
-    trained = batch["loss_mask"].bool()
-    trained[:, :-1] = trained[:, 1:].clone()  # log-probs sit at the position before the token
+    server = batch["logprobs"].roll(-1, 1)  # at the position that predicts each token
+    trained = batch["loss_mask"].roll(-1, 1).bool()
     trained[:, -1] = False
-    gap_replayed = float((replayed - server.roll(-1, 1))[trained].abs().mean())
-    gap_own = float((own - server.roll(-1, 1))[trained].abs().mean())
-    assert gap_replayed < gap_own, (gap_replayed, gap_own)
+    gap_replayed = float((replayed - server)[trained].abs().mean())
+    gap_own = float((own - server)[trained].abs().mean())
+    assert gap_replayed < 0.5 * gap_own, (gap_replayed, gap_own)  # measured 5.7e-4, 7.0e-3
     n = int(batch["attention_mask"][0].sum())
     routed = batch[ROUTED_EXPERTS][0, : n - 1].reshape(n - 1, N_LAYERS, TOP_K).long()
     assert torch.equal(selected[: n - 1], routed)  # the server's experts, every token
-    assert not torch.equal(own_selected[: n - 1], routed)  # the perturbation moved some
+    moved = (own_selected[: n - 1].sort(-1).values != routed.sort(-1).values).any(-1)
+    assert 0 < float(moved.float().mean()) < 0.5  # the routers' move changed some routes

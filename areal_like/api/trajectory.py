@@ -14,8 +14,7 @@ BEHAVIOUR_LOGPROBS = "logprobs"
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 # a mixture of experts' routing as the inference server chose it, per token
 # [B, L, n_moe_layers * top_k] int16 expert ids, layer by layer (NO_EXPERT where the server
-# recorded none):
-# what router replay (R3, actor.moe.router_replay) routes the trainer's forward by
+# recorded none): what router replay (R3, actor.moe.router_replay) routes the trainer by
 ROUTED_EXPERTS = "routed_experts"
 NO_EXPERT = -1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import shutil
@@ -121,6 +122,9 @@ def iter_served_buckets(model: PreTrainedModel, layout: list[ServedPiece],
     elsewhere; every rank gathers each sharded parameter once, in the same order."""
     params = dict(model.named_parameters())
     owner = {piece.name: piece.param for piece in layout}
+    n_pieces = collections.Counter(piece.param for piece in layout)
+    renamed = {piece.param for piece in layout if n_pieces[piece.param] == 1
+               and piece.shape == tuple(params[piece.param].shape)}  # sent as they are
     gathered: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the last parameter's pieces
     for bucket in buckets:
         tensors = []
@@ -131,7 +135,8 @@ def iter_served_buckets(model: PreTrainedModel, layout: list[ServedPiece],
             if gathered[0] != name:  # a fused parameter's pieces may span buckets
                 p = params[name].detach()
                 full = p.full_tensor() if isinstance(p, DTensor) else p  # collective
-                gathered = (name, served_pieces(model, name, full))
+                gathered = (name, {spec.name: full} if name in renamed
+                            else served_pieces(model, name, full))
             tensors.append(gathered[1][spec.name])
         yield tensors if is_rank0 else None
         del tensors

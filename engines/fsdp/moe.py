@@ -92,7 +92,7 @@ class RouterControl:
                 f"{shape.n_layers} MoE layers; this router type is not supported")
         self._replay: Optional[torch.Tensor] = None
         self._recorded: Optional[torch.Tensor] = None
-        self._agreement = torch.zeros(2)
+        self._agreement: list[torch.Tensor] = []
         self._logits: list[torch.Tensor] = []
         self._selected: list[torch.Tensor] = []
         for layer, router in enumerate(self.routers):
@@ -115,7 +115,7 @@ class RouterControl:
                 f"(rollout.return_routed_experts=true); keys: {sorted(mb.keys())}")
         self._recorded, self._replay = routed, routed if replay else None
         self._logits, self._selected = [], []
-        self._agreement = torch.zeros(2)  # (routes the trainer's top-k agrees on, routes)
+        self._agreement = []  # per layer: (routes the trainer's top-k agrees on, routes)
 
     def unrouted(self, n_tokens: int, device: torch.device) -> torch.Tensor:
         """`routed_experts` of `n_tokens` tokens with no record (each routes by its top-k)."""
@@ -146,16 +146,20 @@ class RouterControl:
         return forward
 
     def _count_agreement(self, own: torch.Tensor, recorded: torch.Tensor) -> None:
-        """Routes (token, layer) where the trainer's own top-k is the server's expert set."""
+        """Routes (token, layer) where the trainer's own top-k is the server's expert set
+        (counted on the device: read once, by `agreement`)."""
         with torch.no_grad():
             has = recorded[:, 0] >= 0
             same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & has
-            self._agreement += torch.tensor([float(same.sum()), float(has.sum())])
+            self._agreement.append(torch.stack([same.sum(), has.sum()]))
 
     def agreement(self) -> tuple[float, float]:
         """Of the last forward: (routes where the trainer's own top-k picks the experts the
         server routed to, routes the server recorded)."""
-        return float(self._agreement[0]), float(self._agreement[1])
+        if not self._agreement:
+            return 0.0, 0.0
+        agreed, recorded = torch.stack(self._agreement).sum(0).tolist()
+        return float(agreed), float(recorded)
 
     def selected_experts(self) -> torch.Tensor:
         """The experts the last forward routed each token to: [T, n_layers, top_k]."""

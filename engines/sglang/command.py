@@ -47,7 +47,6 @@ def build_server_command(
         cmd += ["--enable-deterministic-inference"]
     if config.lora_rank > 0:
         cmd += lora_server_args(config)
-
     cmd += vision_server_args(model_path)
     if api_key:
         cmd += ["--api-key", api_key]

@@ -21,6 +21,8 @@ after one of these modules is imported:
   `--sleep-on-idle`, instead of polling them in a busy loop that takes a whole core.
 - `sglang.srt.lora.layers`, `sglang.srt.lora.backend.torch_backend` (CPU engine): LoRA
   serving without pinned memory, see `areal_like_sglang_lora.py`.
+- `sglang.srt.layers.attention.torch_native_backend` (CPU engine): one SDPA call per group of
+  equal-length requests instead of one per request, see `areal_like_sglang_attention.py`.
 
 and one hook right *before* a module runs:
 
@@ -138,6 +140,12 @@ def _unregistered_capture_buffers(base: ModuleType) -> None:
     areal_like_sglang_moe.unregistered_capture_buffers(base)
 
 
+def _grouped_attention(backend: ModuleType) -> None:
+    import areal_like_sglang_attention
+
+    areal_like_sglang_attention.install_grouped_attention(backend)
+
+
 def _qwen3_5_cpu_op_stand_ins(qwen3_5: ModuleType) -> None:
     import areal_like_sglang_vision
 
@@ -159,6 +167,7 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     _HOOKS["sglang.srt.lora.layers"] = _unpinned_lora
     _HOOKS["sglang.srt.lora.backend.torch_backend"] = _unpinned_lora
     _HOOKS["sglang.srt.state_capturer.base"] = _unregistered_capture_buffers
+    _HOOKS["sglang.srt.layers.attention.torch_native_backend"] = _grouped_attention
     if os.environ.get("AREAL_LIKE_SGLANG_FORK") == "1":  # ServerConfig.fork_children
         _HOOKS["sglang.srt.entrypoints.engine"] = _fork_children
     _BEFORE_HOOKS["sglang.srt.models.qwen3_5"] = _qwen3_5_cpu_op_stand_ins

@@ -101,6 +101,8 @@ class TrainEngineConfig:
     # a VLM's vision tower (patch embedding, blocks, merger) takes no gradient
     freeze_vision_tower: bool = False
     moe: MoEConfig = field(default_factory=MoEConfig)  # a mixture of experts' routers
+    # each shared prefix (a group's prompt, a history) forwarded once: engines/fsdp/shared_prefix.py
+    shared_prefix: bool = False
 
     def __post_init__(self) -> None:
         check_bounds(self, "TrainEngineConfig")

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from engines.fsdp.shared_prefix import PrefixTree, prefix_tree_attention
+
 PACKED_SDPA = "areal_packed_sdpa"
 
 
@@ -39,11 +41,17 @@ def packed_sdpa_attention(
     dropout: float = 0.0,
     scaling: Optional[float] = None,
     cu_seq_lens_q: Optional[torch.Tensor] = None,
+    prefix_tree: Optional[PrefixTree] = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """q [1, H, T, D], k/v [1, Hkv, T, D] -> [1, T, H, D], causal within each segment.
+    """q [1, H, T, D], k/v [1, Hkv, T, D] -> [1, T, H, D], causal within each segment, or
+    over a `prefix_tree`'s rows (engines/fsdp/shared_prefix.py).
 
-    Without `cu_seq_lens_q` (e.g. a plain `model(...)` or `generate` call) it is ordinary SDPA."""
+    Without either (e.g. a plain `model(...)` or `generate` call) it is ordinary SDPA."""
+    if prefix_tree is not None:
+        return prefix_tree_attention(query, key, value, prefix_tree, scaling,
+                                     dropout if module.training else 0.0,
+                                     query.shape[1] != key.shape[1]), None
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)

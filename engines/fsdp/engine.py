@@ -58,7 +58,7 @@ from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp import lora as lora_io
 from engines.fsdp import model_io as ckpt
 from engines.fsdp import moe
-from engines.fsdp.attention import choose_attn_implementation, packed_model_kwargs
+from engines.fsdp.attention import PACKED_SDPA, choose_attn_implementation, packed_model_kwargs
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
 from engines.fsdp.optim import build_optimizer, build_scheduler
 from engines.fsdp.packing import (
@@ -68,6 +68,7 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
+from engines.fsdp.shared_prefix import PrefixTreeUse, check_shared_prefix
 from engines.fsdp.vision import (
     freeze_vision_tower,
     is_vision_language,
@@ -99,6 +100,7 @@ class FSDPEngine(TrainEngine):
         self._vision_language = False  # images in micro-batches (engines/fsdp/vision.py)
         self._served: Optional[list[ckpt.ServedPiece]] = None
         self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
+        self._trees = PrefixTreeUse()  # actor.shared_prefix (shared_prefix.py)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, addr: Optional[str] = None,
@@ -132,6 +134,9 @@ class FSDPEngine(TrainEngine):
             logger.info("vision tower frozen: %d parameters take no gradient", frozen)
         self._routers = moe.router_control(model, cfg.moe, cfg.lora.enabled,
                                            cfg.model.path)
+        if cfg.shared_prefix:
+            check_shared_prefix(self._vision_language, cfg.moe.router_replay,
+                                choose_attn_implementation(self.device), PACKED_SDPA)
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -188,6 +193,7 @@ class FSDPEngine(TrainEngine):
         if not isinstance(batch, TensorDict):
             raise TypeError(f"batch must be a TensorDict, got {type(batch).__name__}")
         spec = self.config.mb_spec
+        self._trees.forwarded = 0  # the model's input rows over this call's micro-batches
         lengths = sequence_lengths(batch["attention_mask"]).tolist() if batch.numel() else []
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
@@ -208,16 +214,22 @@ class FSDPEngine(TrainEngine):
 
     def _logits(self, mb: TensorDict) -> torch.Tensor:
         n_tokens = mb["input_ids"].shape[0]
+        tree, ids = self._trees.plan(mb) if self.config.shared_prefix else None, mb["input_ids"]
         if self._vision_language:  # the vision tower runs on every rank (engines/fsdp/vision.py)
             mb = with_dummy_image(mb, self.model.config)
-            inputs = vision_model_kwargs(self.model, mb)
+            inputs = {**vision_model_kwargs(self.model, mb),
+                      **packed_model_kwargs(mb["cu_seqlens"])}
+        elif tree is not None:  # each shared prefix once; outputs gathered back per token
+            ids, inputs = tree.input_ids, {"position_ids": tree.position_ids[None],
+                                           "prefix_tree": tree}
         else:
-            inputs = {"position_ids": mb["position_ids"][None]}
+            inputs = {"position_ids": mb["position_ids"][None],
+                      **packed_model_kwargs(mb["cu_seqlens"])}
         if self._routers is not None:
             self._routers.begin(mb, self.config.moe.router_replay)
-        out = self.model(input_ids=mb["input_ids"][None], attention_mask=None, use_cache=False,
-                         **inputs, **packed_model_kwargs(mb["cu_seqlens"]))
-        logits = out.logits[0, :n_tokens]
+        out = self.model(input_ids=ids[None], attention_mask=None, use_cache=False, **inputs)
+        logits = (out.logits[0].index_select(0, tree.unshared) if tree is not None
+                  else out.logits[0, :n_tokens])
         return logits.squeeze(-1) if self.config.model.is_critic else logits
 
     def _weights(self, mbs: list[Optional[TensorDict]],
@@ -340,8 +352,11 @@ class FSDPEngine(TrainEngine):
         real = [mb for mb in mbs if mb is not None]
         n_tokens = sum(int(mb["cu_seqlens"][-1]) for mb in real)
         n_seqs = sum(mb["cu_seqlens"].numel() - 1 for mb in real)
+        shared = ({"n_forwarded_tokens": all_reduce_scalar(self._trees.forwarded, self.device)}
+                  if self.config.shared_prefix else {})
         return {"n_tokens": all_reduce_scalar(n_tokens, self.device),
-                "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs))}
+                "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs)),
+                **shared}
 
     def _clip_gradients(self) -> float:
         """Global gradient L2 norm (all ranks, all shards); clips in place when finite."""

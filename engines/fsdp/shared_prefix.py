@@ -1,0 +1,202 @@
+"""Shared prefixes computed once: a packed micro-batch's sequences as a prefix tree.
+
+A GRPO group is one prompt with n answers; a multi-turn agent's trajectories share their
+history. Packed whole, a prompt of P tokens in a group of n is forwarded and back-propagated n
+times. With `actor.shared_prefix` the engine merges a micro-batch's sequences into a token
+trie instead: each distinct prefix is one row of the model's input, a token attends to its
+ancestors and itself only (a tree mask, one batched SDPA call per bucket of trees of similar
+size), and its position is its depth, so RoPE sees the positions of the unshared sequence. The
+model's per-row outputs are gathered back into the packed layout (`PrefixTree.unshared`): the
+log-probs, entropy, values and every loss see the tensors of the unshared computation, and
+the gather's backward sums a shared row's gradient over the sequences that share it.
+
+Sharing pays where prefixes are long against what follows them; the tree's explicit mask makes
+its attention dearer than causal attention, so a micro-batch whose tree saves too few tokens
+(`SHARED_FRACTION_BREAK_EVEN`) is packed whole as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+
+logger = logging.getLogger(__name__)
+
+# a micro-batch is forwarded as a tree when the tree has at most this fraction of its tokens
+# (docs/benchmarks.md, "Shared prefixes": below ~20 % saved the masked attention costs more)
+SHARED_FRACTION_BREAK_EVEN = 0.8
+BUCKET_LENGTH_RATIO = 1.25  # a bucket's largest tree at most this x (or + 8 rows) its smallest
+
+
+@dataclass(frozen=True)
+class TreeBucket:
+    n_trees: int
+    length: int  # every tree of the bucket right-padded to it
+    gather: torch.Tensor  # [n_trees * length] tree rows; the padding slot (row R) for pads
+    mask: torch.Tensor  # [n_trees, 1, length, length] bool: which keys a query row sees
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """A micro-batch as a forest of token tries, rows of each tree contiguous."""
+
+    input_ids: torch.Tensor  # [R] one token per distinct prefix
+    position_ids: torch.Tensor  # [R] its depth: its position in every sequence through it
+    unshared: torch.Tensor  # [T] the row each packed token's prefix ends at
+    buckets: tuple[TreeBucket, ...]
+    restore: torch.Tensor  # [R] each row's place in the buckets' padded outputs
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _trie(ids: list[int], bounds: list[int]) -> tuple[list[int], list[int], list[int],
+                                                      list[int], list[int]]:
+    """(parent, token, depth, root, row of each packed token), rows in creation order."""
+    child: dict[tuple[int, int], int] = {}
+    parent: list[int] = []
+    token: list[int] = []
+    depth: list[int] = []
+    root: list[int] = []
+    unshared: list[int] = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        node = -1
+        for d in range(end - start):
+            tok = ids[start + d]
+            row = child.get((node, tok))
+            if row is None:
+                row = len(token)
+                child[(node, tok)] = row
+                parent.append(node)
+                token.append(tok)
+                depth.append(d)
+                root.append(row if node < 0 else root[node])
+            unshared.append(row)
+            node = row
+    return parent, token, depth, root, unshared
+
+
+def _buckets(sizes: list[int]) -> list[list[int]]:
+    """Trees (by index) in groups of similar sizes, smallest first."""
+    groups: list[list[int]] = []
+    smallest = 0
+    for i in sorted(range(len(sizes)), key=sizes.__getitem__):
+        if not groups or sizes[i] > max(smallest * BUCKET_LENGTH_RATIO, smallest + 8):
+            groups.append([])
+            smallest = sizes[i]
+        groups[-1].append(i)
+    return groups
+
+
+def build_prefix_tree(input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                      break_even: float = SHARED_FRACTION_BREAK_EVEN) -> Optional[PrefixTree]:
+    """The micro-batch's prefix tree, or None when it would keep more than `break_even` of
+    the tokens (then the packed layout is cheaper)."""
+    ids, bounds = input_ids.tolist(), cu_seqlens.tolist()
+    parent, token, depth, root, unshared = _trie(ids, bounds)
+    if len(token) > break_even * len(ids):
+        return None
+    # rows grouped by tree (roots in order of appearance), creation order inside a tree:
+    # a parent always comes before its children
+    order = sorted(range(len(token)), key=lambda r: (root[r], r))
+    new_row = np.empty(len(order), dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    trees: list[list[int]] = []
+    for r in order:
+        if parent[r] < 0:
+            trees.append([])
+        trees[-1].append(r)
+    device = input_ids.device
+    total = len(order)
+    buckets = []
+    restore = torch.empty(total, dtype=torch.long)
+    placed = 0
+    for group in _buckets([len(t) for t in trees]):
+        length = max(len(trees[i]) for i in group)
+        gather = np.full((len(group), length), total, dtype=np.int64)
+        mask = np.zeros((len(group), length, length), dtype=bool)
+        for slot, i in enumerate(group):
+            rows = trees[i]
+            local = {r: j for j, r in enumerate(rows)}
+            visible = mask[slot]
+            for j, r in enumerate(rows):
+                if parent[r] >= 0:
+                    visible[j] = visible[local[parent[r]]]  # a parent's row is complete
+                visible[j, j] = True
+            for j in range(len(rows), length):
+                visible[j, j] = True  # a pad sees itself only (no empty softmax row)
+            gather[slot, :len(rows)] = new_row[rows]
+        flat = torch.from_numpy(gather.reshape(-1))
+        real = flat < total
+        restore[flat[real]] = torch.nonzero(real).squeeze(1) + placed
+        placed += flat.numel()
+        buckets.append(TreeBucket(len(group), length, flat.to(device),
+                                  torch.from_numpy(mask)[:, None].to(device)))
+    ordered = torch.tensor(order, dtype=torch.long)
+    return PrefixTree(
+        input_ids=torch.tensor(token, dtype=input_ids.dtype)[ordered].to(device),
+        position_ids=torch.tensor(depth, dtype=torch.long)[ordered].to(device),
+        unshared=torch.from_numpy(new_row[np.asarray(unshared, dtype=np.int64)]).to(device),
+        buckets=tuple(buckets), restore=restore.to(device))
+
+
+def prefix_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          tree: PrefixTree, scaling: Optional[float], dropout: float,
+                          gqa: bool) -> torch.Tensor:
+    """q [1, H, R, D], k/v [1, Hkv, R, D] over the tree's rows -> [1, R, H, D]."""
+    q, k, v = (F.pad(x[0], (0, 0, 0, 1)) for x in (query, key, value))  # row R: the pad slot
+    pieces = []
+    for bucket in tree.buckets:
+        qb, kb, vb = (x.index_select(1, bucket.gather)
+                      .unflatten(1, (bucket.n_trees, bucket.length)).transpose(0, 1)
+                      for x in (q, k, v))
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bucket.mask,
+                                            dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+        pieces.append(ob.transpose(0, 1).flatten(1, 2))  # [H, trees * length, D]
+    out = torch.cat(pieces, dim=1).index_select(1, tree.restore)  # [H, R, D]
+    return out.transpose(0, 1)[None].contiguous()
+
+
+def check_shared_prefix(vision_language: bool, router_replay: bool,
+                        attn_implementation: str, packed_sdpa: str) -> None:
+    """What `actor.shared_prefix` cannot serve yet, refused at the engine's start."""
+    why = ("a vision-language model's image positions are not a prefix tree's depths"
+           if vision_language else
+           "router replay's routes are per packed token, not per tree row"
+           if router_replay else
+           f"the tree mask needs the packed SDPA attention, not {attn_implementation!r} "
+           f"(flash-attn's varlen kernel takes no mask)"
+           if attn_implementation != packed_sdpa else "")
+    if why:
+        raise ValueError(f"actor.shared_prefix=true is not supported here: {why}; set "
+                         f"actor.shared_prefix=false")
+
+
+class PrefixTreeUse:
+    """The engine's side: a micro-batch's tree when it pays, the rows it forwarded, and one
+    log line each time the choice between tree and packed layout changes."""
+
+    def __init__(self, break_even: float = SHARED_FRACTION_BREAK_EVEN) -> None:
+        self.break_even = break_even
+        self.forwarded = 0  # model input rows since the engine's call began
+        self._shared: Optional[bool] = None
+
+    def plan(self, mb: TensorDictBase) -> Optional[PrefixTree]:
+        ids = mb["input_ids"]
+        tree = build_prefix_tree(ids, mb["cu_seqlens"], self.break_even)
+        n_tokens = int(ids.shape[0])
+        self.forwarded += n_tokens if tree is None else tree.n_rows
+        if (tree is not None) != self._shared:
+            self._shared = tree is not None
+            logger.info(
+                "shared prefixes: %s", f"on, {tree.n_rows} of {n_tokens} tokens forwarded"
+                if tree is not None else f"off for micro-batches like this one ({n_tokens} "
+                f"tokens): their tree would keep more than {self.break_even:.0%} of them")
+        return tree

@@ -1,7 +1,9 @@
 """The main job against Hugging Face TRL's `GRPOTrainer`, one after the other, same machine.
 
     python benchmarks/vs_trl.py [--seeds 1 2] [--steps 200] [--eval-every 25]
-                                [--trl-seeds 1 2] [--skip-ours] [--skip-trl] [-- OVERRIDES...]
+                                [--trl-seeds 1 2] [--skip-ours] [--skip-trl]
+                                [--size 1m|10m] [--max-new-tokens 6] [--worked-fraction 0]
+                                [-- OVERRIDES...]
 
 Both start from the main job's SFT warm start (`scripts/warm_start.sh`, built if missing) on
 2-digit addition: 16 prompts x 8 samples a step, answers of at most 6 tokens, temperature 1,
@@ -14,6 +16,11 @@ the same 200 test items at step 0 and every `--eval-every` steps.
   time here is wall clock seen from outside (launch = the command starts).
 - **TRL**: `benchmarks/trl_addition_grpo.py` in TRL's own environment (`.venv-trl`, made by
   `scripts/install_trl.sh` here if missing; never the project's).
+
+Other workloads, both sides alike: `--size 10m` (the 10m tiny model and its own SFT warm
+start), and long answers, `--worked-fraction 0.1 --max-new-tokens 64` (a tenth of the items
+answered with worked steps, up to ~60 tokens: the SFT warm start, training and held-out items
+all made with that fraction).
 
 Columns: launch to exit; start-up (launch to the training loop's first step beginning);
 s/step (median step, wall clock, after the first 5; TRL's in-loop evaluations left out);
@@ -38,8 +45,25 @@ from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[1]
-WARM = REPO / ".cache/models/addition-sft"
 TRL_PYTHON = REPO / ".venv-trl/bin/python"
+
+
+@dataclass(frozen=True)
+class Workload:
+    size: str = "1m"
+    max_new_tokens: int = 6
+    worked_fraction: float = 0.0
+
+    @property
+    def warm(self) -> Path:
+        """The SFT warm start (the main job's own for the default workload)."""
+        if self.size == "1m" and self.worked_fraction == 0.0:
+            return REPO / ".cache/models/addition-sft"
+        return REPO / f".cache/models/addition-sft-{self.size}-worked{self.worked_fraction:g}"
+
+    def data_overrides(self) -> list[str]:
+        return [f"{name}.task_kwargs.worked_fraction={self.worked_fraction}"
+                for name in ("train_dataset", "valid_dataset")] if self.worked_fraction else []
 
 
 @dataclass
@@ -63,16 +87,20 @@ class Run:
         return None
 
 
-def ensure_ready() -> None:
+def ensure_ready(work: Workload) -> None:
+    env = dict(os.environ, TINY_SIZE=work.size, SFT_OVERRIDES=" ".join(work.data_overrides()))
+    name = "sft_addition" if work.warm.name == "addition-sft" else work.warm.name
     subprocess.run(["bash", "scripts/warm_start.sh", "recipes/conf/sft_addition.yaml",
-                    "sft_addition", str(WARM.relative_to(REPO))], cwd=REPO, check=True)
+                    name, str(work.warm.relative_to(REPO))], cwd=REPO, check=True, env=env)
 
 
-def run_ours(seed: int, steps: int, every: int, overrides: list[str], out: Path) -> Run:
+def run_ours(seed: int, steps: int, every: int, overrides: list[str], out: Path,
+             work: Workload) -> Run:
     log_dir = out / f"ours_{seed}"
-    cmd = [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={WARM}",
+    cmd = [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={work.warm}",
            f"logging.log_dir={log_dir}", f"seed={seed}", f"total_train_steps={steps}",
-           f"evaluation.freq_steps={every}", "logging.tensorboard=false", *overrides]
+           f"evaluation.freq_steps={every}", "logging.tensorboard=false",
+           f"gconfig.max_new_tokens={work.max_new_tokens}", *work.data_overrides(), *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     launched = time.monotonic()
     with open(out / f"ours_{seed}.log", "w") as log:
@@ -121,11 +149,12 @@ def run_ours(seed: int, steps: int, every: int, overrides: list[str], out: Path)
     return run
 
 
-def run_trl(seed: int, steps: int, every: int, out: Path) -> Run:
+def run_trl(seed: int, steps: int, every: int, out: Path, work: Workload) -> Run:
     events_path = out / f"trl_{seed}.jsonl"
-    cmd = [str(TRL_PYTHON), "benchmarks/trl_addition_grpo.py", "--model", str(WARM),
+    cmd = [str(TRL_PYTHON), "benchmarks/trl_addition_grpo.py", "--model", str(work.warm),
            "--out", str(events_path), "--seed", str(seed), "--steps", str(steps),
-           "--eval-every", str(every)]
+           "--eval-every", str(every), "--max-new-tokens", str(work.max_new_tokens),
+           "--worked-fraction", str(work.worked_fraction)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
     launched_unix = time.time()
@@ -192,20 +221,24 @@ def main() -> None:
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' files here")
+    parser.add_argument("--size", default="1m", choices=["1m", "10m"])
+    parser.add_argument("--max-new-tokens", type=int, default=6)
+    parser.add_argument("--worked-fraction", type=float, default=0.0)
     args = parser.parse_args(argv)
+    work = Workload(args.size, args.max_new_tokens, args.worked_fraction)
     out = args.out or Path(tempfile.mkdtemp(prefix="vs_trl_"))
     out.mkdir(parents=True, exist_ok=True)
-    ensure_ready()
+    ensure_ready(work)
     if not args.skip_trl:
         subprocess.run(["bash", "scripts/install_trl.sh"], cwd=REPO, check=True)
     runs: list[Run] = []
     if not args.skip_ours:
         for seed in args.seeds:
-            runs.append(run_ours(seed, args.steps, args.eval_every, overrides, out))
+            runs.append(run_ours(seed, args.steps, args.eval_every, overrides, out, work))
             print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
     if not args.skip_trl:
         for seed in args.trl_seeds:
-            runs.append(run_trl(seed, args.steps, args.eval_every, out))
+            runs.append(run_trl(seed, args.steps, args.eval_every, out, work))
             print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
     print(table(runs, args.steps, args.eval_every, args.target))
     print("\nmedian seconds per step (after step 5):")

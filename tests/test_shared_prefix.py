@@ -17,13 +17,15 @@ from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, 
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
 from engines import FSDPEngine
 from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
-from engines.fsdp.shared_prefix import build_prefix_tree, check_shared_prefix
+from engines.fsdp.shared_prefix import build_prefix_tree, why_not_shared
 
 
 def _groups(seed: int) -> list[torch.Tensor]:
     """GRPO-like groups: prompts of 5-19 tokens, answers of 1-7 drawn from 3 tokens (so
     samples often share more than the prompt), a one-sample group, an answer repeated
-    exactly, two prompts that share their first tokens, and a lone one-token sequence."""
+    exactly, two prompts that share their first tokens, a lone one-token sequence, and a
+    multi-turn agent's per-turn sequences (each turn's is the history before it, then the
+    turn: the whole of one sequence is the prefix of the next)."""
     gen = torch.Generator().manual_seed(seed)
     seqs = []
     prompts = [torch.randint(3, 500, (int(torch.randint(5, 20, (1,), generator=gen)),),
@@ -35,6 +37,10 @@ def _groups(seed: int) -> list[torch.Tensor]:
             seqs.append(torch.cat([prompt, torch.randint(3, 6, (n,), generator=gen)]))
     seqs.append(seqs[0].clone())  # the same sequence twice: wholly shared
     seqs.append(torch.tensor([42]))
+    history = torch.randint(3, 500, (9,), generator=gen)
+    for _ in range(3):  # turns: tool result + the model's reply appended to the history
+        history = torch.cat([history, torch.randint(3, 500, (5,), generator=gen)])
+        seqs.append(history.clone())
     return seqs
 
 
@@ -147,10 +153,9 @@ def test_engine_with_shared_prefixes_trains_as_without(tiny_model_dir: Path,
         torch.testing.assert_close(p, q, atol=5e-5, rtol=0)
 
 
-def test_what_shared_prefixes_refuse() -> None:
+def test_where_shared_prefixes_do_not_apply_and_why() -> None:
     for args, why in [((True, False, PACKED_SDPA), "vision-language"),
                       ((False, True, PACKED_SDPA), "router replay"),
                       ((False, False, "flash_attention_2"), "flash_attention_2")]:
-        with pytest.raises(ValueError, match=f"actor.shared_prefix=true .*{why}"):
-            check_shared_prefix(*args, PACKED_SDPA)
-    check_shared_prefix(False, False, PACKED_SDPA, PACKED_SDPA)
+        assert why in why_not_shared(*args, PACKED_SDPA)
+    assert why_not_shared(False, False, PACKED_SDPA, PACKED_SDPA) == ""

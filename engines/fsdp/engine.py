@@ -68,7 +68,7 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
-from engines.fsdp.shared_prefix import PrefixTreeUse, check_shared_prefix
+from engines.fsdp.shared_prefix import PrefixTreeUse, prefix_trees, why_not_shared
 from engines.fsdp.vision import (
     freeze_vision_tower,
     is_vision_language,
@@ -100,7 +100,7 @@ class FSDPEngine(TrainEngine):
         self._vision_language = False  # images in micro-batches (engines/fsdp/vision.py)
         self._served: Optional[list[ckpt.ServedPiece]] = None
         self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
-        self._trees = PrefixTreeUse()  # actor.shared_prefix (shared_prefix.py)
+        self._trees: Optional[PrefixTreeUse] = None  # actor.shared_prefix (shared_prefix.py)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, addr: Optional[str] = None,
@@ -134,9 +134,9 @@ class FSDPEngine(TrainEngine):
             logger.info("vision tower frozen: %d parameters take no gradient", frozen)
         self._routers = moe.router_control(model, cfg.moe, cfg.lora.enabled,
                                            cfg.model.path)
-        if cfg.shared_prefix:
-            check_shared_prefix(self._vision_language, cfg.moe.router_replay,
-                                choose_attn_implementation(self.device), PACKED_SDPA)
+        self._trees = prefix_trees(cfg.shared_prefix, why_not_shared(
+            self._vision_language, cfg.moe.router_replay, model.config._attn_implementation,
+            PACKED_SDPA))
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -193,7 +193,8 @@ class FSDPEngine(TrainEngine):
         if not isinstance(batch, TensorDict):
             raise TypeError(f"batch must be a TensorDict, got {type(batch).__name__}")
         spec = self.config.mb_spec
-        self._trees.forwarded = 0  # the model's input rows over this call's micro-batches
+        if self._trees is not None:
+            self._trees.forwarded = 0  # the model's input rows over this call's micro-batches
         lengths = sequence_lengths(batch["attention_mask"]).tolist() if batch.numel() else []
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
@@ -214,11 +215,11 @@ class FSDPEngine(TrainEngine):
 
     def _logits(self, mb: TensorDict) -> torch.Tensor:
         n_tokens = mb["input_ids"].shape[0]
-        tree, ids = self._trees.plan(mb) if self.config.shared_prefix else None, mb["input_ids"]
+        tree, ids = self._trees.plan(mb) if self._trees is not None else None, mb["input_ids"]
         if self._vision_language:  # the vision tower runs on every rank (engines/fsdp/vision.py)
-            mb = with_dummy_image(mb, self.model.config)
-            inputs = {**vision_model_kwargs(self.model, mb),
-                      **packed_model_kwargs(mb["cu_seqlens"])}
+            mb = with_dummy_image(mb, self.model.config)  # (its tokens after the batch's)
+            ids, inputs = mb["input_ids"], {**vision_model_kwargs(self.model, mb),
+                                            **packed_model_kwargs(mb["cu_seqlens"])}
         elif tree is not None:  # each shared prefix once; outputs gathered back per token
             ids, inputs = tree.input_ids, {"position_ids": tree.position_ids[None],
                                            "prefix_tree": tree}
@@ -353,7 +354,7 @@ class FSDPEngine(TrainEngine):
         n_tokens = sum(int(mb["cu_seqlens"][-1]) for mb in real)
         n_seqs = sum(mb["cu_seqlens"].numel() - 1 for mb in real)
         shared = ({"n_forwarded_tokens": all_reduce_scalar(self._trees.forwarded, self.device)}
-                  if self.config.shared_prefix else {})
+                  if self._trees is not None else {})
         return {"n_tokens": all_reduce_scalar(n_tokens, self.device),
                 "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs)),
                 **shared}

@@ -164,39 +164,46 @@ def prefix_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out.transpose(0, 1)[None].contiguous()
 
 
-def check_shared_prefix(vision_language: bool, router_replay: bool,
-                        attn_implementation: str, packed_sdpa: str) -> None:
-    """What `actor.shared_prefix` cannot serve yet, refused at the engine's start."""
-    why = ("a vision-language model's image positions are not a prefix tree's depths"
-           if vision_language else
-           "router replay's routes are per packed token, not per tree row"
-           if router_replay else
-           f"the tree mask needs the packed SDPA attention, not {attn_implementation!r} "
-           f"(flash-attn's varlen kernel takes no mask)"
-           if attn_implementation != packed_sdpa else "")
-    if why:
-        raise ValueError(f"actor.shared_prefix=true is not supported here: {why}; set "
-                         f"actor.shared_prefix=false")
+def why_not_shared(vision_language: bool, router_replay: bool, attn_implementation: str,
+                   packed_sdpa: str) -> str:
+    """Why `actor.shared_prefix` cannot apply to this model ("" where it can). The engine
+    then packs every micro-batch whole (the same numbers) and says so once."""
+    return ("a vision-language model's image positions are not a prefix tree's depths"
+            if vision_language else
+            "router replay's routes are per packed token, not per tree row"
+            if router_replay else
+            f"the tree mask needs the packed SDPA attention, not {attn_implementation!r} "
+            f"(flash-attn's varlen kernel takes no mask)"
+            if attn_implementation != packed_sdpa else "")
+
+
+def prefix_trees(wanted: bool, why_not: str) -> Optional[PrefixTreeUse]:
+    """The engine's tree planner: with `actor.shared_prefix` where it applies, else None
+    (a warning says why when it was asked for)."""
+    if wanted and why_not:
+        logger.warning("actor.shared_prefix=true: every micro-batch packed whole: %s", why_not)
+    return PrefixTreeUse() if wanted and not why_not else None
 
 
 class PrefixTreeUse:
     """The engine's side: a micro-batch's tree when it pays, the rows it forwarded, and one
-    log line each time the choice between tree and packed layout changes."""
+    log line the first time micro-batches go each way (tree, or packed whole)."""
 
     def __init__(self, break_even: float = SHARED_FRACTION_BREAK_EVEN) -> None:
         self.break_even = break_even
         self.forwarded = 0  # model input rows since the engine's call began
-        self._shared: Optional[bool] = None
+        self._said: set[bool] = set()
 
     def plan(self, mb: TensorDictBase) -> Optional[PrefixTree]:
         ids = mb["input_ids"]
         tree = build_prefix_tree(ids, mb["cu_seqlens"], self.break_even)
         n_tokens = int(ids.shape[0])
         self.forwarded += n_tokens if tree is None else tree.n_rows
-        if (tree is not None) != self._shared:
-            self._shared = tree is not None
+        if (tree is not None) not in self._said and n_tokens > 1:  # (not a dummy micro-batch)
+            self._said.add(tree is not None)
             logger.info(
-                "shared prefixes: %s", f"on, {tree.n_rows} of {n_tokens} tokens forwarded"
-                if tree is not None else f"off for micro-batches like this one ({n_tokens} "
-                f"tokens): their tree would keep more than {self.break_even:.0%} of them")
+                "shared prefixes: %s", f"a micro-batch of {n_tokens} tokens forwarded as "
+                f"{tree.n_rows} tree rows" if tree is not None else f"a micro-batch of "
+                f"{n_tokens} tokens packed whole: its tree would keep more than "
+                f"{self.break_even:.0%} of them (the masked attention would cost more)")
         return tree

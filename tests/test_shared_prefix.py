@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from areal_like.api.config import MicroBatchSpec, ModelConfig, OptimizerConfig, TrainEngineConfig
+from areal_like.api.lora_config import LoRAConfig
 from areal_like.utils.packed_logprobs import next_token_logprobs, shift_packed_to_next_token
 from engines import FSDPEngine
 from engines.fsdp.attention import PACKED_SDPA, packed_model_kwargs
@@ -96,11 +97,11 @@ def test_nothing_shared_is_packed_whole() -> None:
     assert build_prefix_tree(ids, cu, break_even=1.0) is not None
 
 
-def _config(model_dir: Path, shared: bool, max_tokens: int) -> TrainEngineConfig:
+def _config(model_dir: Path, shared: bool, max_tokens: int, lora_rank: int) -> TrainEngineConfig:
     return TrainEngineConfig(model=ModelConfig(path=str(model_dir)),
                              optimizer=OptimizerConfig(lr=1e-3, gradient_clipping=1.0),
                              mb_spec=MicroBatchSpec(max_tokens_per_mb=max_tokens),
-                             shared_prefix=shared)
+                             lora=LoRAConfig(rank=lora_rank), shared_prefix=shared)
 
 
 def _padded(seqs: list[torch.Tensor]) -> TensorDict:
@@ -124,13 +125,14 @@ def _loss_weight(mb: TensorDict) -> torch.Tensor:
     return shift_packed_to_next_token(mb["loss_mask"], mb["cu_seqlens"]).sum()
 
 
-@pytest.mark.parametrize("max_tokens", [4096, 90])  # one micro-batch; groups split across many
-def test_engine_with_shared_prefixes_trains_as_without(tiny_model_dir: Path,
-                                                       max_tokens: int) -> None:
+# one micro-batch; groups split across many; LoRA adapters
+@pytest.mark.parametrize("max_tokens, lora_rank", [(4096, 0), (90, 0), (4096, 4)])
+def test_engine_with_shared_prefixes_trains_as_without(tiny_model_dir: Path, max_tokens: int,
+                                                       lora_rank: int) -> None:
     batch = _padded(_groups(2)[:-1])
     runs = {}
     for shared in (False, True):
-        engine = FSDPEngine(_config(tiny_model_dir, shared, max_tokens))
+        engine = FSDPEngine(_config(tiny_model_dir, shared, max_tokens, lora_rank))
         engine.initialize()
         try:
             logp = engine.forward(batch)

@@ -4,6 +4,7 @@ reference log-probs, weight copies."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import socket
 import urllib.request
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,6 +33,19 @@ LOGPROB_ATOL = 1e-4
 # landed (4 of 15, with the tests' delay search), so 6 attempts failed now and then; 20 do not
 # (0.75^20 ~ 0.3 %). An attempt that lands ends the loop.
 WINDOW_ATTEMPTS = 20
+
+
+SHIM_DIR = Path(__file__).resolve().parents[1] / "engines" / "sglang" / "shim"
+
+
+def load_shim(name: str) -> Any:
+    """One of the SGLang shim's modules (engines/sglang/shim/`name`.py), loaded from its file
+    into this process: its pieces are plain torch, checked here against references."""
+    spec = importlib.util.spec_from_file_location(name, SHIM_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def require_sglang_venv() -> None:

@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib.util
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
-from sglang_helpers import LOGPROB_ATOL, _reference_model, hf_logprobs, make_engine
+from sglang_helpers import LOGPROB_ATOL, _reference_model, hf_logprobs, load_shim, make_engine
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.api.seeding import begin_episode, data_key, derive_seed, request_seed
 
-SHIM = Path(__file__).resolve().parents[1] / "engines" / "sglang" / "shim"
-
 
 def _load_shim():
-    spec = importlib.util.spec_from_file_location(
-        "areal_like_sglang_deterministic", SHIM / "areal_like_sglang_deterministic.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_shim("areal_like_sglang_deterministic")
 
 
 # ---- the shim's pieces, against independent references -----------------------------------

@@ -7,25 +7,17 @@ from the definition; and in every served-log-prob test of the suite (servers run
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import textwrap
-from pathlib import Path
 
 import torch
-from sglang_helpers import require_sglang_venv
-
-SHIM = Path(__file__).resolve().parents[1] / "engines" / "sglang" / "shim"
+from sglang_helpers import SHIM_DIR, load_shim, require_sglang_venv
 
 
 def _load_shim():
-    spec = importlib.util.spec_from_file_location(
-        "areal_like_sglang_attention", SHIM / "areal_like_sglang_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_shim("areal_like_sglang_attention")
 
 
 def _case(seed: int, heads: int = 4, kv_heads: int = 2, head_dim: int = 32) -> dict:
@@ -130,7 +122,7 @@ def test_grouped_attention_gives_sglang_loops_bits(tmp_path):
     env["OMP_NUM_THREADS"] = "1"  # as a server runs
     proc = subprocess.run(
         [str(resolve_server_python(".venv-sglang")), "-W", "ignore", "-c", _AGAINST_SGLANG,
-         str(SHIM / "areal_like_sglang_attention.py"), *cases],
+         str(SHIM_DIR / "areal_like_sglang_attention.py"), *cases],
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,9 +10,10 @@ model's per-row outputs are gathered back into the packed layout (`PrefixTree.un
 log-probs, entropy, values and every loss see the tensors of the unshared computation, and
 the gather's backward sums a shared row's gradient over the sequences that share it.
 
-Sharing pays where prefixes are long against what follows them; the tree's explicit mask makes
-its attention dearer than causal attention, so a micro-batch whose tree saves too few tokens
-(`SHARED_FRACTION_BREAK_EVEN`) is packed whole as before.
+Sharing pays where prefixes are long against what follows them. A micro-batch whose tree
+would keep more than `SHARED_FRACTION_BREAK_EVEN` of its tokens is packed whole as before: with
+nothing shared the tree costs what packing does within this machine's noise (the explicit mask
+against causal attention, the trie's build), so where the gain is small the packed path stays.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tensordict import TensorDictBase
 logger = logging.getLogger(__name__)
 
 # a micro-batch is forwarded as a tree when the tree has at most this fraction of its tokens
-# (docs/benchmarks.md, "Shared prefixes": below ~20 % saved the masked attention costs more)
+# (docs/benchmarks.md, "The trainer's core": benchmarks/shared_prefix.py --forced)
 SHARED_FRACTION_BREAK_EVEN = 0.8
 BUCKET_LENGTH_RATIO = 1.25  # a bucket's largest tree at most this x (or + 8 rows) its smallest
 

@@ -76,7 +76,7 @@ def test_tree_equals_the_packed_forward_and_backward_in_float64(
     assert torch.equal(tree.position_ids[tree.unshared], depth)
 
     shared = model(input_ids=tree.input_ids[None], position_ids=tree.position_ids[None],
-                   attention_mask=None, use_cache=False, prefix_tree=tree).logits[0]
+                   attention_mask=None, use_cache=False, tree_buckets=tree.attention).logits[0]
     shared = shared.index_select(0, tree.unshared)
     weights = torch.randn(shared.shape, generator=torch.Generator().manual_seed(1),
                           dtype=torch.float64)

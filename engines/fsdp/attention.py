@@ -27,8 +27,6 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engines.fsdp.shared_prefix import PrefixTree, prefix_tree_attention
-
 PACKED_SDPA = "areal_packed_sdpa"
 
 
@@ -41,24 +39,22 @@ def packed_sdpa_attention(
     dropout: float = 0.0,
     scaling: Optional[float] = None,
     cu_seq_lens_q: Optional[torch.Tensor] = None,
-    prefix_tree: Optional[PrefixTree] = None,
+    tree_buckets: Optional[BucketPlan] = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """q [1, H, T, D], k/v [1, Hkv, T, D] -> [1, T, H, D], causal within each segment, or
-    over a `prefix_tree`'s rows (engines/fsdp/shared_prefix.py).
+    over a prefix tree's rows (`tree_buckets`: engines/fsdp/shared_prefix.py).
 
     Without either (e.g. a plain `model(...)` or `generate` call) it is ordinary SDPA."""
-    if prefix_tree is not None:
-        return prefix_tree_attention(query, key, value, prefix_tree, scaling,
-                                     dropout if module.training else 0.0,
-                                     query.shape[1] != key.shape[1]), None
+    gqa = query.shape[1] != key.shape[1]
+    p = dropout if module.training else 0.0
+    if tree_buckets is not None:
+        return bucketed_sdpa(query, key, value, tree_buckets, scaling, p, gqa), None
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
-    gqa = query.shape[1] != key.shape[1]
-    p = dropout if module.training else 0.0
     plan = bucket_plan(cu_seq_lens_q)
     if plan is None:  # few sequences, or no two alike in length: one call each
         bounds = cu_seq_lens_q.tolist()
@@ -72,18 +68,7 @@ def packed_sdpa_attention(
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out.transpose(1, 2).contiguous(), None
-    # one padding slot at the end of the row: the pads of every bucket read it
-    q, k, v = (F.pad(x[0], (0, 0, 0, 1)) for x in (query, key, value))
-    pieces = []
-    for bucket in plan.buckets:
-        rows, length = bucket.n_rows, bucket.length
-        qb, kb, vb = (x.index_select(1, bucket.gather).unflatten(1, (rows, length)).transpose(0, 1)
-                      for x in (q, k, v))
-        ob = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True,
-                                            scale=scaling, enable_gqa=gqa)
-        pieces.append(ob.transpose(0, 1).flatten(1, 2))  # [H, rows * length, D]
-    out = torch.cat(pieces, dim=1).index_select(1, plan.restore)  # [H, T, D], packed order
-    return out.transpose(0, 1)[None].contiguous(), None
+    return bucketed_sdpa(query, key, value, plan, scaling, p, gqa), None
 
 
 @dataclass(frozen=True)
@@ -91,6 +76,8 @@ class Bucket:
     n_rows: int
     length: int  # rows are right-padded to it
     gather: torch.Tensor  # [n_rows * length] packed positions; the padding slot for pads
+    # [n_rows, 1, length, length] the keys each query row sees (a prefix tree); None: causal
+    mask: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +90,39 @@ BUCKET_LENGTH_RATIO = 1.25  # a bucket's longest row at most this x (or + 8 toke
 _last_plan: tuple[Optional[torch.Tensor], Optional[BucketPlan]] = (None, None)
 
 
+def bucketed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  plan: BucketPlan, scaling: Optional[float], dropout: float,
+                  gqa: bool) -> torch.Tensor:
+    """One SDPA call per bucket of right-padded rows: q [1, H, T, D], k/v [1, Hkv, T, D] ->
+    [1, T, H, D] in packed order."""
+    # one padding slot at the end of the row: the pads of every bucket read it
+    q, k, v = (F.pad(x[0], (0, 0, 0, 1)) for x in (query, key, value))
+    pieces = []
+    for bucket in plan.buckets:
+        rows, length = bucket.n_rows, bucket.length
+        qb, kb, vb = (x.index_select(1, bucket.gather).unflatten(1, (rows, length)).transpose(0, 1)
+                      for x in (q, k, v))
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bucket.mask, dropout_p=dropout,
+                                            is_causal=bucket.mask is None, scale=scaling,
+                                            enable_gqa=gqa)
+        pieces.append(ob.transpose(0, 1).flatten(1, 2))  # [H, rows * length, D]
+    out = torch.cat(pieces, dim=1).index_select(1, plan.restore)  # [H, T, D], packed order
+    return out.transpose(0, 1)[None].contiguous()
+
+
+def similar_lengths(lengths: list[int]) -> list[list[int]]:
+    """Indices of the non-empty `lengths` in groups whose longest is at most
+    BUCKET_LENGTH_RATIO x (or + 8) their shortest, shortest groups first."""
+    groups: list[list[int]] = []
+    shortest = 0
+    for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lengths.__getitem__):
+        if not groups or lengths[i] > max(shortest * BUCKET_LENGTH_RATIO, shortest + 8):
+            groups.append([])
+            shortest = lengths[i]
+        groups[-1].append(i)
+    return groups
+
+
 def bucket_plan(cu_seq_lens: torch.Tensor) -> Optional[BucketPlan]:
     """Buckets of similar lengths, or None where they would not halve the SDPA calls. The
     same boundaries reach every layer of a forward: the plan of the last ones is kept."""
@@ -111,13 +131,7 @@ def bucket_plan(cu_seq_lens: torch.Tensor) -> Optional[BucketPlan]:
         return _last_plan[1]
     bounds = cu_seq_lens.tolist()
     lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
-    groups: list[list[int]] = []
-    shortest = 0
-    for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lengths.__getitem__):
-        if not groups or lengths[i] > max(shortest * BUCKET_LENGTH_RATIO, shortest + 8):
-            groups.append([])
-            shortest = lengths[i]
-        groups[-1].append(i)
+    groups = similar_lengths(lengths)
     plan = None
     if len(groups) * 2 <= len(lengths):
         device, total = cu_seq_lens.device, bounds[-1]

@@ -135,8 +135,8 @@ class FSDPEngine(TrainEngine):
         self._routers = moe.router_control(model, cfg.moe, cfg.lora.enabled,
                                            cfg.model.path)
         self._trees = prefix_trees(cfg.shared_prefix, why_not_shared(
-            self._vision_language, cfg.moe.router_replay, model.config._attn_implementation,
-            PACKED_SDPA))
+            self._vision_language, cfg.moe.router_replay,
+            choose_attn_implementation(self.device), PACKED_SDPA))
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -222,7 +222,7 @@ class FSDPEngine(TrainEngine):
                                             **packed_model_kwargs(mb["cu_seqlens"])}
         elif tree is not None:  # each shared prefix once; outputs gathered back per token
             ids, inputs = tree.input_ids, {"position_ids": tree.position_ids[None],
-                                           "prefix_tree": tree}
+                                           "tree_buckets": tree.attention}
         else:
             inputs = {"position_ids": mb["position_ids"][None],
                       **packed_model_kwargs(mb["cu_seqlens"])}

@@ -24,23 +24,15 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDictBase
+
+from engines.fsdp.attention import Bucket, BucketPlan, similar_lengths
 
 logger = logging.getLogger(__name__)
 
 # a micro-batch is forwarded as a tree when the tree has at most this fraction of its tokens
 # (docs/benchmarks.md, "The trainer's core": benchmarks/shared_prefix.py --forced)
 SHARED_FRACTION_BREAK_EVEN = 0.8
-BUCKET_LENGTH_RATIO = 1.25  # a bucket's largest tree at most this x (or + 8 rows) its smallest
-
-
-@dataclass(frozen=True)
-class TreeBucket:
-    n_trees: int
-    length: int  # every tree of the bucket right-padded to it
-    gather: torch.Tensor  # [n_trees * length] tree rows; the padding slot (row R) for pads
-    mask: torch.Tensor  # [n_trees, 1, length, length] bool: which keys a query row sees
 
 
 @dataclass(frozen=True)
@@ -50,8 +42,7 @@ class PrefixTree:
     input_ids: torch.Tensor  # [R] one token per distinct prefix
     position_ids: torch.Tensor  # [R] its depth: its position in every sequence through it
     unshared: torch.Tensor  # [T] the row each packed token's prefix ends at
-    buckets: tuple[TreeBucket, ...]
-    restore: torch.Tensor  # [R] each row's place in the buckets' padded outputs
+    attention: BucketPlan  # trees of similar size right-padded together, with their masks
 
     @property
     def n_rows(self) -> int:
@@ -84,18 +75,6 @@ def _trie(ids: list[int], bounds: list[int]) -> tuple[list[int], list[int], list
     return parent, token, depth, root, unshared
 
 
-def _buckets(sizes: list[int]) -> list[list[int]]:
-    """Trees (by index) in groups of similar sizes, smallest first."""
-    groups: list[list[int]] = []
-    smallest = 0
-    for i in sorted(range(len(sizes)), key=sizes.__getitem__):
-        if not groups or sizes[i] > max(smallest * BUCKET_LENGTH_RATIO, smallest + 8):
-            groups.append([])
-            smallest = sizes[i]
-        groups[-1].append(i)
-    return groups
-
-
 def build_prefix_tree(input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
                       break_even: float = SHARED_FRACTION_BREAK_EVEN) -> Optional[PrefixTree]:
     """The micro-batch's prefix tree, or None when it would keep more than `break_even` of
@@ -119,7 +98,7 @@ def build_prefix_tree(input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
     buckets = []
     restore = torch.empty(total, dtype=torch.long)
     placed = 0
-    for group in _buckets([len(t) for t in trees]):
+    for group in similar_lengths([len(t) for t in trees]):
         length = max(len(trees[i]) for i in group)
         gather = np.full((len(group), length), total, dtype=np.int64)
         mask = np.zeros((len(group), length, length), dtype=bool)
@@ -138,31 +117,14 @@ def build_prefix_tree(input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
         real = flat < total
         restore[flat[real]] = torch.nonzero(real).squeeze(1) + placed
         placed += flat.numel()
-        buckets.append(TreeBucket(len(group), length, flat.to(device),
-                                  torch.from_numpy(mask)[:, None].to(device)))
+        buckets.append(Bucket(len(group), length, flat.to(device),
+                              torch.from_numpy(mask)[:, None].to(device)))
     ordered = torch.tensor(order, dtype=torch.long)
     return PrefixTree(
         input_ids=torch.tensor(token, dtype=input_ids.dtype)[ordered].to(device),
         position_ids=torch.tensor(depth, dtype=torch.long)[ordered].to(device),
         unshared=torch.from_numpy(new_row[np.asarray(unshared, dtype=np.int64)]).to(device),
-        buckets=tuple(buckets), restore=restore.to(device))
-
-
-def prefix_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          tree: PrefixTree, scaling: Optional[float], dropout: float,
-                          gqa: bool) -> torch.Tensor:
-    """q [1, H, R, D], k/v [1, Hkv, R, D] over the tree's rows -> [1, R, H, D]."""
-    q, k, v = (F.pad(x[0], (0, 0, 0, 1)) for x in (query, key, value))  # row R: the pad slot
-    pieces = []
-    for bucket in tree.buckets:
-        qb, kb, vb = (x.index_select(1, bucket.gather)
-                      .unflatten(1, (bucket.n_trees, bucket.length)).transpose(0, 1)
-                      for x in (q, k, v))
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bucket.mask,
-                                            dropout_p=dropout, scale=scaling, enable_gqa=gqa)
-        pieces.append(ob.transpose(0, 1).flatten(1, 2))  # [H, trees * length, D]
-    out = torch.cat(pieces, dim=1).index_select(1, tree.restore)  # [H, R, D]
-    return out.transpose(0, 1)[None].contiguous()
+        attention=BucketPlan(tuple(buckets), restore.to(device)))
 
 
 def why_not_shared(vision_language: bool, router_replay: bool, attn_implementation: str,

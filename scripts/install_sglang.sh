@@ -108,7 +108,8 @@ EOF
     cp "$SHIM_DIR/areal_like_sglang_shim.py" "$SHIM_DIR/areal_like_sglang_shim.pth" \
         "$SHIM_DIR/areal_like_sglang_deterministic.py" \
         "$SHIM_DIR/areal_like_sglang_lora.py" "$SHIM_DIR/areal_like_sglang_vision.py" \
-        "$SHIM_DIR/areal_like_sglang_moe.py" "$SHIM_DIR/areal_like_sglang_attention.py" "$SITE/"
+        "$SHIM_DIR/areal_like_sglang_moe.py" "$SHIM_DIR/areal_like_sglang_attention.py" \
+        "$SHIM_DIR/areal_like_sglang_zygote.py" "$SITE/"
 
     # Guard rails: the CPU torch stayed, and no CUDA torchvision slipped in.
     "$VPY" - "$TORCH_VERSION" <<'EOF'

@@ -208,19 +208,13 @@ def _server_version(addr: str, headers: dict[str, str], backend: str = "sglang")
 
 
 def server_pgid(port: int) -> int:
-    """The process group of the SGLang or vLLM server on `port` (our own, found by command
-    line)."""
-    servers = (b"sglang.launch_server", b"vllm.entrypoints.openai.api_server")
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(s in args for s in servers) and str(port).encode() in args:
-            i = args.index(b"--port")
-            if args[i + 1] == str(port).encode():
-                return os.getpgid(int(cmdline.parent.name))
-    raise LookupError(f"no SGLang server process for port {port}")
+    """The process group of the SGLang or vLLM server listening on `port` (a server started
+    under this test process, by command or forked from the SGLang zygote)."""
+    for pid, _, listening in listening_sockets(os.getpid()):
+        if listening == port:
+            with contextlib.suppress(ProcessLookupError):  # a server that died meanwhile
+                return os.getpgid(pid)
+    raise LookupError(f"no server process under this test listens on port {port}")
 
 
 def process_tree(root: int) -> list[int]:

@@ -16,6 +16,7 @@ import openai
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
+from prefix_parity import assert_tree_parity
 from sglang_helpers import fleet_version, make_controller
 from transformers import AutoTokenizer
 
@@ -273,7 +274,8 @@ def _episode(controller, workflow, item: dict):
     return controller.run_coroutine(workflow.arun_episode(controller, item), timeout=WAIT_S)
 
 
-def test_unmodified_agent_programs_are_episodes(gateway, sglang_fleet, tmp_path, tokenizer):
+def test_unmodified_agent_programs_are_episodes(gateway, sglang_fleet, tmp_path, tokenizer,
+                                                tiny_model_dir):
     import sys
 
     from workflows.program import ProgramWorkflow
@@ -309,6 +311,10 @@ def test_unmodified_agent_programs_are_episodes(gateway, sglang_fleet, tmp_path,
     trained = batch["loss_mask"].bool()
     assert set(batch["versions"][trained].tolist()) == {version}
     assert torch.isfinite(batch["logprobs"][trained]).all()
+    # the two conversations (the prompt shared, then each its own turns) through the
+    # trainer's prefix tree: what the packed whole computes
+    tokens, rows = assert_tree_parity(tiny_model_dir, batch)
+    assert rows < tokens
     assert shell["rewards"].tolist() == [1.0]
     assert python_agent.gateway is None  # closed; no session left open
     assert not rewarded[0][0].work_dir.exists()  # each run's work directory is removed

@@ -109,7 +109,7 @@ def test_last_server_dying_stops_the_run_naming_it_last_on_screen(tmp_path, tiny
     log_dir = tmp_path / "runs"
     run_dir = log_dir / "grpo_addition" / "trial0"
     proc = _launch([*_run_args(tiny_model_dir, log_dir, steps=100_000), "server.max_restarts=0",
-                    FORK],
+                    "server.n_servers=1", FORK],  # the main job runs two
                    start_new_session=True)
     out_lines: list[str] = []
     try:

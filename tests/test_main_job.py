@@ -79,6 +79,11 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "SGLang server 1" in out and "killed by SIGKILL" in out
     assert "restarting SGLang server 1 (restart 1 of 3)" in out
+    # both servers, and the restart, forked from one interpreter that imported SGLang once
+    zygotes = {m for i in (0, 1) for m in re.findall(
+        r"forked from the SGLang zygote, pid (\d+)", (run_dir / f"servers/server_{i}.log")
+        .read_text())}
+    assert len(zygotes) == 1, zygotes
     assert "eval/accuracy:" in out and "curves:" in out
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(31))  # training went on, every step

@@ -172,7 +172,7 @@ def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_
     sent over process groups, vs the local launcher's torchrun with disk weights on the
     session fleet (as new), eta = 0."""
     on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
-              "rollout.weights.transport=distributed", FORK]
+              "rollout.weights.transport=distributed", "server.n_servers=1", FORK]
     runs = {}
     for launcher, extra in (("ray", on_ray), ("local", attach_args(fresh_fleet))):
         log_dir = tmp_path / launcher

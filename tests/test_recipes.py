@@ -67,6 +67,8 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     assert steps == [0, 1, 2]
     last = records[-1]
     assert last["update_successful"] == 1.0 and last["n_tokens"] > 0
+    if recipe in ("grpo", "agent", "agent_program"):  # `actor.shared_prefix` on: trees used
+        assert 0 < last["n_forwarded_tokens"] < last["n_tokens"], last
     assert "eval/accuracy" in records[0] and "eval/accuracy" in last
     assert last["rollout/version"] >= 1  # rollout saw the pushed weights
     assert last["weight_sync/export_s"] > 0

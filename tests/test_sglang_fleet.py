@@ -60,18 +60,21 @@ async def test_unreachable_server_fails_with_a_clear_error():
 
 @pytest.mark.sglang
 @pytest.mark.e2e  # servers of its own
-def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("forked", [False, True], ids=["exec", "forked-from-zygote"])
+def test_server_dying_at_start_raises_with_its_log_tail(tiny_model_dir, tmp_path, forked):
     require_sglang_venv()
     broken = tmp_path / "broken_model"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "config.json").write_text('{"model_type": "qwen2", "architectures": [')
-    fleet = InferenceFleet(broken, ServerConfig(startup_timeout=240), log_dir=tmp_path / "logs")
+    fleet = InferenceFleet(broken, ServerConfig(startup_timeout=240, fork_children=forked),
+                           log_dir=tmp_path / "logs")
     with pytest.raises(ServerStartError) as info:
         fleet.start()
     msg = str(info.value)
     assert "exited with code" in msg and "server_0.log" in msg
     assert "Traceback" in msg or "Error" in msg  # the log tail is in the message
     assert fleet.dead_servers() == [0]
+    assert fleet.forks_servers == forked
 
 
 @pytest.mark.sglang
@@ -146,6 +149,11 @@ def test_server_processes_run_at_the_configured_niceness(spare_server):
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == {
         pid: min(19, ours + 3) for pid in pids}
+    # forked from the zygote (`fork_children`), which imported SGLang at the same niceness
+    zygote = spare_server.zygote_pid
+    assert zygote and int(Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1]
+                          .split()[1]) == zygote
+    assert os.getpriority(os.PRIO_PROCESS, zygote) == min(19, ours + 3)
     autogroup = Path(f"/proc/{server_pid}/autogroup")
     if autogroup.exists():  # its own session's scheduling group is niced too
         assert autogroup.read_text().split()[-2:] == ["nice", "3"]
@@ -207,12 +215,15 @@ import sys, threading, time
 from areal_like.api.config import ServerConfig
 from engines.fleet.launch import InferenceFleet
 
-fleet = InferenceFleet(sys.argv[1], ServerConfig(startup_timeout=300), log_dir=sys.argv[2])
+fleet = InferenceFleet(sys.argv[1], ServerConfig(startup_timeout=300,
+                                                 fork_children=sys.argv[3] == "forked"),
+                       log_dir=sys.argv[2])
 
-def report():
-    while not fleet.processes:
+def report():  # the server's pid (forked from the zygote: once the zygote has forked it)
+    while not fleet.processes or fleet.processes[0].pid is None:
         time.sleep(0.05)
-    print(fleet.processes[0].pid, flush=True)
+    zygote = fleet.zygote_pid or fleet.processes[0].pid
+    print(fleet.processes[0].pid, zygote, flush=True)
 
 threading.Thread(target=report, daemon=True).start()
 fleet.start()
@@ -234,17 +245,23 @@ def _live_pids_in_group(pgid: int) -> list[int]:
 
 @pytest.mark.sglang
 @pytest.mark.e2e  # servers of its own
-def test_servers_die_with_the_process_that_started_them(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("start", ["exec", "forked"])
+def test_servers_die_with_the_process_that_started_them(tiny_model_dir, tmp_path, start):
+    """Started by command, or forked from the SGLang zygote (which dies with the process that
+    started it, and the servers with the zygote)."""
     require_sglang_venv()
     parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny_model_dir),
-                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+                               str(tmp_path), start], stdout=subprocess.PIPE, text=True)
     try:
-        server_pid = int(parent.stdout.readline())  # the server is starting up
+        server_pid, zygote_pid = map(int, parent.stdout.readline().split())  # starting up
         assert _live_pids_in_group(server_pid)
+        assert (zygote_pid != server_pid) == (start == "forked")
     finally:
         parent.kill()  # SIGKILL: no cleanup code of the parent runs
         parent.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while _live_pids_in_group(server_pid) and time.monotonic() < deadline:
+    while ((_live_pids_in_group(server_pid) or _live_pids_in_group(zygote_pid))
+           and time.monotonic() < deadline):
         time.sleep(0.2)
     assert _live_pids_in_group(server_pid) == [], "server outlived its parent (PR_SET_PDEATHSIG)"
+    assert _live_pids_in_group(zygote_pid) == [], "the zygote outlived its parent"

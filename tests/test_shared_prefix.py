@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prefix_parity import rms_norm_in_input_dtype
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
@@ -50,19 +51,11 @@ def _packed(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(seqs), torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
 
 
-def _rms_norm_in_input_dtype(self: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Qwen2's RMSNorm, without its cast to float32 (which would make a float64 model's
-    backward float32-accurate only: summing a shared row's gradient once or per copy then
-    differs by ~1e-7 relative)."""
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden * torch.rsqrt(variance + self.variance_epsilon))
-
-
 def test_tree_equals_the_packed_forward_and_backward_in_float64(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers.models.qwen2 import modeling_qwen2
 
-    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rms_norm_in_input_dtype)
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", rms_norm_in_input_dtype)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64,
                                                  attn_implementation=PACKED_SDPA)
     seqs = _groups(0)

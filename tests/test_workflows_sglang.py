@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SGLANG_TEST_API_KEY
+from prefix_parity import assert_tree_parity
 from sglang_helpers import fleet_version, make_controller
 from transformers import AutoTokenizer
 
@@ -21,6 +22,7 @@ from areal_like.data.memory_episodes import answer_from_memory
 from areal_like.rewards import exact_match_reward
 from areal_like.rewards.reward_executor import RewardExecutor
 from areal_like.rollout.controller import RolloutController
+from areal_like.utils.batching import concat_padded
 from engines.fleet.client import RemoteSGLangEngine
 from workflows import (
     MemoryAgentWorkflow,
@@ -196,7 +198,7 @@ async def test_multi_turn_tokens_are_the_exact_concatenation(engine, tokenizer, 
     assert float(td["rewards"]) == 0.0
 
 
-async def test_tool_agent_with_scripted_call(engine, tokenizer, rewards):
+async def test_tool_agent_with_scripted_call(engine, tokenizer, rewards, tiny_model_dir):
     tools = ToolRegistry()
 
     @tools.register
@@ -221,9 +223,14 @@ async def test_tool_agent_with_scripted_call(engine, tokenizer, rewards):
     first_trained = int(loss.nonzero()[0])
     assert "tool" in tokenizer.decode(td["input_ids"][0, :first_trained])  # result came first
     assert float(td["rewards"]) == pytest.approx(float(td["outcome_rewards"]) + dense.sum().item())
+    # a group of such episodes (the prompt, the call and its result shared, the answers
+    # sampled) through the trainer's prefix tree: what the packed whole computes
+    group = concat_padded([td, *[await workflow.arun_episode(engine, item) for _ in range(2)]])
+    tokens, rows = assert_tree_parity(tiny_model_dir, group)
+    assert rows < 0.6 * tokens
 
 
-async def test_memory_agent_episode(engine, tokenizer, rewards):
+async def test_memory_agent_episode(engine, tokenizer, rewards, tiny_model_dir):
     """Mem-alpha's rollouts against a real server: n rollouts of one item, one row per chunk
     conversation, each action's reward r1 + r2 + beta*r3 + gamma*r4 on its last token —
     recomputed here by replaying each rollout's actions (a scripted fact, then what the model
@@ -275,6 +282,9 @@ async def test_memory_agent_episode(engine, tokenizer, rewards):
         assert float(td["mean_reward"][2 * k]) == pytest.approx(want_mean, abs=1e-6)
     answers_turn = tokenizer.decode(td["input_ids"][1])
     assert fact not in answers_turn  # chunk 2's prompt does not carry chunk 1's text
+    # the rollouts' conversations (system prompt and chunk shared) through the prefix tree
+    tokens, rows = assert_tree_parity(tiny_model_dir, td)
+    assert rows < 0.7 * tokens
 
 
 def test_executor_state_survives_round_trip(sglang_fleet, tokenizer, rewards, tmp_path):

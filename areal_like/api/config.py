@@ -126,7 +126,9 @@ class ServerConfig:
     # CUDA: each server gets its own slice of the visible GPUs (TP)
     gpus_per_server: int = bounded(1, bound=at_least(1))
     deterministic: bool = True  # seeded, batch-invariant sampling (see api/seeding.py)
-    fork_children: bool = False  # CPU: fork, not spawn, the scheduler + detokenizer (no re-import)
+    # CPU SGLang: each server forked from one interpreter that imported SGLang once, and its
+    # scheduler + detokenizer forked from it, not spawned (no re-import: engines/fleet/zygote.py)
+    fork_children: bool = False
     startup_timeout: float = bounded(300.0, bound=above(0, " seconds"))
     # how long the server's /health_generate waits for one generated token before it answers
     # "not generating" (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT): how soon a hung scheduler is found

@@ -16,11 +16,14 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from areal_like.api.config import ServerConfig
 from areal_like.utils.atomic_file import write_atomic
 from areal_like.utils.network import bindable, find_free_port
+
+if TYPE_CHECKING:
+    from engines.fleet.launch import ServerProcess
 
 PORT_FREE_WITHIN_S = 30.0
 
@@ -61,7 +64,7 @@ class ProcessActor:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"{name}.log"
-        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.process: Optional[ServerProcess] = None
         self.fleet: Any = None
 
     def node(self) -> dict[str, Any]:
@@ -103,11 +106,12 @@ class ProcessActor:
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
-            self.process = subprocess.Popen(
+            process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=_with_cwd_on_path(dict(os.environ, **env)), start_new_session=True,
                 preexec_fn=die_with_parent(os.getpid()))
-        return self.process.pid
+        self.process = process
+        return process.pid
 
     def write_text(self, path: str, text: str) -> None:
         """Replace a file on this node at once (what the launcher tells rank 0 here)."""
@@ -124,13 +128,15 @@ class ProcessActor:
             return code, b""
 
     def child_pids(self) -> list[int]:
-        return [self.process.pid] if self.process is not None else []
+        pid = self.process.pid if self.process is not None else None
+        return [pid] if pid is not None else []
 
     def stop(self, timeout: float = 20.0) -> Optional[int]:
         """Stop the process (its whole session: a trainer's rollout and reward processes too)."""
         if self.fleet is not None:
             self.fleet.stop(timeout)
         elif self.process is not None and self.process.poll() is None:
+            assert self.process.pid is not None  # a trainer rank: started by command
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(self.process.pid, sig)

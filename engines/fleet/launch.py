@@ -30,14 +30,18 @@ import urllib.request
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from areal_like.api.config import ServerConfig
 from areal_like.utils.cpus import check_cpus
 from areal_like.utils.network import find_free_port, is_loopback
+from engines.fleet.zygote import ForkedServer, ServerZygote
 from engines.server.errors import ServerStartError
 from engines.sglang.command import build_server_command
 from engines.vllm.command import build_vllm_command, vllm_env
+
+# what the fleet holds for each server: the process it started, or one the zygote forked
+ServerProcess = Union[subprocess.Popen[bytes], ForkedServer]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _PR_SET_PDEATHSIG = 1
@@ -183,7 +187,8 @@ class InferenceFleet:
                         else Path(tempfile.mkdtemp(prefix="sglang_logs_"))).resolve()
         self.addresses: list[str] = []
         self.log_paths: list[Path] = []
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.processes: list[ServerProcess] = []
+        self._zygote: Optional[ServerZygote] = None  # forks the servers (`forks_servers`)
         self._lock = threading.Lock()
         self._started_at = 0.0  # when `spawn` started the servers
         self._starting: set[int] = set()  # not yet healthy, by index (`check_started`)
@@ -227,7 +232,19 @@ class InferenceFleet:
         self._starting = set(range(len(self.processes)))
         return self
 
-    def _spawn(self, index: int, port: int, mode: str) -> subprocess.Popen[bytes]:
+    @property
+    def forks_servers(self) -> bool:
+        """CPU SGLang with `fork_children`: every server (and restart) forked from one
+        interpreter that imported SGLang once (`engines/fleet/zygote.py`)."""
+        return (self.config.backend == "sglang" and self.config.device == "cpu"
+                and self.config.fork_children)
+
+    @property
+    def zygote_pid(self) -> Optional[int]:
+        """The pid of the interpreter the servers are forked from, if there is one running."""
+        return self._zygote.process.pid if self._zygote and self._zygote.alive() else None
+
+    def _spawn(self, index: int, port: int, mode: str) -> ServerProcess:
         if self.config.backend == "vllm":
             cmd = build_vllm_command(self._python, self.model_path, port, self.config,
                                      self.host, self.api_key)
@@ -245,6 +262,8 @@ class InferenceFleet:
             if self.config.backend == "sglang":
                 store = self.log_dir / f".dist_store_{index}_{uuid.uuid4().hex}"
                 env["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = f"file://{store}"
+        if self.forks_servers:
+            return self._fork(index, cmd, env, mode)
         with open(self.log_dir / f"server_{index}.log", mode) as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()
@@ -257,6 +276,23 @@ class InferenceFleet:
             _nice_session(process.pid, self.config.nice)
         return process
 
+    def _fork(self, index: int, cmd: list[str], env: dict[str, str],
+              mode: str) -> ForkedServer:
+        if self._zygote is None or not self._zygote.alive():
+            # the SGLang shim reads its switches at import: the zygote imports with the
+            # servers' environment (on the CPU every server's is the same)
+            self._zygote = ServerZygote(
+                self._python, env, die_with_parent(os.getpid(), self.config.nice,
+                                                   self.config.cpus))
+            if self.config.nice:
+                _nice_session(self._zygote.process.pid, self.config.nice)
+        log_path = self.log_dir / f"server_{index}.log"
+        with open(log_path, mode.replace("b", "")) as log:
+            log.write(f"$ {' '.join(cmd)}  (forked from the SGLang zygote, pid "
+                      f"{self._zygote.process.pid})\n")
+        argv = cmd[cmd.index("sglang.launch_server") + 1:]
+        return self._zygote.fork(argv, env, log_path, self.config.nice)
+
     def _remove_dist_stores(self) -> None:
         for store in self.log_dir.glob(".dist_store_*"):
             store.unlink(missing_ok=True)
@@ -268,8 +304,9 @@ class InferenceFleet:
         with self._lock:
             if self.processes[index].poll() is None:
                 raise ServerStartError(f"{self.kind} server {index} is still running")
-            with contextlib.suppress(ProcessLookupError):  # leftovers of its process group
-                os.killpg(self.processes[index].pid, signal.SIGKILL)
+            pid = self.processes[index].pid
+            with contextlib.suppress(ProcessLookupError, TypeError):  # leftovers of its group
+                os.killpg(pid, signal.SIGKILL)  # type: ignore[arg-type]
             port = int(self.addresses[index].rpartition(":")[2])
             self.processes[index] = self._spawn(index, port, "ab")
 
@@ -333,7 +370,7 @@ class InferenceFleet:
     def kill_server(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to server `index`'s process group (tests use it to simulate a crash)."""
         proc = self.processes[index]
-        if proc.poll() is None:
+        if proc.poll() is None and proc.pid is not None:  # None: queued in the zygote
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)  # the group we created for this server only
 
@@ -344,11 +381,14 @@ class InferenceFleet:
         with self._lock:
             for i in range(len(self.processes)):
                 self.kill_server(i, signal.SIGKILL)
+            if self._zygote is not None:  # and the servers it has not forked yet
+                self._zygote.close(timeout)
             for proc in self.processes:
                 proc.wait(timeout=timeout)
                 # SGLang's children live in the same group: make sure none outlives the server.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                if proc.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
             self._remove_dist_stores()
 
     def dead_servers(self) -> list[int]:

@@ -24,6 +24,7 @@ from bad_run_helpers import FAULTS, failing_run_args, run_until_exit
 from sglang_helpers import assert_same_records, attach_args
 
 from areal_like.utils.metrics_logger import read_metrics
+from areal_like.utils.network import find_free_port
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
@@ -41,9 +42,9 @@ SCRIPT = ["examples/user_script/train.py", "--config", "examples/user_script/con
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((NODE_IP, 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range (a port the OS picks may be taken by another process's
+    outgoing connection before Ray binds it: seen once, Ray's GCS failing to start)."""
+    return find_free_port(NODE_IP)
 
 
 def _session_pids(sid: int) -> list[int]:

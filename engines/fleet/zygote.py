@@ -120,6 +120,9 @@ class ServerZygote:
     def _read_replies(self) -> None:
         assert self.process.stdout is not None
         for raw in self.process.stdout:
+            if not raw.startswith(b"{"):  # not a reply (the zygote sends prints to stderr)
+                self._stderr.append(raw.decode(errors="replace").rstrip())
+                continue
             reply = json.loads(raw)
             with self.changed:
                 if reply.get("ready"):

@@ -92,9 +92,12 @@ def _run_server(request: dict[str, Any], zygote_pid: int, wakeup_fds: tuple[int,
         os._exit(code)
 
 
+_REPLIES: list[Any] = []  # the fleet's pipe; fd 1 is pointed at stderr (stray prints)
+
+
 def _say(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    _REPLIES[0].write(json.dumps(message) + "\n")
+    _REPLIES[0].flush()
 
 
 def _reap(servers: set[int]) -> None:
@@ -110,6 +113,9 @@ def _reap(servers: set[int]) -> None:
 
 
 def main() -> None:
+    # replies on a descriptor of their own: whatever an import prints goes to stderr
+    _REPLIES.append(os.fdopen(os.dup(1), "w"))
+    os.dup2(2, 1)
     _import_what_every_server_imports()
     servers: set[int] = set()
     wake_r, wake_w = os.pipe()
@@ -143,6 +149,7 @@ def main() -> None:
                     pid = os.fork()
                     if pid == 0:
                         os.close(in_session_r)
+                        os.close(_REPLIES[0].fileno())
                         _run_server(request, os.getppid(), (wake_r, wake_w), in_session_w)
                     os.close(in_session_w)
                     os.read(in_session_r, 1)  # empty if the child died first: reaped below

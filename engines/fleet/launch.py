@@ -304,9 +304,10 @@ class InferenceFleet:
         with self._lock:
             if self.processes[index].poll() is None:
                 raise ServerStartError(f"{self.kind} server {index} is still running")
-            pid = self.processes[index].pid
-            with contextlib.suppress(ProcessLookupError, TypeError):  # leftovers of its group
-                os.killpg(pid, signal.SIGKILL)  # type: ignore[arg-type]
+            pid = self.processes[index].pid  # None: the zygote died before forking it
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):  # leftovers of its group
+                    os.killpg(pid, signal.SIGKILL)
             port = int(self.addresses[index].rpartition(":")[2])
             self.processes[index] = self._spawn(index, port, "ab")
 

@@ -39,6 +39,8 @@ class GRPOConfig(BaseExperimentConfig):
               "0 without a reference model (KL to it needs one: set use_ref_model=true)")
         check("GRPOConfig", "ref.lora.rank", not self.ref.lora.enabled, self.ref.lora.rank,
               "0: the reference is frozen (with actor.lora it is the actor's own base)")
+        if self.use_ref_model:
+            same_layout("GRPOConfig", "ref", self.ref, self.actor)
 
 
 @dataclass
@@ -54,6 +56,15 @@ class PPOConfig(GRPOConfig):
         check("PPOConfig", "critic.lora.rank", not self.critic.lora.enabled,
               self.critic.lora.rank, "0: the critic's value head must train, and LoRA "
               "freezes all but the adapters (LoRA is for the actor: actor.lora.rank)")
+        same_layout("PPOConfig", "critic", self.critic, self.actor)
+
+
+def same_layout(cls_name: str, section: str, engine: TrainEngineConfig,
+                actor: TrainEngineConfig) -> None:
+    """Every engine of a recipe reads the rows the actor's layout sends each rank (a
+    sequence-parallel group's ranks the same rows): their meshes must be the actor's."""
+    check(cls_name, f"{section}.parallel", engine.parallel == actor.parallel, engine.parallel,
+          f"the actor's layout {actor.parallel} (set {section}.parallel.* as actor.parallel.*)")
 
 
 @dataclass

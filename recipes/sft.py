@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
                                             valid.shuffle, valid.seed), tokenizer)
 
     def accuracy() -> dict[str, float]:
-        local = shard_batch(eval_batch, run.rank, run.world_size)
+        local = shard_batch(eval_batch, run.data_parallel_rank, run.data_parallel_size)
         correct = greedy_exact_match(engine.forward(local, post_hook=argmax_hits), local)
         return {"eval/accuracy": run.global_mean(correct.float())}
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     total, freq = config.total_train_steps, config.evaluation.freq_steps
     for step in progress(range(start, total), "sft steps", enabled=run.is_main):
         batch = build_sft_batch(next(batches), tokenizer)
-        stats = actor.update(shard_batch(batch, run.rank, run.world_size))
+        stats = actor.update(shard_batch(batch, run.data_parallel_rank, run.data_parallel_size))
         engine.step_lr_scheduler()
         last = step + 1 == total
         if freq and ((step + 1) % freq == 0 or last):

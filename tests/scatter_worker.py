@@ -1,5 +1,7 @@
 """Run under torchrun (2 ranks, gloo): rank 0 scatters a batch with `RunContext.scatter_batch`;
-each rank writes whether what it received is exactly its shard of the whole batch."""
+each rank writes whether what it received is exactly its shard of the whole batch: its own
+rows with two data-parallel ranks, the whole batch on both ranks of one sequence-parallel
+group."""
 
 import json
 import sys
@@ -9,6 +11,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from areal_like.api.parallel_config import ParallelConfig
 from areal_like.runtime.context import RunContext
 from engines.fsdp.packing import shard_batch
 
@@ -24,11 +27,18 @@ whole = TensorDict({
     "logprobs": torch.randn(rows, width, generator=gen, dtype=torch.float64) * mask,
     "rewards": torch.randn(rows, generator=gen),
 }, batch_size=[rows])
-ctx = SimpleNamespace(rank=rank, world_size=world)
-got = RunContext.scatter_batch(ctx, whole if rank == 0 else None, group_size)  # type: ignore[arg-type]
-want = shard_batch(whole, rank, world, group_size)
-same = set(got.keys()) == set(want.keys()) and all(
-    torch.equal(got[k], want[k]) for k in want.keys())
+results = {}
+for layout, parallel in (("data", ParallelConfig()),
+                         ("sequence", ParallelConfig(sequence_parallel_size=2))):
+    dp_size, dp_rank = parallel.data_parallel_size(world), parallel.data_parallel_rank(rank)
+    ctx = SimpleNamespace(rank=rank, world_size=world, data_parallel_size=dp_size,
+                          config=SimpleNamespace(actor=SimpleNamespace(parallel=parallel)))
+    got = RunContext.scatter_batch(ctx, whole if rank == 0 else None,  # type: ignore[arg-type]
+                                   group_size)
+    want = shard_batch(whole, dp_rank, dp_size, group_size)
+    same = set(got.keys()) == set(want.keys()) and all(
+        torch.equal(got[k], want[k]) for k in want.keys())
+    results[layout] = {"same": same, "rows": int(got.batch_size[0]), "whole": rows}
 with open(f"{sys.argv[1]}.{rank}", "w") as f:
-    json.dump({"same": same, "rows": int(got.batch_size[0]), "whole": rows}, f)
+    json.dump(results, f)
 dist.destroy_process_group()

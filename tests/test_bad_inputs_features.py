@@ -18,9 +18,11 @@ from areal_like.launcher import local
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
+def models(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
+           tiny_moe_dir: Path) -> dict[str, Path]:
     """The student (the session's tiny model), a model with another tokenizer of the same
-    size (seed 2), one with a larger vocabulary, and a tiny vision-language model."""
+    size (seed 2), one with a larger vocabulary, a tiny vision-language model and a tiny
+    mixture of experts."""
     from areal_like.models.tiny import build_tiny_model
     from areal_like.models.tiny_vl import build_tiny_vl_model
 
@@ -28,7 +30,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> di
     return {"student": tiny_model_dir,
             "other_tokenizer": build_tiny_model(root / "seed2", size="1m", seed=2),
             "larger_vocab": build_tiny_model(root / "10m", size="10m", seed=1),
-            "vl": build_tiny_vl_model(root / "vl")}
+            "vl": build_tiny_vl_model(root / "vl"), "moe": tiny_moe_dir}
 
 
 def _refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -153,6 +155,25 @@ CASES = [
      "sends images, which vLLM servers refuse here"),
     ("freeze-tower-text-model", "grpo", ["actor.freeze_vision_tower=true"],
      "actor.freeze_vision_tower=true, but model.path="),
+    # the trainer's device mesh (actor.parallel): sizes against the ranks and the heads,
+    # models Ulysses cannot split, engines whose layout differs from the actor's
+    ("mesh-larger-than-the-trainer", "grpo", ["actor.parallel.sequence_parallel_size=2"],
+     "actor.parallel.sequence_parallel_size=2 x actor.parallel.tensor_parallel_size=1 = 2 "
+     "does not divide the trainer's world size 1 (launcher.n_trainer_procs)"),
+    ("sequence-parallel-splitting-heads", "grpo",
+     ["launcher.n_trainer_procs=3", "actor.parallel.sequence_parallel_size=3"],
+     "actor.parallel.sequence_parallel_size=3 does not divide the model's "
+     "num_attention_heads=4: each rank must hold whole attention heads"),
+    ("sequence-parallel-vision-model", "grpo",
+     ["model.path={vl}", "launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
+     "actor.parallel.sequence_parallel_size=2 with the vision-language model at"),
+    ("sequence-parallel-mixture-of-experts", "grpo",
+     ["model.path={moe}", "launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
+     "actor.parallel.sequence_parallel_size=2 with the mixture of experts at"),
+    ("critic-on-another-mesh", "ppo",
+     ["launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
+     "PPOConfig.critic.parallel=ParallelConfig(sequence_parallel_size=1, tensor_parallel_size=1)"
+     " is invalid: expected the actor's layout"),
     # presets on recipes that cannot use them
     ("preset-on-sft", "sft", ["algorithm.preset=dapo"],
      "algorithm.preset='dapo', algorithm.loss.eps_clip_high=0.28, "

@@ -10,12 +10,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import fsdp_worker as W
 import pytest
 import torch
+from fsdp_reference import max_diff, per_sequence_outputs, reference_steps
 from safetensors.torch import load_file
 from torchrun_helpers import run_worker
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
 
@@ -28,40 +28,10 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return res
 
 
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
-def _reference_steps(model_dir: Path, batches: list[dict[str, torch.Tensor]]) -> tuple[list, list]:
-    """Plain single-process float64 training: padded forward, global token-mean NLL of the next
-    tokens where loss_mask of the predicted token is 1, clip to 1.0, AdamW, warm-up factor 0.5
-    then 1.0 (the worker's cosine schedule)."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation="eager").double()
-    params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=W.LR, eps=W.ADAM_EPS, weight_decay=W.WEIGHT_DECAY)
-    stats, snapshots = [], []
-    for factor, batch in zip([0.5, 1.0], batches, strict=True):
-        ids, attn, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        mask = (loss_mask[:, 1:] * attn[:, 1:]).bool()
-        loss = -(logp * mask).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-        for group in opt.param_groups:
-            group["lr"] = W.LR * factor
-        opt.step()
-        stats.append({"loss": loss.item(), "grad_norm": norm, "lr": W.LR * factor})
-        snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return stats, snapshots
-
-
 @pytest.fixture(scope="module")
 def reference(run: dict[str, Any]) -> tuple[list, list]:
-    return _reference_steps(run["model_dir"], [run["batch1"], run["batch2"]])
+    stats, params, _ = reference_steps(run["model_dir"], [run["batch1"], run["batch2"]])
+    return stats, params
 
 
 def test_data_parallel_split_is_real(run: dict[str, Any]) -> None:
@@ -79,10 +49,10 @@ def test_train_steps_match_single_process_reference(run: dict[str, Any], referen
         assert got["lr"] == pytest.approx(ref_stats[i]["lr"], rel=1e-12)
     n_ref_tokens = int(run["batch1"]["attention_mask"].sum())
     assert run["step1"]["n_tokens"] == n_ref_tokens
-    assert _max_diff(run["params_step1"], ref_params[0]) < 1e-5
-    assert _max_diff(run["params_step2"], ref_params[1]) < 1e-5
+    assert max_diff(run["params_step1"], ref_params[0]) < 1e-5
+    assert max_diff(run["params_step2"], ref_params[1]) < 1e-5
     # the check is meaningful: the steps moved the weights by much more than the tolerance
-    assert _max_diff(run["params_step2"], run["params_step1"]) > 1e-3
+    assert max_diff(run["params_step2"], run["params_step1"]) > 1e-3
 
 
 def test_eval_batch_matches_train_loss(run: dict[str, Any]) -> None:
@@ -91,26 +61,8 @@ def test_eval_batch_matches_train_loss(run: dict[str, Any]) -> None:
 
 def _per_sequence(run: dict[str, Any], critic: bool = False) -> list[dict[str, torch.Tensor]]:
     """Each row of batch1 through the plain model on its own (no packing, no padding)."""
-    if critic:
-        model = AutoModelForTokenClassification.from_pretrained(
-            run["out"] / "critic_export", dtype=torch.float32, attn_implementation="eager")
-    else:
-        model = AutoModelForCausalLM.from_pretrained(run["model_dir"], dtype=torch.float32,
-                                                     attn_implementation="eager")
-    model = model.double().eval()
-    rows = []
-    ids, attn = run["batch1"]["input_ids"], run["batch1"]["attention_mask"]
-    with torch.no_grad():
-        for b in range(ids.shape[0]):
-            seq = ids[b, : int(attn[b].sum())]
-            out = model(input_ids=seq[None]).logits[0]
-            if critic:
-                rows.append({"values": out[:, 0]})
-                continue
-            logp_all = torch.log_softmax(out, -1)
-            rows.append({"logp": logp_all[:-1].gather(-1, seq[1:, None]).squeeze(-1),
-                         "entropy": -(logp_all.exp() * logp_all).sum(-1)})
-    return rows
+    return per_sequence_outputs(run["model_dir"], run["batch1"],
+                                run["out"] / "critic_export" if critic else None)
 
 
 def test_packed_forward_equals_per_sequence_forward(run: dict[str, Any]) -> None:
@@ -130,20 +82,20 @@ def test_micro_batch_count_does_not_change_the_update(run: dict[str, Any]) -> No
     for name in ("step1", "step2"):
         assert run[f"mb4_{name}"]["loss"] == pytest.approx(run[name]["loss"], rel=1e-6)
         assert run[f"mb4_{name}"]["grad_norm"] == pytest.approx(run[name]["grad_norm"], rel=1e-5)
-    assert _max_diff(run["mb4_params_step2"], run["params_step2"]) < 1e-5
+    assert max_diff(run["mb4_params_step2"], run["params_step2"]) < 1e-5
 
 
 def test_dcp_resume_reproduces_the_uninterrupted_step(run: dict[str, Any]) -> None:
     assert run["resumed_version"] == 1
     assert run["resumed_step2"] == run["step2"]
-    assert _max_diff(run["resumed_params_step2"], run["params_step2"]) == 0.0
+    assert max_diff(run["resumed_params_step2"], run["params_step2"]) == 0.0
 
 
 def test_exported_weights_reload_in_transformers(run: dict[str, Any]) -> None:
     export = run["out"] / "export"
     assert run["update_weights"]["update_weights_seconds"] > 0
     saved = load_file(export / "model.safetensors")
-    assert _max_diff(saved, run["params_step2"]) == 0.0
+    assert max_diff(saved, run["params_step2"]) == 0.0
     model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
     assert model.config.architectures == ["Qwen2ForCausalLM"]
     ids, attn = run["batch1"]["input_ids"], run["batch1"]["attention_mask"]
@@ -154,7 +106,7 @@ def test_exported_weights_reload_in_transformers(run: dict[str, Any]) -> None:
     tok = AutoTokenizer.from_pretrained(export)
     assert len(tok) == len(AutoTokenizer.from_pretrained(run["model_dir"]))
     # HF save -> load into a sharded engine gives back the same weights
-    assert _max_diff(run["hf_loaded_params"], run["params_step2"]) == 0.0
+    assert max_diff(run["hf_loaded_params"], run["params_step2"]) == 0.0
 
 
 def test_nan_loss_skips_the_step(run: dict[str, Any]) -> None:

@@ -164,7 +164,8 @@ def test_groups_of_any_size_stay_on_one_rank_by_group_id() -> None:
 def test_each_trainer_rank_receives_exactly_its_shard(tmp_path):
     """`RunContext.scatter_batch` under a real 2-rank torchrun job: rank 0 sends each rank
     its rows only, and they are the rows `shard_batch` picks from the whole batch (groups
-    whole, token counts balanced)."""
+    whole, token counts balanced); the two ranks of a sequence-parallel group (one data rank)
+    both receive the whole batch."""
     import json
     import os
     import subprocess
@@ -181,5 +182,7 @@ def test_each_trainer_rank_receives_exactly_its_shard(tmp_path):
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
-    assert all(r["same"] for r in results), results
-    assert sum(r["rows"] for r in results) == 12 and all(r["rows"] < 12 for r in results)
+    data = [r["data"] for r in results]
+    assert all(r["same"] for r in data), results
+    assert sum(r["rows"] for r in data) == 12 and all(r["rows"] < 12 for r in data)
+    assert all(r["sequence"]["same"] and r["sequence"]["rows"] == 12 for r in results), results

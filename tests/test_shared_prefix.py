@@ -153,4 +153,6 @@ def test_where_shared_prefixes_do_not_apply_and_why() -> None:
                       ((False, True, PACKED_SDPA), "router replay"),
                       ((False, False, "flash_attention_2"), "flash_attention_2")]:
         assert why in why_not_shared(*args, PACKED_SDPA)
+    assert "sequence_parallel_size=2" in why_not_shared(False, False, PACKED_SDPA, PACKED_SDPA,
+                                                        2)
     assert why_not_shared(False, False, PACKED_SDPA, PACKED_SDPA) == ""

@@ -326,8 +326,9 @@ def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_buck
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
-def _run_two_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra: str) -> list:
-    """recipes/grpo.py under torchrun with 2 trainer ranks, on the session fleet."""
+def run_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra: str,
+              nproc: int = 2) -> list:
+    """recipes/grpo.py under torchrun with `nproc` trainer ranks, on the session fleet."""
     import os
     import subprocess
     import sys
@@ -344,7 +345,7 @@ def _run_two_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra
             "evaluation.n_prompts=4", "valid_dataset.size=8", "train_dataset.size=200",
             "logging.tensorboard=false", "logging.plot=false", *EQUIVALENCE, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    cmd = [sys.executable, "-m", "areal_like.launcher.torchrun_loopback", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "areal_like.launcher.torchrun_loopback", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={find_free_port()}", "-m", "recipes.grpo",
            *args]
     try:
@@ -365,8 +366,8 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
     1e-6, see `assert_same_records`)."""
     from test_recipes import _compared
 
-    disk = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "disk")
-    dist = _run_two_ranks(sglang_fleet, tiny_model_dir, tmp_path / "dist",
+    disk = run_ranks(sglang_fleet, tiny_model_dir, tmp_path / "disk")
+    dist = run_ranks(sglang_fleet, tiny_model_dir, tmp_path / "dist",
                           "rollout.weights.transport=distributed",
                           f"rollout.weights.bucket_mb={BUCKET_MB}")
     assert [r["step"] for r in dist] == [0, 1, 2, 3]

@@ -1,4 +1,4 @@
-"""Running a test's worker script under `torchrun --nproc_per_node=2` on this machine."""
+"""Running a test's worker script under `torchrun --nproc_per_node=N` (2 by default) here."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from areal_like.utils.network import find_free_port
 LAUNCH_TIMEOUT_S = 600
 
 
-def run_worker(worker: str, model_dir: Path, out: Path, *extra: str) -> dict[str, Any]:
-    """Run tests/`worker` on two ranks (`--model model_dir --out out` + `extra` arguments,
+def run_worker(worker: str, model_dir: Path, out: Path, *extra: str,
+               nproc: int = 2) -> dict[str, Any]:
+    """Run tests/`worker` on `nproc` ranks (`--model model_dir --out out` + `extra` arguments,
     loopback rendezvous, one thread each); fail the test with its output if it fails; return
     `out`/results.pt."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master-addr", "127.0.0.1", "--master-port", str(find_free_port()),
            str(Path(__file__).with_name(worker)), "--model", str(model_dir), "--out", str(out),
            *extra]

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from areal_like.utils.distributed import data_parallel_group
+
 if TYPE_CHECKING:
     from areal_like.api.config import AlgorithmConfig
 
@@ -108,16 +110,18 @@ def filter_zero_variance_groups(batch: TensorDict, group_index: torch.Tensor,
 
 
 def _gather_variable(local: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """All ranks' 1-D tensors concatenated in rank order, and this rank's offset in it."""
-    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([local.numel()], dtype=torch.long))
+    """The data-parallel ranks' 1-D tensors concatenated in rank order, and this rank's offset
+    in it (a sequence-parallel group's ranks hold the same rows: they count once)."""
+    group = data_parallel_group()
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor([local.numel()], dtype=torch.long), group=group)
     counts = [int(c) for c in sizes]
     padded = torch.zeros(max(counts), dtype=local.dtype)
     padded[: local.numel()] = local.cpu()
     parts = [torch.zeros_like(padded) for _ in counts]
-    dist.all_gather(parts, padded)
+    dist.all_gather(parts, padded, group=group)
     whole = torch.cat([p[:n] for p, n in zip(parts, counts, strict=True)])
-    return whole, sum(counts[: dist.get_rank()])
+    return whole, sum(counts[: dist.get_rank(group)])
 
 
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, ratio: float,

@@ -31,6 +31,7 @@ from areal_like.api.launcher_config import LauncherConfig
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.lora_serving import serve_actor_lora
 from areal_like.api.moe_config import MoEConfig, serve_routed_experts
+from areal_like.api.parallel_config import ParallelConfig
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.rollout_config import BACKENDS, RolloutConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
@@ -103,6 +104,8 @@ class TrainEngineConfig:
     moe: MoEConfig = field(default_factory=MoEConfig)  # a mixture of experts' routers
     # each shared prefix (a group's prompt, a history) forwarded once: engines/fsdp/shared_prefix.py
     shared_prefix: bool = False
+    # the trainer's device mesh: sequence (Ulysses) x tensor parallel sizes, data the rest
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         check_bounds(self, "TrainEngineConfig")

@@ -50,6 +50,10 @@ class RunContext:
         device, backend = resolve_device_and_backend(config.actor.backend)
         ensure_process_group(backend, device, config.actor.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        # which rows of a batch this rank trains (a sequence-parallel group shares its rows)
+        parallel = config.actor.parallel
+        self.data_parallel_size = parallel.data_parallel_size(self.world_size)
+        self.data_parallel_rank = parallel.data_parallel_rank(self.rank)
         seed_everything(config.seed + self.rank)
         self.dir = run_dir(config.logging)
         self.is_main = self.rank == 0
@@ -89,16 +93,19 @@ class RunContext:
         return run_on_main(fn, what, self.config.actor.collective_timeout)
 
     def scatter_batch(self, batch: Optional[TensorDict], group_size: int) -> TensorDict:
-        """Rank 0's batch, split so each rank gets its own rows (groups kept whole): rank 0
-        sends each rank only its shard."""
+        """Rank 0's batch, split so each data-parallel rank gets its own rows (groups kept
+        whole): rank 0 sends each rank only its shard (the ranks of a sequence-parallel group
+        the same one)."""
         if self.world_size == 1:
             assert batch is not None
             return batch
         shards: Optional[list[TensorDict]] = None
         if self.rank == 0:
             assert batch is not None
-            shards = [batch[torch.as_tensor(rows, dtype=torch.long)]
-                      for rows in shard_rows(batch, self.world_size, group_size)]
+            per_dp_rank = [batch[torch.as_tensor(rows, dtype=torch.long)]
+                           for rows in shard_rows(batch, self.data_parallel_size, group_size)]
+            parallel = self.config.actor.parallel
+            shards = [per_dp_rank[parallel.data_parallel_rank(r)] for r in range(self.world_size)]
         received: list[Optional[TensorDict]] = [None]
         dist.scatter_object_list(received, shards, src=0)
         assert received[0] is not None, "rank 0 sent no batch"

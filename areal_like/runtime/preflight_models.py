@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from areal_like.api.config_loader import ConfigError
@@ -26,12 +28,35 @@ def check_model_folders(config: Any) -> None:
     """Every check of this module that applies to `config` (a recipe's)."""
     model = _model_config(config.model.path)
     _check_vision(config, model)
+    _check_parallel(config, model)
     actor = getattr(config, "actor", None)
     if actor is not None and actor.lora.enabled and model is not None:
         _check_lora_targets(actor.lora.target_modules, config.model.path)
     teacher = getattr(config, "teacher", None)
     if teacher is not None and not teacher.server_addrs:
         _check_teacher(teacher, config.model)
+
+
+def _check_parallel(config: Any, model: Optional[dict[str, Any]]) -> None:
+    """Each trainer engine's mesh against the trainer's world size and the model's heads (the
+    engine's own checks, from config.json: engines/fsdp/mesh.py)."""
+    # under torchrun the job's size; launched by us, the ranks the launcher will start
+    world = int(os.environ.get("WORLD_SIZE") or config.launcher.n_trainer_procs)
+    sections = [name for name in ("actor", "critic", "ref") if hasattr(config, name)
+                and (name != "ref" or getattr(config, "use_ref_model", False))]
+    for name in sections:
+        parallel = getattr(config, name).parallel
+        try:
+            parallel.data_parallel_size(world, name)
+            if model is not None and parallel.model_parallel_size > 1:
+                # (imports the engine's checks: transformers, ~2 s, only for such a mesh)
+                from engines.fsdp.mesh import check_model_fits_mesh
+
+                text = SimpleNamespace(**{**model, **(model.get("text_config") or {})})
+                check_model_fits_mesh(parallel, text, config.model.path, name,
+                                      getattr(config, name).lora.rank)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _model_config(path: str) -> Optional[dict[str, Any]]:

@@ -58,3 +58,20 @@ def ensure_process_group(backend: str, device: torch.device,
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     return True
+
+
+# The trainer's data-parallel group (its mesh's "dp" dimension; None: the whole world): the
+# ranks that hold distinct rows of a batch. Batch-wide statistics (advantage normalisation,
+# the KL controller, the top-entropy selection) pool over it, so the ranks of a
+# sequence-parallel group, which hold the same rows, count them once.
+_data_parallel_group: Any = None
+
+
+def set_data_parallel_group(group: Any) -> None:
+    """Called by the train engine when it builds its device mesh."""
+    global _data_parallel_group
+    _data_parallel_group = group
+
+
+def data_parallel_group() -> Any:
+    return _data_parallel_group

@@ -25,6 +25,22 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+# Set by the train engine on every rank of a sequence-parallel group but its first: those
+# ranks compute what the first records already (the same rows), and their records would count
+# every token again when `export` reduces over the ranks.
+_records_duplicated = False
+
+
+def set_records_duplicated(duplicated: bool) -> None:
+    """On (True) this process records nothing: `denominator`, `stat`, `scalar` and `add`
+    become no-ops (timings still count); `export` still takes part in the reduction."""
+    global _records_duplicated
+    _records_duplicated = duplicated
+
+
+def _recording() -> bool:
+    return not _records_duplicated
+
 
 class StatsTracker:
     """Accumulates statistics between two `export` calls. Thread-safe."""
@@ -76,6 +92,8 @@ class StatsTracker:
     # ---- recording ----------------------------------------------------------------------
     def denominator(self, **masks: torch.Tensor) -> None:
         """Register boolean masks that later `stat` calls average over (by name)."""
+        if not _recording():
+            return
         with self._lock:
             for name, mask in masks.items():
                 if mask.dtype != torch.bool:
@@ -87,6 +105,8 @@ class StatsTracker:
 
     def stat(self, denominator: str, **values: torch.Tensor) -> None:
         """Record masked statistics (avg/min/max over the denominator's True entries)."""
+        if not _recording():
+            return
         with self._lock:
             key = self._key(denominator)
             if key not in self._denominators:
@@ -106,12 +126,16 @@ class StatsTracker:
 
     def scalar(self, **values: float) -> None:
         """Record plain numbers; each key exports the mean of its recorded values."""
+        if not _recording():
+            return
         with self._lock:
             for name, value in values.items():
                 self._scalars[self._key(name)].append(float(value))
 
     def add(self, **values: float) -> None:
         """Record counters; each key exports the sum of what was added."""
+        if not _recording():
+            return
         with self._lock:
             for name, value in values.items():
                 self._sums[self._key(name)] += float(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
@@ -12,8 +14,9 @@ from areal_like.utils.distributed import (  # noqa: F401 (the engine's set-up, r
 )
 
 
-def all_reduce_scalar(value: float, device: torch.device, op: str = "sum") -> float:
-    """A float summed (or maxed) over all ranks, in float64."""
+def all_reduce_scalar(value: float, device: torch.device, op: str = "sum",
+                      group: Optional[dist.ProcessGroup] = None) -> float:
+    """A float summed (or maxed) over all ranks (of `group`), in float64."""
     t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
     return float(t.item())

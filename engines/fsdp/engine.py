@@ -38,9 +38,6 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from areal_like.api.config import TrainEngineConfig
@@ -52,15 +49,18 @@ from areal_like.api.io_struct import (
     SaveLoadMeta,
     WeightUpdateMeta,
 )
-from areal_like.api.trajectory import ROUTED_EXPERTS
+from areal_like.utils import stats_tracker
+from areal_like.utils.distributed import set_data_parallel_group
 from areal_like.utils.packed_logprobs import next_token_logprobs
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp import lora as lora_io
 from engines.fsdp import model_io as ckpt
 from engines.fsdp import moe
-from engines.fsdp.attention import PACKED_SDPA, choose_attn_implementation, packed_model_kwargs
+from engines.fsdp.attention import PACKED_SDPA, choose_attn_implementation
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
+from engines.fsdp.mesh import TrainerMesh, build_trainer_mesh, check_model_fits_mesh
 from engines.fsdp.optim import build_optimizer, build_scheduler
+from engines.fsdp.packed_forward import PackedForward
 from engines.fsdp.packing import (
     count_micro_batches,
     pack_sequences,
@@ -68,18 +68,17 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
+from engines.fsdp.sharding import DTYPES, apply_tensor_parallel, gradient_norm, shard_model
 from engines.fsdp.shared_prefix import PrefixTreeUse, prefix_trees, why_not_shared
+from engines.fsdp.ulysses import ULYSSES_ATTENTION
 from engines.fsdp.vision import (
     freeze_vision_tower,
     is_vision_language,
     require_vision_language,
-    vision_model_kwargs,
-    with_dummy_image,
 )
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PostHook = Callable[[torch.Tensor, TensorDict], torch.Tensor]
 
 
@@ -101,6 +100,8 @@ class FSDPEngine(TrainEngine):
         self._served: Optional[list[ckpt.ServedPiece]] = None
         self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
         self._trees: Optional[PrefixTreeUse] = None  # actor.shared_prefix (shared_prefix.py)
+        self.mesh: Optional[TrainerMesh] = None  # data x sequence x tensor (mesh.py)
+        self._forward: Any = None  # PackedForward: a micro-batch through the model
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, addr: Optional[str] = None,
@@ -122,21 +123,26 @@ class FSDPEngine(TrainEngine):
         self._owns_group = ensure_process_group(backend, self.device,
                                                 self.config.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
-
+        section = "critic" if cfg.model.is_critic else "actor"
+        self.mesh = build_trainer_mesh(cfg.parallel, self.device.type, section)
+        sp = self.mesh.sp_size
+        set_data_parallel_group(self.mesh.dp_group)  # batch-wide statistics pool over it
+        stats_tracker.set_records_duplicated(not self.mesh.leads_its_rows)
+        attn = choose_attn_implementation(self.device)  # (Ulysses runs it on whole rows)
         model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic,
-                                        _DTYPES[cfg.model.dtype],
-                                        choose_attn_implementation(self.device))
+                                        DTYPES[cfg.model.dtype],
+                                        ULYSSES_ATTENTION if sp > 1 else attn)
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._vision_language = is_vision_language(model.config)
+        check_model_fits_mesh(cfg.parallel, model.config, cfg.model.path, section,
+                              cfg.lora.rank)
         if cfg.freeze_vision_tower:
             frozen = freeze_vision_tower(model)
             logger.info("vision tower frozen: %d parameters take no gradient", frozen)
         self._routers = moe.router_control(model, cfg.moe, cfg.lora.enabled,
                                            cfg.model.path)
         self._trees = prefix_trees(cfg.shared_prefix, why_not_shared(
-            self._vision_language, cfg.moe.router_replay,
-            choose_attn_implementation(self.device), PACKED_SDPA))
+            self._vision_language, cfg.moe.router_replay, attn, PACKED_SDPA, sp))
         if cfg.lora.enabled:
             if cfg.model.is_critic:
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
@@ -146,31 +152,44 @@ class FSDPEngine(TrainEngine):
             model.activation_checkpointing_enable({"use_reentrant": False})
         if self.device.type == "cuda":
             torch.nn.Module.to(model, self.device)  # (HF types `to` for dtypes only)
-        shard_kwargs: dict[str, Any] = {"mesh": mesh}
-        if cfg.param_dtype != "float32" or cfg.reduce_dtype != "float32":
-            shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
-        if cfg.cpu_offload:
-            if self.device.type == "cuda":
-                shard_kwargs["offload_policy"] = CPUOffloadPolicy()
-            else:
-                logger.info("cpu_offload ignored: the engine already runs on CPU")
-        block_names = set(getattr(model, "_no_split_modules", None) or [])
-        blocks = [m for m in model.modules() if type(m).__name__ in block_names]
-        if not blocks:
-            raise ValueError(f"{type(model).__name__} declares no decoder-layer classes "
-                             f"(_no_split_modules={sorted(block_names)}); cannot shard per layer")
-        for block in blocks:
-            fully_shard(block, **shard_kwargs)
-        fully_shard(model, **shard_kwargs)
+        if self.mesh.tp_size > 1:
+            apply_tensor_parallel(model, self.mesh, cfg.model.path, section)
+        shard_model(model, self.mesh, cfg, self.device)
         self.model = model
+        self._forward = PackedForward(
+            model, self.device, is_critic=cfg.model.is_critic,
+            pad_token_id=self._pad_token_id, vision_language=self._vision_language,
+            routers=self._routers, router_replay=cfg.moe.router_replay, trees=self._trees,
+            sequence_group=self.mesh.sp_group if sp > 1 else None, inner_attn=attn)
 
         self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad],
                                          cfg.optimizer)
         self.lr_scheduler = build_scheduler(self.optimizer, cfg.optimizer, total_steps)
 
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which rows of a batch this rank trains: ranks of one sequence-parallel group pass
+        the same local batch (`shard_batch(batch, data_parallel_rank, data_parallel_size)`)."""
+        return self.mesh.dp_rank if self.mesh is not None else self.rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.mesh.dp_size if self.mesh is not None else self.world_size
+
+    @property
+    def _fsdp_size(self) -> int:
+        return self.mesh.fsdp.size() if self.mesh is not None else self.world_size
+
+    def _dp_sum(self, value: float, op: str = "sum") -> float:
+        """Summed (or maxed) over distinct data: the ranks of a sequence-parallel group hold
+        the same rows, so they count once."""
+        return all_reduce_scalar(value, self.device, op,
+                                 self.mesh.dp_group if self.mesh is not None else None)
+
     def destroy(self) -> None:
-        self.model = self.optimizer = self.lr_scheduler = None
+        self.model = self.optimizer = self.lr_scheduler = self._forward = None
+        stats_tracker.set_records_duplicated(False)
+        set_data_parallel_group(None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
@@ -204,42 +223,13 @@ class FSDPEngine(TrainEngine):
         groups = partition_into_micro_batches(lengths, spec.max_tokens_per_mb, count)
         return groups, [pack_sequences(batch, g).to(self.device) if g else None for g in groups]
 
-    def _dummy_micro_batch(self) -> TensorDict:
-        ids = torch.tensor([self._pad_token_id], device=self.device)
-        zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        mb = TensorDict({"input_ids": ids, "position_ids": zero,
-                         "cu_seqlens": torch.tensor([0, 1], device=self.device)}, batch_size=[])
-        if self._routers is not None:  # routed by the trainer's own top-k
-            mb[ROUTED_EXPERTS] = self._routers.unrouted(1, self.device)
-        return mb
-
-    def _logits(self, mb: TensorDict) -> torch.Tensor:
-        n_tokens = mb["input_ids"].shape[0]
-        tree, ids = self._trees.plan(mb) if self._trees is not None else None, mb["input_ids"]
-        if self._vision_language:  # the vision tower runs on every rank (engines/fsdp/vision.py)
-            mb = with_dummy_image(mb, self.model.config)  # (its tokens after the batch's)
-            ids, inputs = mb["input_ids"], {**vision_model_kwargs(self.model, mb),
-                                            **packed_model_kwargs(mb["cu_seqlens"])}
-        elif tree is not None:  # each shared prefix once; outputs gathered back per token
-            ids, inputs = tree.input_ids, {"position_ids": tree.position_ids[None],
-                                           "tree_buckets": tree.attention}
-        else:
-            inputs = {"position_ids": mb["position_ids"][None],
-                      **packed_model_kwargs(mb["cu_seqlens"])}
-        if self._routers is not None:
-            self._routers.begin(mb, self.config.moe.router_replay)
-        out = self.model(input_ids=ids[None], attention_mask=None, use_cache=False, **inputs)
-        logits = (out.logits[0].index_select(0, tree.unshared) if tree is not None
-                  else out.logits[0, :n_tokens])
-        return logits.squeeze(-1) if self.config.model.is_critic else logits
-
     def _weights(self, mbs: list[Optional[TensorDict]],
                  loss_weight_fn: LossWeightFn) -> tuple[list[float], float]:
         weights = [0.0 if mb is None else float(loss_weight_fn(mb)) for mb in mbs]
         bad = [w for w in weights if not math.isfinite(w) or w < 0]
         if bad:
             raise ValueError(f"loss_weight_fn returned {bad[0]}; weights must be finite and >= 0")
-        total = all_reduce_scalar(sum(weights), self.device)
+        total = self._dp_sum(sum(weights))
         if total <= 0:
             raise ValueError("loss_weight_fn gives a total weight of 0 over all micro-batches and "
                              "ranks: nothing to train on (e.g. every loss_mask is empty)")
@@ -262,9 +252,9 @@ class FSDPEngine(TrainEngine):
         per_row: dict[int, torch.Tensor] = {}
         for mb, rows in zip(mbs, groups, strict=True):
             if mb is None:
-                self._logits(self._dummy_micro_batch())
+                self._forward.logits(self._forward.dummy())
                 continue
-            out = hook(self._logits(mb), mb)
+            out = hook(self._forward.logits(mb), mb)
             n_tokens = mb["input_ids"].shape[0]
             if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != n_tokens:
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -297,18 +287,20 @@ class FSDPEngine(TrainEngine):
             if mb is None or w == 0:
                 # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
                 # the same forward/backward collectives on every rank.
-                mb = mb if mb is not None else self._dummy_micro_batch()
-                (self._logits(mb).sum() * 0.0).backward()
+                mb = mb if mb is not None else self._forward.dummy()
+                (self._forward.logits(mb).sum() * 0.0).backward()
                 continue
-            loss = self._scalar_loss(loss_fn(self._logits(mb), mb))
+            loss = self._scalar_loss(loss_fn(self._forward.logits(mb), mb))
             weighted_loss += float(loss.detach()) * w
             if self._routers is not None and routing is not None:  # a mixture of experts
                 aux = self._routers.aux_loss()  # the routers' load-balancing loss
                 routing.add(aux, w, self._routers.agreement())
                 if self.config.moe.aux_loss_coef > 0:
                     loss = loss + self.config.moe.aux_loss_coef * aux
-            # FSDP averages gradients over ranks; scale by world size to get the global sum.
-            (loss * (w * self.world_size / total)).backward()
+            # FSDP averages gradients over its ranks; scaled by their count, the global sum.
+            # (The ranks of a sequence-parallel group compute the same loss, each over the
+            # gradient of its own tokens: their sum is the micro-batch's gradient.)
+            (loss * (w * self._fsdp_size / total)).backward()
         grad_norm = self._clip_gradients()
         ok = math.isfinite(grad_norm)
         if ok:
@@ -319,7 +311,7 @@ class FSDPEngine(TrainEngine):
         moe_stats = {} if routing is None else routing.stats(total, self.device)
         return {
             **moe_stats,
-            "loss": all_reduce_scalar(weighted_loss, self.device) / total,
+            "loss": self._dp_sum(weighted_loss) / total,
             "grad_norm": grad_norm,
             "lr": float(optimizer.param_groups[0]["lr"]),
             "update_successful": 1.0 if ok else 0.0,
@@ -336,10 +328,10 @@ class FSDPEngine(TrainEngine):
         weighted_loss = 0.0
         for mb, w in zip(mbs, weights, strict=True):
             if mb is None or w == 0:
-                self._logits(mb if mb is not None else self._dummy_micro_batch())
+                self._forward.logits(mb if mb is not None else self._forward.dummy())
                 continue
-            weighted_loss += float(self._scalar_loss(loss_fn(self._logits(mb), mb))) * w
-        return {"loss": all_reduce_scalar(weighted_loss, self.device) / total,
+            weighted_loss += float(self._scalar_loss(loss_fn(self._forward.logits(mb), mb))) * w
+        return {"loss": self._dp_sum(weighted_loss) / total,
                 **self._count_stats(mbs)}
 
     @staticmethod
@@ -353,19 +345,16 @@ class FSDPEngine(TrainEngine):
         real = [mb for mb in mbs if mb is not None]
         n_tokens = sum(int(mb["cu_seqlens"][-1]) for mb in real)
         n_seqs = sum(mb["cu_seqlens"].numel() - 1 for mb in real)
-        shared = ({"n_forwarded_tokens": all_reduce_scalar(self._trees.forwarded, self.device)}
+        shared = ({"n_forwarded_tokens": self._dp_sum(self._trees.forwarded)}
                   if self._trees is not None else {})
-        return {"n_tokens": all_reduce_scalar(n_tokens, self.device),
-                "n_seqs": all_reduce_scalar(n_seqs, self.device), "n_mbs": float(len(mbs)),
+        return {"n_tokens": self._dp_sum(n_tokens),
+                "n_seqs": self._dp_sum(n_seqs), "n_mbs": float(len(mbs)),
                 **shared}
 
     def _clip_gradients(self) -> float:
         """Global gradient L2 norm (all ranks, all shards); clips in place when finite."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        norm = float(total)
+        norm = gradient_norm(grads)
         max_norm = self.config.optimizer.gradient_clipping
         if math.isfinite(norm) and max_norm > 0 and norm > max_norm:
             coef = max_norm / (norm + 1e-6)

@@ -128,11 +128,14 @@ def build_prefix_tree(input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
 
 
 def why_not_shared(vision_language: bool, router_replay: bool, attn_implementation: str,
-                   packed_sdpa: str) -> str:
+                   packed_sdpa: str, sequence_parallel: int = 1) -> str:
     """Why `actor.shared_prefix` cannot apply to this model ("" where it can). The engine
     then packs every micro-batch whole (the same numbers) and says so once."""
     return ("a vision-language model's image positions are not a prefix tree's depths"
             if vision_language else
+            f"Ulysses (parallel.sequence_parallel_size={sequence_parallel}) splits the packed "
+            f"tokens over ranks and exchanges heads, which a tree's masked buckets do not"
+            if sequence_parallel > 1 else
             "router replay's routes are per packed token, not per tree row"
             if router_replay else
             f"the tree mask needs the packed SDPA attention, not {attn_implementation!r} "

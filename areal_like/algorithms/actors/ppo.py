@@ -65,6 +65,7 @@ from areal_like.algorithms.rewards import overlong_penalty, shape_rewards
 from areal_like.api.config import AlgorithmConfig
 from areal_like.api.engine_api import TrainEngine
 from areal_like.api.trajectory import model_inputs
+from areal_like.utils.distributed import data_parallel_group
 
 
 def _distributed() -> bool:
@@ -343,13 +344,15 @@ class PPOActor:
         kw: dict[str, Any] = dict(mean=cfg.norm.mean, std=cfg.norm.std, eps=cfg.norm.eps)
         if cfg.norm.level == "batch":
             return normalize(adv, mask, None, leave_one_out=cfg.norm.leave_one_out,
-                             all_reduce=_distributed(), **kw)
+                             all_reduce=_distributed(), reduce_group=data_parallel_group(),
+                             **kw)
         if cfg.norm.level == "group":
             return normalize(adv, mask, group_index, leave_one_out=cfg.norm.leave_one_out,
                              **kw)
         if cfg.norm.level == "running":
             assert self.running is not None
-            self.running.update(adv, mask, all_reduce=_distributed())
+            self.running.update(adv, mask, all_reduce=_distributed(),
+                                reduce_group=data_parallel_group())
             return self.running.normalize(adv, mask, **kw)
         return adv
 
@@ -391,7 +394,7 @@ class PPOActor:
             return
         observed, self._observed_kl = self._observed_kl, None
         if _distributed():
-            dist.all_reduce(observed, op=dist.ReduceOp.SUM)
+            dist.all_reduce(observed, op=dist.ReduceOp.SUM, group=data_parallel_group())
         total, n = float(observed[0]), int(observed[1])
         if n == 0:
             return

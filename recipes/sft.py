@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         run.log_step(step + 1, stats)
         if ckpt.should_save(step, last):
             ckpt.save(step, engine, {})
+    ckpt.commit(engine)  # a checkpoint still being written
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
     if run.is_main:
         print(f"final model: {run.dir / 'final'}", flush=True)  # as the RL recipes say it

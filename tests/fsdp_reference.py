@@ -12,17 +12,28 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
-def reference_steps(model_dir: Path, batches: list[dict[str, torch.Tensor]]
+def reference_steps(model_dir: Path, batches: list[dict[str, torch.Tensor]],
+                    lora: Any = None
                     ) -> tuple[list[dict[str, float]], list[dict[str, torch.Tensor]],
                                list[dict[str, torch.Tensor]]]:
     """Per step: stats (loss, grad_norm, lr), the parameters after it, and the gradients it
     applied (after clipping). Global token-mean NLL of the next tokens where loss_mask of the
     predicted token is 1, clip to 1.0, AdamW, warm-up factor 0.5 then 1.0 (the worker's cosine
-    schedule)."""
+    schedule). With `lora` (a LoRAConfig): PEFT adapters on the frozen base, A drawn after
+    `torch.manual_seed(0)` as the engine draws them, only they trained."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 attn_implementation="eager").double()
-    names = [name for name, _ in model.named_parameters()]
-    params = [p for p in model.parameters()]
+                                                 attn_implementation="eager")
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = get_peft_model(model, LoraConfig(
+                r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                bias="none"))
+    model = model.double()
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=W.LR, eps=W.ADAM_EPS, weight_decay=W.WEIGHT_DECAY)
     stats, snapshots, grads = [], [], []
     for factor, batch in zip([0.5, 1.0], batches, strict=True):

@@ -128,10 +128,14 @@ def main() -> None:
     res["step1"] = eng.train_batch(local1, nll_loss, n_trained_tokens)
     eng.step_lr_scheduler()
     eng.set_version(1)
-    eng.save(SaveLoadMeta(str(out / "dcp"), weight_format="dcp", with_optim=True))
+    # written beside the next step (DCP async_save): the step changes the weights in place,
+    # the checkpoint still holds step 1's (section 5 resumes from it)
+    eng.save(SaveLoadMeta(str(out / "dcp"), weight_format="dcp", with_optim=True,
+                          async_save=True))
     res["params_step1"] = full_params(eng)
     res["step2"] = eng.train_batch(local2, nll_loss, n_trained_tokens)
     eng.step_lr_scheduler()
+    eng.wait_for_saves()
     res["params_step2"] = full_params(eng)
 
     # 2. Export for inference: HF folder + tokenizer; logits the engine sees right now.

@@ -1,7 +1,8 @@
 """Worker for tests/test_trainer_mesh.py, run as `torchrun --nproc_per_node=4 mesh_worker.py`.
 
 One engine per layout of the trainer's mesh on 4 ranks: Ulysses SP = 2 (x 2 data-parallel
-ranks), SP = 4, tensor parallelism TP = 2 x 2 FSDP ranks, and TP = 2 x SP = 2. Each records
+ranks), SP = 4, tensor parallelism TP = 2 x 2 FSDP ranks, TP = 2 x SP = 2 with activation
+checkpointing of every other decoder layer, and LoRA adapters at SP = 2. Each records
 its per-token outputs, two training steps (the gradients each step applied, captured before
 the optimizer steps), the parameters after them, the statistics the loss recorded, and the
 weights as the fleet receives them (HF folder, process-group buckets). The test compares them
@@ -20,8 +21,10 @@ import fsdp_worker as W
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from areal_like.api import WeightUpdateMeta
+from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.parallel_config import ParallelConfig
 from areal_like.utils import stats_tracker
 from areal_like.utils.packed_logprobs import next_token_logprobs_entropy
@@ -62,14 +65,25 @@ def recording_splits(*args: Any, **kwargs: Any) -> Any:
 LAYOUTS = {"sp2": ParallelConfig(sequence_parallel_size=2),
            "sp4": ParallelConfig(sequence_parallel_size=4),
            "tp2": ParallelConfig(tensor_parallel_size=2),
-           "tp2sp2": ParallelConfig(sequence_parallel_size=2, tensor_parallel_size=2)}
+           "tp2sp2": ParallelConfig(sequence_parallel_size=2, tensor_parallel_size=2),
+           "lora_sp2": ParallelConfig(sequence_parallel_size=2)}
+LORA = LoRAConfig(rank=4, alpha=8)
+
+
+# tp2sp2 also recomputes every other decoder layer in the backward; lora_sp2 trains adapters
+SETTINGS: dict[str, dict[str, Any]] = {
+    "tp2sp2": {"gradient_checkpointing": True, "gradient_checkpointing_every": 2},
+    "lora_sp2": {"lora": LORA}}
 
 
 def run_layout(model: str, name: str, batches: list[TensorDict], out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    eng = FSDPEngine(W.engine_config(model, max_tokens=40, parallel=LAYOUTS[name]))
+    eng = FSDPEngine(W.engine_config(model, max_tokens=40, parallel=LAYOUTS[name],
+                                     **SETTINGS.get(name, {})))
     eng.initialize()
     grads = applied_gradients(eng)  # (before a forward: FSDP keeps the root's unsharded)
+    res["checkpointed_layers"] = sum(m.gradient_checkpointing for m in eng.model.modules()
+                                     if isinstance(m, GradientCheckpointingLayer))
     res["dp"] = (eng.data_parallel_rank, eng.data_parallel_size)
     res["forward"] = eng.forward(batches[0], post_hook=lambda lg, mb: torch.stack(
         next_token_logprobs_entropy(lg, mb), dim=-1))
@@ -83,10 +97,14 @@ def run_layout(model: str, name: str, batches: list[TensorDict], out: Path) -> d
     SPLITS.clear()
     res["params"] = W.full_params(eng)
     eng.update_weights(WeightUpdateMeta.from_disk(str(out / f"export_{name}"), 2))
-    specs = eng.weight_specs()  # what the process-group transport streams to the fleet
-    (bucket,) = list(eng.iter_weight_buckets([specs]))
-    res["buckets"] = (None if bucket is None
-                      else {s.name: t for s, t in zip(specs, bucket, strict=True)})
+    if eng.lora_enabled:  # the adapter alone travels (disk folder above, or in memory)
+        adapter = eng.adapter_weights()
+        res["adapter"] = None if adapter is None else adapter.tensors
+    else:  # what the process-group transport streams to the fleet
+        specs = eng.weight_specs()
+        (bucket,) = list(eng.iter_weight_buckets([specs]))
+        res["buckets"] = (None if bucket is None
+                          else {s.name: t for s, t in zip(specs, bucket, strict=True)})
     eng.destroy()
     return res
 

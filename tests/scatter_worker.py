@@ -32,6 +32,7 @@ for layout, parallel in (("data", ParallelConfig()),
                          ("sequence", ParallelConfig(sequence_parallel_size=2))):
     dp_size, dp_rank = parallel.data_parallel_size(world), parallel.data_parallel_rank(rank)
     ctx = SimpleNamespace(rank=rank, world_size=world, data_parallel_size=dp_size,
+                          balance_width=0.0,  # by tokens, as shard_batch
                           config=SimpleNamespace(actor=SimpleNamespace(parallel=parallel)))
     got = RunContext.scatter_batch(ctx, whole if rank == 0 else None,  # type: ignore[arg-type]
                                    group_size)

@@ -170,6 +170,14 @@ CASES = [
     ("sequence-parallel-mixture-of-experts", "grpo",
      ["model.path={moe}", "launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
      "actor.parallel.sequence_parallel_size=2 with the mixture of experts at"),
+    ("tensor-parallel-splitting-kv-heads", "grpo",
+     ["launcher.n_trainer_procs=4", "actor.parallel.tensor_parallel_size=4"],
+     "actor.parallel.tensor_parallel_size=4 does not divide the model's "
+     "num_key_value_heads=2"),
+    ("tensor-parallel-with-lora", "grpo",
+     ["launcher.n_trainer_procs=2", "actor.parallel.tensor_parallel_size=2", "actor.lora.rank=4"],
+     "actor.parallel.tensor_parallel_size=2 with actor.lora.rank=4: LoRA's adapters are not "
+     "split"),
     ("critic-on-another-mesh", "ppo",
      ["launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
      "PPOConfig.critic.parallel=ParallelConfig(sequence_parallel_size=1, tensor_parallel_size=1)"

@@ -87,3 +87,20 @@ def test_lr_schedule_needs_total_steps(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="total_train_steps > 0"):
         eng.initialize()
     eng.destroy()
+
+
+def test_memory_settings_a_cpu_trainer_cannot_honour_are_refused(tiny_model_dir: Path) -> None:
+    """Offloading moves device memory to the host: on this CPU there is none to move, and the
+    setting is refused (named) rather than ignored."""
+    for key in ("cpu_offload", "activation_offload"):
+        cfg = _config(tiny_model_dir)
+        cfg.gradient_checkpointing = True  # (activation_offload tunes checkpointed layers)
+        setattr(cfg, key, True)
+        eng = FSDPEngine(cfg)
+        with pytest.raises(ValueError, match=f"actor.{key}=true on a cpu trainer"):
+            eng.initialize()
+        eng.destroy()
+    for key, value in (("activation_offload", True), ("gradient_checkpointing_every", 2)):
+        with pytest.raises(ValueError, match=f"TrainEngineConfig.{key}={value} is invalid: "
+                                             f"expected unset without gradient_checkpointing"):
+            TrainEngineConfig(**{key: value})

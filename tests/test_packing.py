@@ -9,11 +9,13 @@ import torch
 from tensordict import TensorDict
 
 from engines.fsdp.packing import (
+    attention_width,
     count_micro_batches,
     dp_shard_indices,
     ffd_allocate,
     pack_sequences,
     partition_into_micro_batches,
+    sequence_costs,
     sequence_lengths,
     shard_batch,
     split_keys,
@@ -136,6 +138,28 @@ def test_dp_shard_keeps_groups_and_balances_tokens() -> None:
     assert abs(loads[0] - loads[1]) <= 10
     with pytest.raises(ValueError, match="group_size=3"):
         dp_shard_indices(lengths, 2, group_size=3)
+
+
+def test_balance_by_compute_counts_each_long_answers_attention() -> None:
+    """A long-tail batch: one 2400-token answer and 18 of 200. By tokens the long one's rank
+    also gets 3 short ones (3000 tokens each); its attention, which grows with the square of
+    its length, makes that rank the straggler. By compute (`sequence_costs`, with the 10m
+    model's attention width 4 * 256 + 3 * 768) it runs alone."""
+    lengths = [2400] + [200] * 18
+    width = attention_width({"hidden_size": 256, "intermediate_size": 768})
+    assert width == 4 * 256 + 3 * 768
+    costs = sequence_costs(lengths, width)
+    assert costs[0] == pytest.approx(2400 * (1 + 2400 / width))
+    assert sequence_costs(lengths) == [float(n) for n in lengths]
+    by_tokens = dp_shard_indices(lengths, 2)
+    by_compute = dp_shard_indices(costs, 2)
+
+    def heaviest(shards: list[list[int]]) -> float:
+        return max(sum(costs[i] for i in s) for s in shards)
+
+    assert sorted(len(s) for s in by_tokens) == [4, 15]  # the long answer and 3 short ones
+    assert sorted(len(s) for s in by_compute) == [1, 18]
+    assert heaviest(by_compute) < 0.9 * heaviest(by_tokens)
 
 
 def test_shard_batch_returns_this_ranks_rows() -> None:

@@ -53,13 +53,16 @@ pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 
 def _args(fleet, model_dir: Path, log_dir: Path, eta: int) -> list[str]:
+    # eta = 0 writes its checkpoints beside the next steps (checkpoint.async_save): a killed
+    # run resumes from the last one committed, bit-identical all the same
     return [sys.executable, "-m", "areal_like.launcher.local", "grpo", *attach_args(fleet),
             f"model.path={model_dir}", f"logging.log_dir={log_dir}",
             f"total_train_steps={STEPS}", f"rollout.staleness.max_head_offpolicyness={eta}",
             "gconfig.n_samples=4", "gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=4",
             "train_dataset.batch_size=4", "train_dataset.size=400", "valid_dataset.size=16",
             "evaluation.n_prompts=16", "evaluation.freq_steps=100", "checkpoint.freq_steps=2",
-            "checkpoint.recover=auto", "logging.tensorboard=false", "logging.plot=false"]
+            "checkpoint.recover=auto", f"checkpoint.async_save={eta == 0}",
+            "logging.tensorboard=false", "logging.plot=false"]
 
 
 def _run(fleet, model_dir: Path, log_dir: Path, eta: int) -> str:

@@ -1,6 +1,7 @@
 """The trainer's device mesh under a real `torchrun --nproc_per_node=4` on CPU (gloo): Ulysses
 sequence parallelism (SP = 2 x 2 data-parallel ranks, SP = 4), tensor parallelism with FSDP
-(TP = 2 x 2) and both (TP = 2 x SP = 2), each against a single-process float64 forward and
+(TP = 2 x 2) and both (TP = 2 x SP = 2, with activation checkpointing of every other layer),
+each against a single-process float64 forward and
 backward of the same batches (tests/fsdp_reference.py). One launch of tests/mesh_worker.py
 runs every layout."""
 
@@ -15,10 +16,12 @@ from fsdp_reference import max_diff, per_sequence_outputs, reference_steps
 from safetensors.torch import load_file
 from torchrun_helpers import run_worker
 
+from areal_like.api.lora_config import LoRAConfig
+
 pytestmark = [pytest.mark.torchrun, pytest.mark.e2e]
 
-LAYOUTS = ("sp2", "sp4", "tp2", "tp2sp2")
-SEQUENCE_PARALLEL = ("sp2", "sp4", "tp2sp2")
+LAYOUTS = ("sp2", "sp4", "tp2", "tp2sp2", "lora_sp2")
+SEQUENCE_PARALLEL = ("sp2", "sp4", "tp2sp2", "lora_sp2")
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +33,20 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 @pytest.fixture(scope="module")
-def reference(run: dict[str, Any]) -> tuple[list, list, list]:
-    return reference_steps(run["model_dir"], [run["batch1"], run["batch2"]])
+def references(run: dict[str, Any]) -> dict[str, tuple[list, list, list]]:
+    """Full training, and LoRA's (the worker's adapters: rank 4, alpha 8, A seeded as the
+    engine seeds it), of the same batches."""
+    batches = [run["batch1"], run["batch2"]]
+    return {"full": reference_steps(run["model_dir"], batches),
+            "lora": reference_steps(run["model_dir"], batches, lora=LoRAConfig(rank=4, alpha=8))}
 
 
 def test_the_mesh_splits_four_ranks_into_data_sequence_and_tensor(run: dict[str, Any]) -> None:
     assert run["world_size"] == 4
     # rank 0's coordinates: data rank 0 of what the sequence and tensor sizes leave
-    assert [run[name]["dp"] for name in LAYOUTS] == [(0, 2), (0, 1), (0, 2), (0, 1)]
+    assert [run[name]["dp"] for name in LAYOUTS] == [(0, 2), (0, 1), (0, 2), (0, 1), (0, 2)]
+    # the 1m model's 4 decoder layers: every other one recomputed in tp2sp2's backward
+    assert [run[name]["checkpointed_layers"] for name in LAYOUTS] == [0, 0, 0, 2, 0]
 
 
 @pytest.mark.parametrize("layout", SEQUENCE_PARALLEL)
@@ -64,8 +73,9 @@ def test_forward_log_probs_and_entropy_equal_the_single_rank_float64_forward(
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_loss_gradients_and_steps_equal_the_single_rank_float64_training(
-        run: dict[str, Any], reference: tuple[list, list, list], layout: str) -> None:
-    ref_stats, ref_params, ref_grads = reference
+        run: dict[str, Any], references: dict[str, tuple[list, list, list]],
+        layout: str) -> None:
+    ref_stats, ref_params, ref_grads = references["lora" if "lora" in layout else "full"]
     got = run[layout]
     for i in range(2):
         stats = got[f"step{i + 1}"]
@@ -95,8 +105,16 @@ def test_statistics_a_loss_records_count_each_token_once(run: dict[str, Any],
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_fleet_receives_the_trained_full_tensors(run: dict[str, Any], layout: str) -> None:
-    """Disk (the HF folder) and the process-group transport's buckets, from every layout."""
+    """Disk (the HF folder; a LoRA run's adapter folder) and the process-group transport's
+    buckets (a LoRA run's adapter in memory), from every layout."""
     params = run[layout]["params"]
+    if "lora" in layout:  # PEFT's saved names: no adapter name inside
+        adapter = run[layout]["adapter"]
+        trained = {k.replace(".default.", "."): v for k, v in params.items() if "lora_" in k}
+        assert len(adapter) == 4 * 7 * 2 and max_diff(adapter, trained) == 0.0
+        saved = load_file(run["out"] / f"export_{layout}" / "adapter_model.safetensors")
+        assert max_diff(saved, adapter) == 0.0
+        return
     saved = load_file(run["out"] / f"export_{layout}" / "model.safetensors")
     assert max_diff({k: saved[k] for k in params}, params) == 0.0
     buckets = run[layout]["buckets"]

@@ -76,6 +76,10 @@ class MicroBatchSpec:
 
     max_tokens_per_mb: int = bounded(4096, bound=at_least(1))
     n_mbs: int = bounded(1, bound=at_least(1))  # minimum number of micro-batches
+    # what the split of a batch's rows over data-parallel ranks equalises: "compute" (tokens
+    # plus each sequence's attention, which grows with its length squared: a long-tail batch's
+    # long answers count for more) or "tokens" (engines/fsdp/packing.py: sequence_costs)
+    balance: str = bounded("compute", bound=choices("compute", "tokens"))
 
     def __post_init__(self) -> None:
         check_bounds(self, "MicroBatchSpec")
@@ -90,7 +94,14 @@ class TrainEngineConfig:
     # "bfloat16" turns on FSDP2 mixed precision
     param_dtype: str = bounded("float32", bound=choices("float32", "bfloat16"))
     reduce_dtype: str = bounded("float32", bound=choices("float32", "bfloat16"))
+    # recompute checkpointed decoder layers' activations in the backward instead of keeping them
     gradient_checkpointing: bool = False
+    # which layers: every N-th (1: all; 2: every other one, half the recompute and the saving)
+    gradient_checkpointing_every: int = bounded(1, bound=at_least(1))
+    # CUDA: what checkpointed layers keep for their recompute (their inputs) in host memory
+    activation_offload: bool = False
+    # CUDA: parameters, gradients and optimizer state in host memory (FSDP2's CPUOffloadPolicy;
+    # the optimizer steps on the CPU)
     cpu_offload: bool = False
     # auto: nccl on CUDA, gloo on CPU
     backend: str = bounded("auto", bound=choices("auto", "gloo", "nccl"))
@@ -109,6 +120,12 @@ class TrainEngineConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "TrainEngineConfig")
+        for key in ("gradient_checkpointing_every", "activation_offload"):
+            value = getattr(self, key)
+            _check("TrainEngineConfig", key, self.gradient_checkpointing
+                   or value == getattr(TrainEngineConfig, key), value,
+                   "unset without gradient_checkpointing=true (it tunes the checkpointed "
+                   "layers)")
 
 
 @dataclass
@@ -222,6 +239,10 @@ class CheckpointConfig:
     keep_last: int = bounded(2, bound=at_least(1))
     # disabled | auto (resume when a checkpoint exists)
     recover: str = bounded("disabled", bound=choices("disabled", "auto"))
+    # the train state (DCP) is copied to host memory and written beside the next steps; the
+    # checkpoint counts (`latest`) once written (a run killed meanwhile resumes from the one
+    # before). Costs one host copy of the sharded model and optimizer state while it writes.
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         check_bounds(self, "CheckpointConfig")

@@ -183,7 +183,13 @@ class TrainEngine(abc.ABC):
         """The same weighted loss as `train_batch`, without a step."""
 
     @abc.abstractmethod
-    def save(self, meta: SaveLoadMeta) -> None: ...
+    def save(self, meta: SaveLoadMeta) -> None:
+        """With `meta.async_save`, may return once the state is copied, before it is written:
+        `wait_for_saves` returns when it is."""
+
+    def wait_for_saves(self) -> None:
+        """Collective: every rank's pending asynchronous `save` is written (no-op for an
+        engine that saves synchronously)."""
 
     @abc.abstractmethod
     def load(self, meta: SaveLoadMeta) -> None: ...

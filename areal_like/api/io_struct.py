@@ -307,6 +307,9 @@ class SaveLoadMeta:
     weight_format: Literal["hf", "dcp"] = "hf"
     with_optim: bool = False
     tokenizer: Any = None
+    # dcp: return once the state is copied to host memory; the write goes on beside training
+    # until `TrainEngine.wait_for_saves` (DCP async_save)
+    async_save: bool = False
 
 
 @dataclass

@@ -2,6 +2,9 @@
 
 Layout: `<dir>/step<N>/{train_state/, run_state.pt}` and `<dir>/latest` naming the newest
 complete one (written last, atomically, so a run killed mid-save resumes from the previous).
+With `checkpoint.async_save` the train state is written beside the next steps: the checkpoint
+is committed (run state, `latest`) once every rank's write finished, at the next save or at
+`commit` when the run ends.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Checkpointer:
         self.config = config
         self.dir = Path(config.save_dir) if config.save_dir else Path(run_dir) / "checkpoints"
         self.rank = rank
+        self._pending: Optional[tuple[Path, dict[str, Any]]] = None  # written, not committed
 
     def should_save(self, step: int, last_step: bool = False) -> bool:
         freq = self.config.freq_steps
@@ -32,17 +36,30 @@ class Checkpointer:
 
     def save(self, step: int, engine: TrainEngine, run_state: dict[str, Any]) -> Path:
         """Every rank calls this; rank 0's `run_state` (executor state etc.) is written."""
+        self.commit(engine)  # the previous checkpoint, if its write was still going on
         path = self.dir / f"step{step}"
-        engine.save(SaveLoadMeta(str(path / "train_state"), weight_format="dcp", with_optim=True))
+        state = {"step": step, "python_rng": random.getstate(),
+                 "numpy_rng": np.random.get_state(), **run_state}
+        engine.save(SaveLoadMeta(str(path / "train_state"), weight_format="dcp", with_optim=True,
+                                 async_save=self.config.async_save))
+        self._pending = (path, state)
+        if not self.config.async_save:
+            self.commit(engine)
+        return path
+
+    def commit(self, engine: TrainEngine) -> None:
+        """Collective: once the pending checkpoint's train state is written on every rank,
+        rank 0 writes its run state and names it `latest`."""
+        if self._pending is None:
+            return
+        engine.wait_for_saves()
+        (path, state), self._pending = self._pending, None
         if self.rank == 0:
-            state = {"step": step, "python_rng": random.getstate(),
-                     "numpy_rng": np.random.get_state(), **run_state}
             torch.save(state, path / "run_state.pt")
             write_atomic(self.dir / "latest", path.name)
             self._prune(keep=self.config.keep_last)
         if dist.is_initialized():
             dist.barrier()
-        return path
 
     def _prune(self, keep: int) -> None:
         steps = sorted((int(p.name[4:]), p) for p in self.dir.glob("step*") if p.name[4:].isdigit())

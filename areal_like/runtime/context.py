@@ -22,12 +22,13 @@ from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import to_yaml
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.main_rank import run_on_main
+from areal_like.runtime.preflight_models import read_model_config
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
 from areal_like.utils.launcher_state import launcher_metrics
 from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
-from engines.fsdp.packing import shard_rows
+from engines.fsdp.packing import attention_width, shard_rows
 
 logger = logging.getLogger("areal_like")
 T = TypeVar("T")
@@ -54,6 +55,10 @@ class RunContext:
         parallel = config.actor.parallel
         self.data_parallel_size = parallel.data_parallel_size(self.world_size)
         self.data_parallel_rank = parallel.data_parallel_rank(self.rank)
+        # rows go to data-parallel ranks by compute (attention included) or by tokens
+        model = read_model_config(config.actor.model.path or config.model.path)
+        self.balance_width = (attention_width(model) if model is not None
+                              and config.actor.mb_spec.balance == "compute" else 0.0)
         seed_everything(config.seed + self.rank)
         self.dir = run_dir(config.logging)
         self.is_main = self.rank == 0
@@ -103,7 +108,8 @@ class RunContext:
         if self.rank == 0:
             assert batch is not None
             per_dp_rank = [batch[torch.as_tensor(rows, dtype=torch.long)]
-                           for rows in shard_rows(batch, self.data_parallel_size, group_size)]
+                           for rows in shard_rows(batch, self.data_parallel_size, group_size,
+                                                  self.balance_width)]
             parallel = self.config.actor.parallel
             shards = [per_dp_rank[parallel.data_parallel_rank(r)] for r in range(self.world_size)]
         received: list[Optional[TensorDict]] = [None]

@@ -26,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def check_model_folders(config: Any) -> None:
     """Every check of this module that applies to `config` (a recipe's)."""
-    model = _model_config(config.model.path)
+    model = read_model_config(config.model.path)
     _check_vision(config, model)
     _check_parallel(config, model)
     actor = getattr(config, "actor", None)
@@ -59,7 +59,7 @@ def _check_parallel(config: Any, model: Optional[dict[str, Any]]) -> None:
             raise ConfigError(str(e)) from None
 
 
-def _model_config(path: str) -> Optional[dict[str, Any]]:
+def read_model_config(path: str) -> Optional[dict[str, Any]]:
     """The folder's config.json, or None when there is none (checked elsewhere)."""
     file = Path(path) / "config.json"
     if not path or not file.is_file():
@@ -144,7 +144,7 @@ def linear_module_names(model_path: str) -> set[str]:
 def _check_teacher(teacher: Any, student: Any) -> None:
     """The teacher scores the student's token ids: it must read them as the same tokens."""
     folder = teacher.model_path
-    model = _model_config(folder)
+    model = read_model_config(folder)
     if model is None:
         raise ConfigError(f"teacher.model_path={folder!r} is not an HF model folder (no "
                           f"config.json): set it to the teacher's folder (docs/algorithms.md "
@@ -163,7 +163,7 @@ def _check_teacher(teacher: Any, student: Any) -> None:
                               f"tokenizer ({student_path}): {difference}; the teacher scores "
                               f"the student's token ids, so both must read them as the same "
                               f"tokens")
-    student_model = _model_config(student.path)
+    student_model = read_model_config(student.path)
     student_size = vocab_size(student_model) if student_model else None
     if teacher.top_k and size and student_size and size > student_size:
         # (one tokenizer, padded embeddings of other sizes: fine for sampled tokens only)

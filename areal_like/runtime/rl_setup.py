@@ -329,6 +329,7 @@ class RLSetup:
         """Write the final policy to `<run dir>/final`, print accuracy before -> after, write
         the curves PNG, release everything."""
         self.wait_for_fleet()
+        self.ckpt.commit(self.actor_engine)  # a checkpoint still being written
         self.save_final()
         self.log_evaluations(wait=True)
         self.run.summarize("eval/accuracy")

@@ -3,10 +3,10 @@
 Start every rank under `torchrun` (any world size; a plain single process also works and gets
 a one-rank group). CPU uses gloo, CUDA uses NCCL (`TrainEngineConfig.backend="auto"`).
 
-Data-parallel convention: **every rank passes its own local shard** of the global batch
-(different rows on different ranks, any sizes, even empty). Use
-`engines.fsdp.packing.shard_batch(full_batch, rank, world_size, group_size)` when every rank
-holds the full batch. Losses are still one global weighted mean over all ranks:
+Data-parallel convention: **every data-parallel rank passes its own local shard** of the global
+batch (any sizes, even empty; the ranks of one sequence- or tensor-parallel group the same rows:
+`engines/fsdp/mesh.py`). `shard_batch(full_batch, engine.data_parallel_rank,
+engine.data_parallel_size, group_size)` picks it. Losses are one global weighted mean:
 
     loss = sum_{ranks r, micro-batches m} w_rm * loss_fn(logits_rm, mb_rm) / sum_{r, m} w_rm,
     w_rm = loss_weight_fn(mb_rm)   (finite, >= 0; a micro-batch with w = 0 skips loss_fn)
@@ -68,7 +68,14 @@ from engines.fsdp.packing import (
     sequence_lengths,
     unpack_to_padded,
 )
-from engines.fsdp.sharding import DTYPES, apply_tensor_parallel, gradient_norm, shard_model
+from engines.fsdp.sharding import (
+    DTYPES,
+    apply_tensor_parallel,
+    check_memory_options,
+    clip_gradients,
+    enable_activation_checkpointing,
+    shard_model,
+)
 from engines.fsdp.shared_prefix import PrefixTreeUse, prefix_trees, why_not_shared
 from engines.fsdp.ulysses import ULYSSES_ATTENTION
 from engines.fsdp.vision import (
@@ -101,6 +108,7 @@ class FSDPEngine(TrainEngine):
         self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
         self._trees: Optional[PrefixTreeUse] = None  # actor.shared_prefix (shared_prefix.py)
         self.mesh: Optional[TrainerMesh] = None  # data x sequence x tensor (mesh.py)
+        self._dcp = ckpt.DcpWrites(config.collective_timeout)  # checkpoints being written
         self._forward: Any = None  # PackedForward: a micro-batch through the model
 
     # ------------------------------------------------------------------ set-up
@@ -124,8 +132,11 @@ class FSDPEngine(TrainEngine):
                                                 self.config.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         section = "critic" if cfg.model.is_critic else "actor"
+        check_memory_options(cfg, self.device, section)
         self.mesh = build_trainer_mesh(cfg.parallel, self.device.type, section)
         sp = self.mesh.sp_size
+        # (process-wide, left set after destroy: a recipe's engines share one layout, and the
+        # next engine to initialize sets its own)
         set_data_parallel_group(self.mesh.dp_group)  # batch-wide statistics pool over it
         stats_tracker.set_records_duplicated(not self.mesh.leads_its_rows)
         attn = choose_attn_implementation(self.device)  # (Ulysses runs it on whole rows)
@@ -148,8 +159,7 @@ class FSDPEngine(TrainEngine):
                 raise ValueError("TrainEngineConfig.lora.rank > 0 on a critic: the value head "
                                  "must train; use LoRA on the actor only")
             model = lora_io.apply_lora(model, cfg.lora, cfg.model.path)  # base frozen
-        if cfg.gradient_checkpointing:
-            model.activation_checkpointing_enable({"use_reentrant": False})
+        enable_activation_checkpointing(model, cfg)
         if self.device.type == "cuda":
             torch.nn.Module.to(model, self.device)  # (HF types `to` for dtypes only)
         if self.mesh.tp_size > 1:
@@ -180,16 +190,14 @@ class FSDPEngine(TrainEngine):
     def _fsdp_size(self) -> int:
         return self.mesh.fsdp.size() if self.mesh is not None else self.world_size
 
-    def _dp_sum(self, value: float, op: str = "sum") -> float:
-        """Summed (or maxed) over distinct data: the ranks of a sequence-parallel group hold
-        the same rows, so they count once."""
-        return all_reduce_scalar(value, self.device, op,
+    def _dp_sum(self, value: float) -> float:
+        """Summed over distinct data (a sequence-parallel group's ranks hold the same rows)."""
+        return all_reduce_scalar(value, self.device, "sum",
                                  self.mesh.dp_group if self.mesh is not None else None)
 
     def destroy(self) -> None:
+        self._dcp.wait()
         self.model = self.optimizer = self.lr_scheduler = self._forward = None
-        stats_tracker.set_records_duplicated(False)
-        set_data_parallel_group(None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
@@ -301,7 +309,7 @@ class FSDPEngine(TrainEngine):
             # (The ranks of a sequence-parallel group compute the same loss, each over the
             # gradient of its own tokens: their sum is the micro-batch's gradient.)
             (loss * (w * self._fsdp_size / total)).backward()
-        grad_norm = self._clip_gradients()
+        grad_norm = clip_gradients(self.model, self.config.optimizer.gradient_clipping)
         ok = math.isfinite(grad_norm)
         if ok:
             optimizer.step()
@@ -351,17 +359,6 @@ class FSDPEngine(TrainEngine):
                 "n_seqs": self._dp_sum(n_seqs), "n_mbs": float(len(mbs)),
                 **shared}
 
-    def _clip_gradients(self) -> float:
-        """Global gradient L2 norm (all ranks, all shards); clips in place when finite."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = gradient_norm(grads)
-        max_norm = self.config.optimizer.gradient_clipping
-        if math.isfinite(norm) and max_norm > 0 and norm > max_norm:
-            coef = max_norm / (norm + 1e-6)
-            for g in grads:
-                g.mul_(coef)
-        return norm
-
     def step_lr_scheduler(self) -> None:
         _, scheduler = self._require_initialized()
         scheduler.step()
@@ -405,11 +402,14 @@ class FSDPEngine(TrainEngine):
                                  "weight_format='dcp' to save optimizer state")
             self._export_hf(meta.path, tokenizer=meta.tokenizer, copy_tokenizer=False)
         elif meta.weight_format == "dcp":
-            ckpt.save_dcp(meta.path, self.model, optimizer, scheduler,
-                          {"version": self._version}, meta.with_optim)
+            self._dcp.save(meta.path, self.model, optimizer, scheduler,
+                           {"version": self._version}, meta.with_optim, meta.async_save)
         else:
             raise ValueError(f"SaveLoadMeta.weight_format={meta.weight_format!r}: "
                              f"use 'hf' or 'dcp'")
+
+    def wait_for_saves(self) -> None:
+        self._dcp.wait()
 
     def load(self, meta: SaveLoadMeta) -> None:
         """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""
@@ -421,6 +421,7 @@ class FSDPEngine(TrainEngine):
                                  "model.path, or load a 'dcp' checkpoint (base + adapter)")
             ckpt.load_hf_weights(self.model, meta.path, self.config.model.is_critic)
         elif meta.weight_format == "dcp":
+            self._dcp.wait()  # (an asynchronous save of this engine's may be that path)
             extra = ckpt.load_dcp(meta.path, self.model, optimizer, scheduler,
                                   meta.with_optim)
             self._version = int(extra["version"])

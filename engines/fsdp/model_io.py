@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, cast
@@ -196,18 +197,53 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any, extra: dict[str, Any], with_optim: bool) -> None:
-    """Collective: sharded model (+ optimizer) through DCP; scheduler, RNG and `extra` per rank."""
+             scheduler: Any, extra: dict[str, Any], with_optim: bool,
+             async_group: Optional[dist.ProcessGroup] = None) -> Optional[Future]:
+    """Collective: sharded model (+ optimizer) through DCP; scheduler, RNG and `extra` per rank.
+
+    With `async_group` (a process group of its own: the write's collectives run in a
+    background thread beside training's) DCP's `async_save`: the state is staged (copied) to
+    host memory before this returns, and the returned future completes once it is written."""
     os.makedirs(path, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd}
     if with_optim:
         state["optim"] = optim_sd
-    dcp.save(state, checkpoint_id=path)
     local = {"rng": _rng_state(), "scheduler": scheduler.state_dict(), "extra": extra,
              "with_optim": with_optim}
     torch.save(local, Path(path) / f"engine_state_rank{dist.get_rank()}.pt")
-    dist.barrier()
+    if async_group is None:
+        dcp.save(state, checkpoint_id=path)
+        dist.barrier()
+        return None
+    return cast(Future, dcp.async_save(state, checkpoint_id=path, process_group=async_group))
+
+
+class DcpWrites:
+    """An engine's DCP checkpoints, written synchronously or beside training (async_save):
+    at most one write pending; a later save, a load, or `wait` waits for it first."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._pending: Optional[Future] = None
+        self._group: Optional[dist.ProcessGroup] = None  # the background writes' own
+
+    def save(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any, extra: dict[str, Any], with_optim: bool,
+             asynchronous: bool) -> None:
+        self.wait()
+        if asynchronous and self._group is None:  # collective, once: gloo moves host memory
+            self._group = dist.new_group(backend="gloo")
+        self._pending = save_dcp(path, model, optimizer, scheduler, extra, with_optim,
+                                 self._group if asynchronous else None)
+
+    def wait(self) -> None:
+        """Collective: the pending write is complete on every rank (its error raised here)."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        pending.result(timeout=self.timeout_s)
+        dist.barrier()
 
 
 def load_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

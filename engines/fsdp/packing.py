@@ -191,9 +191,9 @@ def count_micro_batches(lengths: Sequence[int], capacity: int, min_count: int = 
     return max(len(ffd_allocate(lengths, capacity)), min_count)
 
 
-def _lpt(lengths: Sequence[int], order: Sequence[int], k: int) -> list[list[int]]:
+def _lpt(lengths: Sequence[float], order: Sequence[int], k: int) -> list[list[int]]:
     """Longest-processing-time: each sequence (longest first) to the currently lightest bin."""
-    heap = [(0, b) for b in range(k)]
+    heap: list[tuple[float, int]] = [(0.0, b) for b in range(k)]
     bins: list[list[int]] = [[] for _ in range(k)]
     for i in sorted(order, key=lambda j: (-lengths[j], j)):
         load, b = heapq.heappop(heap)
@@ -227,12 +227,28 @@ def partition_into_micro_batches(lengths: Sequence[int], capacity: int,
     return [sorted(g) for g in bins]
 
 
-def dp_shard_indices(lengths: Sequence[int], world_size: int, group_size: int = 1,
+def attention_width(model_config: dict) -> float:
+    """W such that a decoder layer's work on a sequence of L tokens is proportional to
+    L * (1 + L / W): per token, the projections and MLP cost 2 (4 h^2 + 3 h I) flops and causal
+    attention over L positions 2 L h (h = hidden size, I = the MLP's width)."""
+    text = model_config.get("text_config") or model_config
+    hidden = int(text["hidden_size"])
+    return 4.0 * hidden + 3.0 * int(text.get("intermediate_size") or 4 * hidden)
+
+
+def sequence_costs(lengths: Sequence[int], width: float = 0.0) -> list[float]:
+    """Each row's training work: its tokens, plus (with an `attention_width`) its attention,
+    which grows with the square of its length; what `dp_shard_indices` equalises."""
+    return [n * (1.0 + n / width) if width > 0 else float(n) for n in lengths]
+
+
+def dp_shard_indices(lengths: Sequence[float], world_size: int, group_size: int = 1,
                      group_ids: Optional[Sequence[int]] = None) -> list[list[int]]:
-    """Split rows among `world_size` ranks with balanced token counts, keeping each group on
-    one rank: the rows that share a `group_ids` value when given (groups of any size, e.g. an
-    agent's turns or a group without its failed samples), else consecutive runs of
-    `group_size` rows (e.g. the samples of one prompt)."""
+    """Split rows among `world_size` ranks with balanced loads (`lengths`: token counts, or
+    any per-row cost such as `sequence_costs`), keeping each group on one rank: the rows that
+    share a `group_ids` value when given (groups of any size, e.g. an agent's turns or a group
+    without its failed samples), else consecutive runs of `group_size` rows (e.g. the samples
+    of one prompt). Greedy: each group, heaviest first, to the lightest rank (LPT)."""
     if group_ids is not None:
         if len(group_ids) != len(lengths):
             raise ValueError(f"{len(group_ids)} group ids for {len(lengths)} rows")
@@ -251,12 +267,14 @@ def dp_shard_indices(lengths: Sequence[int], world_size: int, group_size: int = 
     return [sorted(i for g in gs for i in groups[g]) for gs in assigned]
 
 
-def shard_rows(batch: TensorDict, world_size: int, group_size: int = 1) -> list[list[int]]:
+def shard_rows(batch: TensorDict, world_size: int, group_size: int = 1,
+               width: float = 0.0) -> list[list[int]]:
     """Each rank's rows of a full batch (see `dp_shard_indices`; a `group_id` key, when the
-    batch has one, defines the groups)."""
-    lengths = sequence_lengths(batch["attention_mask"]).tolist()
+    batch has one, defines the groups), balanced by tokens or, with an `attention_width`, by
+    compute (`sequence_costs`)."""
+    costs = sequence_costs(sequence_lengths(batch["attention_mask"]).tolist(), width)
     group_ids = batch["group_id"].tolist() if "group_id" in batch.keys() else None
-    return dp_shard_indices(lengths, world_size, group_size, group_ids)
+    return dp_shard_indices(costs, world_size, group_size, group_ids)
 
 
 def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:

@@ -13,7 +13,7 @@ its heads: nothing in the model changes."""
 
 from __future__ import annotations
 
-import logging
+import math
 from typing import Any
 
 import torch
@@ -28,8 +28,6 @@ from torch.distributed.tensor.parallel import (
 
 from areal_like.api.config import TrainEngineConfig
 from engines.fsdp.mesh import TrainerMesh
-
-logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,6 +72,25 @@ def _submodule(layer: torch.nn.Module, name: str) -> Any:
         return None
 
 
+def check_memory_options(cfg: TrainEngineConfig, device: torch.device, section: str) -> None:
+    """Offloading moves device memory to the host: on a CPU trainer there is nothing to move,
+    and a setting that would do nothing is refused rather than ignored."""
+    for key in ("cpu_offload", "activation_offload"):
+        if getattr(cfg, key) and device.type != "cuda":
+            raise ValueError(f"{section}.{key}=true on a {device.type} trainer: its "
+                             f"parameters, gradients, optimizer state and activations already "
+                             f"live in host memory; unset it (offloading is for GPU trainers)")
+
+
+def enable_activation_checkpointing(model: Any, cfg: TrainEngineConfig) -> None:
+    """transformers' per-layer checkpointing (non-reentrant) of every
+    `gradient_checkpointing_every`-th decoder layer, their saved inputs offloaded if set."""
+    if cfg.gradient_checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False},
+                                              every_n_layers=cfg.gradient_checkpointing_every,
+                                              offload=cfg.activation_offload)
+
+
 def shard_model(model: Any, mesh: TrainerMesh, cfg: TrainEngineConfig,
                 device: torch.device) -> None:
     """FSDP2 in place: every decoder layer, then the root (embeddings, norm, head)."""
@@ -82,10 +99,7 @@ def shard_model(model: Any, mesh: TrainerMesh, cfg: TrainEngineConfig,
         shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
     if cfg.cpu_offload:
-        if device.type == "cuda":
-            shard_kwargs["offload_policy"] = CPUOffloadPolicy()
-        else:
-            logger.info("cpu_offload ignored: the engine already runs on CPU")
+        shard_kwargs["offload_policy"] = CPUOffloadPolicy()
     for block in decoder_layers(model):
         fully_shard(block, **shard_kwargs)
     fully_shard(model, **shard_kwargs)
@@ -103,3 +117,15 @@ def gradient_norm(grads: list[torch.Tensor]) -> float:
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0)
         squares += float(norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
     return squares ** 0.5
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
+    """The gradients' global L2 norm (before clipping); scaled in place to `max_norm` when
+    it is finite and larger (0: no clipping)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = gradient_norm(grads)
+    if math.isfinite(norm) and max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(coef)
+    return norm

@@ -39,7 +39,7 @@ class GRPOConfig(BaseExperimentConfig):
               "0 without a reference model (KL to it needs one: set use_ref_model=true)")
         check("GRPOConfig", "ref.lora.rank", not self.ref.lora.enabled, self.ref.lora.rank,
               "0: the reference is frozen (with actor.lora it is the actor's own base)")
-        if self.use_ref_model:
+        if self.use_ref_model and not self.actor.lora.enabled:  # (LoRA: the actor's own base)
             same_layout("GRPOConfig", "ref", self.ref, self.actor)
 
 

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
                                             valid.shuffle, valid.seed), tokenizer)
 
     def accuracy() -> dict[str, float]:
-        local = shard_batch(eval_batch, run.data_parallel_rank, run.data_parallel_size)
+        local = shard_batch(eval_batch, run.data_parallel_rank, run.data_parallel_size,
+                            width=run.balance_width)
         correct = greedy_exact_match(engine.forward(local, post_hook=argmax_hits), local)
         return {"eval/accuracy": run.global_mean(correct.float())}
 
@@ -56,12 +57,14 @@ def main(argv: list[str] | None = None) -> None:
     total, freq = config.total_train_steps, config.evaluation.freq_steps
     for step in progress(range(start, total), "sft steps", enabled=run.is_main):
         batch = build_sft_batch(next(batches), tokenizer)
-        stats = actor.update(shard_batch(batch, run.data_parallel_rank, run.data_parallel_size))
+        stats = actor.update(shard_batch(batch, run.data_parallel_rank, run.data_parallel_size,
+                                         width=run.balance_width))
         engine.step_lr_scheduler()
         last = step + 1 == total
         if freq and ((step + 1) % freq == 0 or last):
             stats |= accuracy()
         run.log_step(step + 1, stats)
+        ckpt.commit_if_written(engine)  # an asynchronous save written since
         if ckpt.should_save(step, last):
             ckpt.save(step, engine, {})
     ckpt.commit(engine)  # a checkpoint still being written

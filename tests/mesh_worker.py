@@ -2,7 +2,8 @@
 
 One engine per layout of the trainer's mesh on 4 ranks: Ulysses SP = 2 (x 2 data-parallel
 ranks), SP = 4, tensor parallelism TP = 2 x 2 FSDP ranks, TP = 2 x SP = 2 with activation
-checkpointing of every other decoder layer, and LoRA adapters at SP = 2. Each records
+checkpointing of every other decoder layer (and a checkpoint of it, saved asynchronously and
+resumed by a fresh engine), and LoRA adapters at SP = 2. Each records
 its per-token outputs, two training steps (the gradients each step applied, captured before
 the optimizer steps), the parameters after them, the statistics the loss recorded, and the
 weights as the fleet receives them (HF folder, process-group buckets). The test compares them
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from areal_like.api import WeightUpdateMeta
+from areal_like.api import SaveLoadMeta, WeightUpdateMeta
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.api.parallel_config import ParallelConfig
 from areal_like.utils import stats_tracker
@@ -76,11 +77,21 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "lora_sp2": {"lora": LORA}}
 
 
-def run_layout(model: str, name: str, batches: list[TensorDict], out: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {}
+RESUMED = "tp2sp2"  # checkpointed after step 1 (asynchronously), resumed by a fresh engine
+
+
+def layout_engine(model: str, name: str) -> FSDPEngine:
     eng = FSDPEngine(W.engine_config(model, max_tokens=40, parallel=LAYOUTS[name],
                                      **SETTINGS.get(name, {})))
     eng.initialize()
+    return eng
+
+
+def run_layout(model: str, name: str, batches: list[TensorDict], out: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    eng = layout_engine(model, name)
+    checkpoint = SaveLoadMeta(str(out / f"dcp_{name}"), weight_format="dcp", with_optim=True,
+                              async_save=True)
     grads = applied_gradients(eng)  # (before a forward: FSDP keeps the root's unsharded)
     res["checkpointed_layers"] = sum(m.gradient_checkpointing for m in eng.model.modules()
                                      if isinstance(m, GradientCheckpointingLayer))
@@ -92,10 +103,21 @@ def run_layout(model: str, name: str, batches: list[TensorDict], out: Path) -> d
         res[f"step{i + 1}"] = eng.train_batch(local, recorded_nll, W.n_trained_tokens)
         res[f"recorded{i + 1}"] = stats_tracker.export()
         eng.step_lr_scheduler()
+        if i == 0 and name == RESUMED:
+            eng.save(checkpoint)  # written beside step 2
     res["grads"] = grads
     res["splits"] = list(SPLITS)
-    SPLITS.clear()
     res["params"] = W.full_params(eng)
+    if name == RESUMED:
+        eng.wait_for_saves()
+        resumed = layout_engine(model, name)
+        resumed.load(checkpoint)
+        local = shard_batch(batches[1], eng.data_parallel_rank, eng.data_parallel_size)
+        res["resumed_step2"] = resumed.train_batch(local, recorded_nll, W.n_trained_tokens)
+        res["resumed_params"] = W.full_params(resumed)
+        resumed.destroy()
+        stats_tracker.export()  # (its records are not the next layout's)
+    SPLITS.clear()
     eng.update_weights(WeightUpdateMeta.from_disk(str(out / f"export_{name}"), 2))
     if eng.lora_enabled:  # the adapter alone travels (disk folder above, or in memory)
         adapter = eng.adapter_weights()

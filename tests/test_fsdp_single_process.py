@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,3 +105,38 @@ def test_memory_settings_a_cpu_trainer_cannot_honour_are_refused(tiny_model_dir:
         with pytest.raises(ValueError, match=f"TrainEngineConfig.{key}={value} is invalid: "
                                              f"expected unset without gradient_checkpointing"):
             TrainEngineConfig(**{key: value})
+
+
+def test_ulysses_runs_the_inner_attention_under_its_own_name(tiny_model_dir: Path) -> None:
+    """transformers' flash-attn wrapper picks its kernel by `module.config._attn_implementation`,
+    which on a model loaded for Ulysses names Ulysses: the inner attention must see its own name
+    there (the module's own config untouched). A one-rank group: the exchanges are identities."""
+    import torch.distributed as dist
+    from transformers import AttentionInterface, AutoConfig
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
+
+    from areal_like.utils.distributed import ensure_process_group
+    from engines.fsdp.ulysses import ULYSSES_ATTENTION, SequenceShard, ulysses_attention
+
+    seen = []
+
+    def inner(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        seen.append((module.config._attn_implementation, module.layer_idx, tuple(k.shape)))
+        return q.transpose(1, 2), None
+
+    AttentionInterface.register("recording_inner", inner)
+    owned = ensure_process_group("gloo", torch.device("cpu"))
+    try:
+        config = AutoConfig.from_pretrained(tiny_model_dir)
+        config._attn_implementation = ULYSSES_ATTENTION
+        module = Qwen2Attention(config, 2)
+        shard = SequenceShard(dist.group.WORLD, 0, 1, "recording_inner", 6, 6)
+        q, k, v = torch.randn(1, 4, 6, 32), torch.randn(1, 2, 6, 32), torch.randn(1, 2, 6, 32)
+        out, _ = ulysses_attention(module, q, k, v, None, sequence_shard=shard)
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    assert seen == [("recording_inner", 2, (1, 2, 6, 32))]
+    assert module.config._attn_implementation == ULYSSES_ATTENTION
+    torch.testing.assert_close(out, q.transpose(1, 2))

@@ -80,8 +80,10 @@ def test_server_dying_at_start_stops_launch_with_log_tail(tmp_path, tiny_model_d
     """The trainer starts beside the servers; one that dies during start-up stops the run,
     its exit code and log tail the last thing on screen (the trainer, waiting for it, is
     stopped quietly)."""
+    # one server (the main job starts two, which both die: which is named first is a race)
     proc = _launch(["grpo", f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path / 'runs'}",
-                    "server.extra_args=[--max-running-requests,many]", FORK])
+                    "server.extra_args=[--max-running-requests,many]", "server.n_servers=1",
+                    FORK])
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, out[-2000:]
     failure = out.index("launch failed: SGLang server 0")

@@ -94,6 +94,14 @@ def test_loss_gradients_and_steps_equal_the_single_rank_float64_training(
     assert max_diff(got["params"], ref_params[0]) > 1e-3
 
 
+def test_a_checkpoint_of_a_split_layout_resumes_exactly(run: dict[str, Any]) -> None:
+    """TP = 2 x SP = 2 (weights sharded on two meshes): a DCP checkpoint written beside step 2
+    holds step 1's state; a fresh engine that loads it takes step 2 exactly as it was taken."""
+    got = run["tp2sp2"]
+    assert got["resumed_step2"] == got["step2"]
+    assert max_diff(got["resumed_params"], got["params"]) == 0.0
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_statistics_a_loss_records_count_each_token_once(run: dict[str, Any],
                                                          layout: str) -> None:

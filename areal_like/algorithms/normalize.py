@@ -23,10 +23,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from areal_like.utils.distributed import data_parallel_group
+
 
 def _all_reduce(t: torch.Tensor, op: dist.ReduceOp.RedOpType, group: Optional[object]) -> None:
+    """Over `group`, by default the trainer's data-parallel ranks (a sequence-parallel group's
+    ranks hold the same rows: pooled over every rank, each row would count several times)."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=op, group=group)
+        dist.all_reduce(t, op=op, group=group if group is not None else data_parallel_group())
 
 
 def normalize(

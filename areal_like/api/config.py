@@ -240,8 +240,9 @@ class CheckpointConfig:
     # disabled | auto (resume when a checkpoint exists)
     recover: str = bounded("disabled", bound=choices("disabled", "auto"))
     # the train state (DCP) is copied to host memory and written beside the next steps; the
-    # checkpoint counts (`latest`) once written (a run killed meanwhile resumes from the one
-    # before). Costs one host copy of the sharded model and optimizer state while it writes.
+    # checkpoint counts (`latest`) at the first step end that finds every rank's write done (a
+    # run killed before resumes from the one before). Costs one host copy of the sharded
+    # model and optimizer state while it writes.
     async_save: bool = False
 
     def __post_init__(self) -> None:

@@ -191,6 +191,10 @@ class TrainEngine(abc.ABC):
         """Collective: every rank's pending asynchronous `save` is written (no-op for an
         engine that saves synchronously)."""
 
+    def saves_written(self) -> bool:
+        """Collective, without waiting: whether every rank's asynchronous saves are written."""
+        return True
+
     @abc.abstractmethod
     def load(self, meta: SaveLoadMeta) -> None: ...
 

@@ -3,12 +3,13 @@
 Layout: `<dir>/step<N>/{train_state/, run_state.pt}` and `<dir>/latest` naming the newest
 complete one (written last, atomically, so a run killed mid-save resumes from the previous).
 With `checkpoint.async_save` the train state is written beside the next steps: the checkpoint
-is committed (run state, `latest`) once every rank's write finished, at the next save or at
-`commit` when the run ends.
+is committed (run state, `latest`) once every rank's write finished: the first step end that
+finds it written (`commit_if_written`), else the next save or the run's end (`commit`).
 """
 
 from __future__ import annotations
 
+import io
 import random
 import shutil
 from pathlib import Path
@@ -28,7 +29,8 @@ class Checkpointer:
         self.config = config
         self.dir = Path(config.save_dir) if config.save_dir else Path(run_dir) / "checkpoints"
         self.rank = rank
-        self._pending: Optional[tuple[Path, dict[str, Any]]] = None  # written, not committed
+        # (checkpoint, its run state serialised when saved): being written, not yet committed
+        self._pending: Optional[tuple[Path, bytes]] = None
 
     def should_save(self, step: int, last_step: bool = False) -> bool:
         freq = self.config.freq_steps
@@ -38,11 +40,13 @@ class Checkpointer:
         """Every rank calls this; rank 0's `run_state` (executor state etc.) is written."""
         self.commit(engine)  # the previous checkpoint, if its write was still going on
         path = self.dir / f"step{step}"
-        state = {"step": step, "python_rng": random.getstate(),
-                 "numpy_rng": np.random.get_state(), **run_state}
+        state = io.BytesIO()  # now: the objects it holds go on changing with the run
+        if self.rank == 0:
+            torch.save({"step": step, "python_rng": random.getstate(),
+                        "numpy_rng": np.random.get_state(), **run_state}, state)
         engine.save(SaveLoadMeta(str(path / "train_state"), weight_format="dcp", with_optim=True,
                                  async_save=self.config.async_save))
-        self._pending = (path, state)
+        self._pending = (path, state.getvalue())
         if not self.config.async_save:
             self.commit(engine)
         return path
@@ -55,11 +59,17 @@ class Checkpointer:
         engine.wait_for_saves()
         (path, state), self._pending = self._pending, None
         if self.rank == 0:
-            torch.save(state, path / "run_state.pt")
+            (path / "run_state.pt").write_bytes(state)  # (named by `latest` only next)
             write_atomic(self.dir / "latest", path.name)
             self._prune(keep=self.config.keep_last)
         if dist.is_initialized():
             dist.barrier()
+
+    def commit_if_written(self, engine: TrainEngine) -> None:
+        """Collective: commit the pending checkpoint if every rank has written it (called at
+        every step's end: a run killed later resumes from it)."""
+        if self._pending is not None and engine.saves_written():
+            self.commit(engine)
 
     def _prune(self, keep: int) -> None:
         steps = sorted((int(p.name[4:]), p) for p in self.dir.glob("step*") if p.name[4:].isdigit())

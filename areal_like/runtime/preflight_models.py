@@ -52,9 +52,12 @@ def _check_parallel(config: Any, model: Optional[dict[str, Any]]) -> None:
                 # (imports the engine's checks: transformers, ~2 s, only for such a mesh)
                 from engines.fsdp.mesh import check_model_fits_mesh
 
-                text = SimpleNamespace(**{**model, **(model.get("text_config") or {})})
-                check_model_fits_mesh(parallel, text, config.model.path, name,
-                                      getattr(config, name).lora.rank)
+                path = getattr(config, name).model.path or config.model.path
+                own = model if path == config.model.path else read_model_config(path)
+                if own is None:
+                    continue
+                text = SimpleNamespace(**{**own, **(own.get("text_config") or {})})
+                check_model_fits_mesh(parallel, text, path, name, getattr(config, name).lora.rank)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

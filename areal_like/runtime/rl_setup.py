@@ -57,8 +57,8 @@ CONSOLE = ["actor/task_reward/avg", "eval/accuracy", "rollout/staleness_max", "t
            "timeperf/startup"]
 
 
-def start_engine(config: TrainEngineConfig) -> FSDPEngine:
-    engine = FSDPEngine(config)
+def start_engine(config: TrainEngineConfig, section: str = "") -> FSDPEngine:
+    engine = FSDPEngine(config, section)
     engine.initialize()
     return engine
 
@@ -272,7 +272,7 @@ class RLSetup:
         off when it trains LoRA (no second copy), else a separate engine from `ref`."""
         if self.config.actor.lora.enabled:
             return self.actor_engine.base_model_view()
-        return start_engine(self.config.ref)  # type: ignore[attr-defined]
+        return start_engine(self.config.ref, "ref")  # type: ignore[attr-defined]
 
     def save_final(self) -> None:
         """The trained policy as a Hugging Face folder (weights, config, tokenizer, chat
@@ -308,6 +308,7 @@ class RLSetup:
         self.actor_engine.step_lr_scheduler()
         for engine in extra_engines:
             engine.step_lr_scheduler()
+        self.ckpt.commit_if_written(self.actor_engine)  # an asynchronous save written since
         last = step + 1 == self.config.total_train_steps
         freq = self.config.evaluation.freq_steps
         evaluate = bool(freq) and ((step + 1) % freq == 0 or last)

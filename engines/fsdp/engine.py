@@ -54,11 +54,11 @@ from areal_like.utils.distributed import set_data_parallel_group
 from areal_like.utils.packed_logprobs import next_token_logprobs
 from areal_like.utils.quiet import silence_library_progress_bars
 from engines.fsdp import lora as lora_io
+from engines.fsdp import mesh as trainer_mesh
 from engines.fsdp import model_io as ckpt
 from engines.fsdp import moe
 from engines.fsdp.attention import PACKED_SDPA, choose_attn_implementation
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
-from engines.fsdp.mesh import TrainerMesh, build_trainer_mesh, check_model_fits_mesh
 from engines.fsdp.optim import build_optimizer, build_scheduler
 from engines.fsdp.packed_forward import PackedForward
 from engines.fsdp.packing import (
@@ -78,11 +78,7 @@ from engines.fsdp.sharding import (
 )
 from engines.fsdp.shared_prefix import PrefixTreeUse, prefix_trees, why_not_shared
 from engines.fsdp.ulysses import ULYSSES_ATTENTION
-from engines.fsdp.vision import (
-    freeze_vision_tower,
-    is_vision_language,
-    require_vision_language,
-)
+from engines.fsdp.vision import freeze_vision_tower, is_vision_language, require_vision_language
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +89,10 @@ class FSDPEngine(TrainEngine):
     """An HF model (causal LM, or a value model when `config.model.is_critic`) sharded with
     FSDP2, trained with AdamW on packed micro-batches. See the module docstring."""
 
-    def __init__(self, config: TrainEngineConfig) -> None:
+    def __init__(self, config: TrainEngineConfig, section: str = "") -> None:
+        """`section`: the config key the errors name (default: critic or actor)."""
         self.config = config
+        self.section = section or ("critic" if config.model.is_critic else "actor")
         self.model: Any = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.lr_scheduler: Optional[LambdaLR] = None
@@ -107,7 +105,7 @@ class FSDPEngine(TrainEngine):
         self._served: Optional[list[ckpt.ServedPiece]] = None
         self._routers: Optional[moe.RouterControl] = None  # a mixture of experts' (moe.py)
         self._trees: Optional[PrefixTreeUse] = None  # actor.shared_prefix (shared_prefix.py)
-        self.mesh: Optional[TrainerMesh] = None  # data x sequence x tensor (mesh.py)
+        self.mesh: Optional[trainer_mesh.TrainerMesh] = None  # data x sequence x tensor (mesh.py)
         self._dcp = ckpt.DcpWrites(config.collective_timeout)  # checkpoints being written
         self._forward: Any = None  # PackedForward: a micro-batch through the model
 
@@ -131,13 +129,11 @@ class FSDPEngine(TrainEngine):
         self._owns_group = ensure_process_group(backend, self.device,
                                                 self.config.collective_timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        section = "critic" if cfg.model.is_critic else "actor"
+        section = self.section
         check_memory_options(cfg, self.device, section)
-        self.mesh = build_trainer_mesh(cfg.parallel, self.device.type, section)
+        self.mesh = trainer_mesh.build_trainer_mesh(cfg.parallel, self.device.type, section)
         sp = self.mesh.sp_size
-        # (process-wide, left set after destroy: a recipe's engines share one layout, and the
-        # next engine to initialize sets its own)
-        set_data_parallel_group(self.mesh.dp_group)  # batch-wide statistics pool over it
+        set_data_parallel_group(self.mesh.dp_group)  # process-wide: batch statistics pool on it
         stats_tracker.set_records_duplicated(not self.mesh.leads_its_rows)
         attn = choose_attn_implementation(self.device)  # (Ulysses runs it on whole rows)
         model: Any = ckpt.load_hf_model(cfg.model.path, cfg.model.is_critic,
@@ -145,8 +141,8 @@ class FSDPEngine(TrainEngine):
                                         ULYSSES_ATTENTION if sp > 1 else attn)
         self._pad_token_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._vision_language = is_vision_language(model.config)
-        check_model_fits_mesh(cfg.parallel, model.config, cfg.model.path, section,
-                              cfg.lora.rank)
+        trainer_mesh.check_model_fits_mesh(cfg.parallel, model.config, cfg.model.path, section,
+                                           cfg.lora.rank)
         if cfg.freeze_vision_tower:
             frozen = freeze_vision_tower(model)
             logger.info("vision tower frozen: %d parameters take no gradient", frozen)
@@ -198,7 +194,9 @@ class FSDPEngine(TrainEngine):
     def destroy(self) -> None:
         self._dcp.wait()
         self.model = self.optimizer = self.lr_scheduler = self._forward = None
-        if self._owns_group and dist.is_initialized():
+        if self._owns_group and dist.is_initialized():  # its mesh's groups die with it
+            set_data_parallel_group(None)
+            stats_tracker.set_records_duplicated(False)
             dist.destroy_process_group()
         self._owns_group = False
 
@@ -223,6 +221,8 @@ class FSDPEngine(TrainEngine):
         if self._trees is not None:
             self._trees.forwarded = 0  # the model's input rows over this call's micro-batches
         lengths = sequence_lengths(batch["attention_mask"]).tolist() if batch.numel() else []
+        if self.mesh is not None and self.mesh.sp_size * self.mesh.tp_size > 1:
+            trainer_mesh.check_same_rows(self.mesh, lengths)
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
             raise ValueError(f"batch row {empty[0]} has no real tokens (attention_mask all 0)")
@@ -410,6 +410,9 @@ class FSDPEngine(TrainEngine):
 
     def wait_for_saves(self) -> None:
         self._dcp.wait()
+
+    def saves_written(self) -> bool:
+        return self._dcp.written()
 
     def load(self, meta: SaveLoadMeta) -> None:
         """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -42,10 +43,32 @@ class TrainerMesh:
         return self.mesh["sp"].get_group()
 
     @property
+    def tp_group(self) -> dist.ProcessGroup:
+        return self.mesh["tp"].get_group()
+
+    @property
     def leads_its_rows(self) -> bool:
         """The one rank of its data-parallel group that records per-row statistics (the
         others see the same rows: their records would be duplicates)."""
         return self.sp_rank == 0 and self.tp_rank == 0
+
+
+def check_same_rows(mesh: TrainerMesh, lengths: list[int]) -> None:
+    """Collective over each sequence- and tensor-parallel group: its ranks split one forward,
+    so they must hold the same rows (a clear error here, not exchanges of mismatched sizes)."""
+    for size, group, what in ((mesh.sp_size, mesh.sp_group, "sequence"),
+                              (mesh.tp_size, mesh.tp_group, "tensor")):
+        if size == 1:
+            continue
+        mine = [len(lengths), sum(lengths)]
+        seen = torch.tensor(mine + [-n for n in mine], dtype=torch.float64)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
+        if seen[0] != -seen[2] or seen[1] != -seen[3]:
+            raise ValueError(
+                f"the ranks of a {what}-parallel group were given different batches (this "
+                f"rank: {mine[0]} rows, {mine[1]} tokens): they split one forward and must "
+                f"hold the same rows; pass each data-parallel rank's shard, "
+                f"shard_batch(batch, engine.data_parallel_rank, engine.data_parallel_size)")
 
 
 def build_trainer_mesh(config: ParallelConfig, device_type: str, section: str) -> TrainerMesh:
@@ -75,6 +98,9 @@ def check_heads_divide(config: ParallelConfig, heads: int, kv_heads: int, sectio
     whole query heads; tensor parallelism also splits the key/value heads (Ulysses repeats
     them where there are fewer than its ranks, as the model's grouped-query attention does)."""
     sp, tp = config.sequence_parallel_size, config.tensor_parallel_size
+    if heads <= 0:
+        raise ValueError(f"{section}.parallel: the model's config names no "
+                         f"num_attention_heads, which sequence and tensor parallelism split")
     if heads % (sp * tp):
         keys = " x ".join(f"{section}.parallel.{k}={v}" for k, v in
                           (("sequence_parallel_size", sp), ("tensor_parallel_size", tp)) if v > 1)

@@ -241,9 +241,21 @@ class DcpWrites:
         """Collective: the pending write is complete on every rank (its error raised here)."""
         if self._pending is None:
             return
-        pending, self._pending = self._pending, None
-        pending.result(timeout=self.timeout_s)
+        self._pending.result(timeout=self.timeout_s)
+        self._pending = None
         dist.barrier()
+
+    def written(self) -> bool:
+        """Collective, without waiting: whether every rank's pending write is complete (then
+        it is no longer pending)."""
+        if self._pending is None:
+            return True
+        done = torch.tensor([1.0 if self._pending.done() else 0.0])
+        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._group)
+        if done.item() == 1.0:
+            self.wait()
+            return True
+        return False
 
 
 def load_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

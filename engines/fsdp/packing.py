@@ -231,8 +231,10 @@ def attention_width(model_config: dict) -> float:
     """W such that a decoder layer's work on a sequence of L tokens is proportional to
     L * (1 + L / W): per token, the projections and MLP cost 2 (4 h^2 + 3 h I) flops and causal
     attention over L positions 2 L h (h = hidden size, I = the MLP's width)."""
-    text = model_config.get("text_config") or model_config
-    hidden = int(text["hidden_size"])
+    text = {**model_config, **(model_config.get("text_config") or {})}
+    hidden = int(text.get("hidden_size") or 0)
+    if hidden <= 0:  # a config that names its width otherwise: balance by tokens
+        return 0.0
     return 4.0 * hidden + 3.0 * int(text.get("intermediate_size") or 4 * hidden)
 
 
@@ -277,8 +279,9 @@ def shard_rows(batch: TensorDict, world_size: int, group_size: int = 1,
     return dp_shard_indices(costs, world_size, group_size, group_ids)
 
 
-def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1) -> TensorDict:
-    """This rank's rows of a full batch (`shard_rows`), for callers that hold the whole batch
-    on every rank; `FSDPEngine` expects the local shard."""
-    rows = shard_rows(batch, world_size, group_size)[rank]
+def shard_batch(batch: TensorDict, rank: int, world_size: int, group_size: int = 1,
+                width: float = 0.0) -> TensorDict:
+    """This data-parallel rank's rows of a full batch (`shard_rows`), for callers that hold
+    the whole batch on every rank; `FSDPEngine` expects the local shard."""
+    rows = shard_rows(batch, world_size, group_size, width)[rank]
     return batch[torch.as_tensor(rows, dtype=torch.long)]

@@ -18,6 +18,7 @@ chunk only (no sum over the group).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -109,8 +110,37 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         key, value = (x.repeat_interleave(repeat, dim=1) for x in (key, value))
     q, k, v = (_AllToAll.apply(x, group, 1, 2) for x in (query, key, value))
     inner = ALL_ATTENTION_FUNCTIONS[sequence_shard.inner]
-    out, _ = inner(module, q, k, v, attention_mask, **kwargs)  # [1, T, H/sp, D]
+    out, _ = inner(_as_inner(module, sequence_shard.inner), q, k, v, attention_mask,
+                   **kwargs)  # [1, T, H/sp, D]
     return _AllToAll.apply(out, group, 1, 2), None
+
+
+class _InnerView:
+    """An attention module as the inner implementation must see it: its config names that
+    implementation (transformers' flash-attn wrapper picks its kernel by
+    `module.config._attn_implementation`, which names Ulysses on the module itself)."""
+
+    def __init__(self, module: torch.nn.Module, inner: str) -> None:
+        self._module = module
+        config = copy.copy(getattr(module, "config"))  # noqa: B009 (nn.Module's attribute)
+        config._attn_implementation = inner
+        self.config = config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+_inner_views: dict[tuple[int, str], _InnerView] = {}
+
+
+def _as_inner(module: torch.nn.Module, inner: str) -> Any:
+    config = getattr(module, "config", None)
+    if config is None or getattr(config, "_attn_implementation", inner) == inner:
+        return module
+    view = _inner_views.get((id(module), inner))
+    if view is None or view._module is not module:
+        view = _inner_views[(id(module), inner)] = _InnerView(module, inner)
+    return view
 
 
 AttentionInterface.register(ULYSSES_ATTENTION, ulysses_attention)

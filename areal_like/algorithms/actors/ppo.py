@@ -344,15 +344,13 @@ class PPOActor:
         kw: dict[str, Any] = dict(mean=cfg.norm.mean, std=cfg.norm.std, eps=cfg.norm.eps)
         if cfg.norm.level == "batch":
             return normalize(adv, mask, None, leave_one_out=cfg.norm.leave_one_out,
-                             all_reduce=_distributed(), reduce_group=data_parallel_group(),
-                             **kw)
+                             all_reduce=_distributed(), **kw)
         if cfg.norm.level == "group":
             return normalize(adv, mask, group_index, leave_one_out=cfg.norm.leave_one_out,
                              **kw)
         if cfg.norm.level == "running":
             assert self.running is not None
-            self.running.update(adv, mask, all_reduce=_distributed(),
-                                reduce_group=data_parallel_group())
+            self.running.update(adv, mask, all_reduce=_distributed())
             return self.running.normalize(adv, mask, **kw)
         return adv
 

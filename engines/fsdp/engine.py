@@ -412,7 +412,7 @@ class FSDPEngine(TrainEngine):
         self._dcp.wait()
 
     def saves_written(self) -> bool:
-        return self._dcp.written()
+        return self._dcp.written(self.device)
 
     def load(self, meta: SaveLoadMeta) -> None:
         """Inverse of `save`; `dcp` with `with_optim=False` restores weights, RNG and version."""

@@ -14,7 +14,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from areal_like.api.parallel_config import ParallelConfig
 from engines.fsdp.moe import moe_shape
-from engines.fsdp.ulysses import ulysses_refusal
 from engines.fsdp.vision import is_vision_language
 
 MESH_DIMS = ("dp", "sp", "tp")
@@ -85,10 +84,15 @@ def build_trainer_mesh(config: ParallelConfig, device_type: str, section: str) -
     return TrainerMesh(mesh, fsdp, dp, coords[0], sp, coords[1], tp, coords[2])
 
 
+def _text_config(model_config: Any) -> Any:
+    """An HF config's language model's (a VLM's text config)."""
+    return (model_config.get_text_config() if hasattr(model_config, "get_text_config")
+            else model_config)
+
+
 def attention_heads(model_config: Any) -> tuple[int, int]:
     """(query heads, key/value heads) of an HF config (its text config for a VLM)."""
-    text = (model_config.get_text_config() if hasattr(model_config, "get_text_config")
-            else model_config)
+    text = _text_config(model_config)
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     return heads, int(getattr(text, "num_key_value_heads", None) or heads)
 
@@ -125,15 +129,16 @@ def check_model_fits_mesh(config: ParallelConfig, model_config: Any, path: str,
                          f"the projections they wrap here; use one of them (Ulysses, "
                          f"sequence_parallel_size, works with LoRA)")
     check_heads_divide(config, *attention_heads(model_config), section)
-    for key, size in (("sequence_parallel_size", sp), ("tensor_parallel_size", tp)):
-        refusal = (ulysses_refusal(is_vision_language(model_config),
-                                   moe_shape(model_config) is not None, path,
-                                   f"{section}.parallel.{key}={size}") if size > 1 else "")
-        if refusal:
-            raise ValueError(refusal)
-    text = (model_config.get_text_config() if hasattr(model_config, "get_text_config")
-            else model_config)
-    width = int(getattr(text, "intermediate_size", 0) or 0)
+    key, size = (("sequence_parallel_size", sp) if sp > 1 else ("tensor_parallel_size", tp))
+    split = f"{section}.parallel.{key}={size}"
+    if is_vision_language(model_config):  # Ulysses needs a forward per token outside
+        raise ValueError(f"{split} with the vision-language model at {path!r}: its vision "
+                         f"tower and image positions are not split here; use 1")
+    if moe_shape(model_config) is not None:  # ... tensor parallelism dense decoder layers
+        raise ValueError(f"{split} with the mixture of experts at {path!r}: its routers "
+                         f"(records, load-balancing loss) and fused experts are not split "
+                         f"here; use 1")
+    width = int(getattr(_text_config(model_config), "intermediate_size", 0) or 0)
     if tp > 1 and width % tp:
         raise ValueError(f"{section}.parallel.tensor_parallel_size={tp} does not divide the "
                          f"model's intermediate_size={width}: the MLP is split by its width")

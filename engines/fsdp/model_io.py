@@ -34,6 +34,7 @@ from transformers import (
 
 from areal_like.api.io_struct import ParamSpec
 from areal_like.models.qwen2_vl_config import write_flat_config
+from engines.fsdp.dist import all_reduce_scalar
 from engines.fsdp.vision import attn_implementations, is_vision_language
 
 # Files copied next to exported weights so that the folder is a complete HF model folder.
@@ -245,17 +246,16 @@ class DcpWrites:
         self._pending = None
         dist.barrier()
 
-    def written(self) -> bool:
+    def written(self, device: torch.device) -> bool:
         """Collective, without waiting: whether every rank's pending write is complete (then
-        it is no longer pending)."""
+        it is no longer pending). Asked over the trainer's group, not the writes' own, which
+        the background thread may be using at that moment."""
         if self._pending is None:
             return True
-        done = torch.tensor([1.0 if self._pending.done() else 0.0])
-        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._group)
-        if done.item() == 1.0:
-            self.wait()
-            return True
-        return False
+        if all_reduce_scalar(0.0 if self._pending.done() else 1.0, device, "max") > 0:
+            return False
+        self.wait()
+        return True
 
 
 def load_dcp(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

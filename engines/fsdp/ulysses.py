@@ -170,17 +170,3 @@ def gather_outputs(local: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
     """This rank's per-token outputs [T/sp, ...] -> the micro-batch's [T, ...] (padding
     dropped), on every rank of the group."""
     return _GatherSequence.apply(local, shard)[:shard.n_tokens]
-
-
-def ulysses_refusal(vision_language: bool, mixture_of_experts: bool, path: str,
-                    size_key: str) -> str:
-    """Why the model cannot be split by `size_key` (sequence or tensor parallelism; "" where
-    it can): Ulysses needs a forward that is per token outside attention, tensor parallelism
-    dense decoder layers."""
-    if vision_language:
-        return (f"{size_key} with the vision-language model at {path!r}: its vision tower "
-                f"and image positions are not split here; use 1")
-    if mixture_of_experts:
-        return (f"{size_key} with the mixture of experts at {path!r}: its routers (records, "
-                f"load-balancing loss) and fused experts are not split here; use 1")
-    return ""

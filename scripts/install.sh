@@ -39,7 +39,7 @@ PIP=("$PYTHON" -m pip install --progress-bar off)
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium" 2>/dev/null; then
+if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard" 2>/dev/null; then
   "${PIP[@]}" -e ".[dev,ray]"
 fi
 

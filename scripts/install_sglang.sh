@@ -135,9 +135,11 @@ EOF
 fi
 
 # Smoke test: the modules a server start-up imports (where a missing shim name would fail).
+# the delta transport's receiving end (engines/weight_transport/delta/) decompresses with it
+"${PIP[@]}" -q "zstandard>=0.22"
 if [ "$MODE" = "cpu" ]; then export SGLANG_USE_CPU_ENGINE=1; fi
 "$VPY" -W ignore -c "import sglang, sglang.launch_server, sglang.srt.configs, \
-sglang.srt.mem_cache.memory_pool, sglang.srt.managers.scheduler; \
+sglang.srt.mem_cache.memory_pool, sglang.srt.managers.scheduler, zstandard; \
 print('[install_sglang] sglang', sglang.__version__, 'imports')"
 echo "$WANT_HASH" >"$STAMP"
 echo "[install_sglang] done: $VENV"

@@ -71,5 +71,8 @@ import vllm.entrypoints.openai.api_server  # noqa: F401,E402 - the server import
 print(f"[install_vllm] torch {torch.__version__}, vllm server imports")
 EOF
 fi
+# the delta transport's receiving end (engines/weight_transport/delta/) decompresses with it
+"${PIP[@]}" -q "zstandard>=0.22"
+"$VPY" -c "import zstandard"
 echo "$WANT_HASH" >"$STAMP"
 echo "[install_vllm] done: $VENV"

@@ -77,7 +77,7 @@ def test_a_broadcast_report_readmits_the_joined_and_parks_the_dropped():
                                   failed={SERVERS[1]: "gloo: connection closed"}, advanced=True))
         assert sorted(m.pool.in_service()) == [SERVERS[0], SERVERS[2]]
         assert m.awaiting_broadcast == {SERVERS[1]}  # paused until a later broadcast
-        assert "dropped from the broadcast of weights version 5 (gloo" in \
+        assert "dropped from the update to weights version 5 (gloo" in \
             m.pool.out_of_service[SERVERS[1]]
 
     asyncio.run(run())

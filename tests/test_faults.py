@@ -201,6 +201,68 @@ def test_server_with_a_hung_scheduler_leaves_service_until_it_generates_again(
         engine.destroy()
 
 
+def test_server_killed_during_a_delta_update_gets_the_full_weights_when_it_is_back(
+        sglang_fleet, spare, tiny_model_dir, tmp_path, monkeypatch):
+    """The delta transport: a server killed while applying a weight file leaves service; the
+    survivor goes on with deltas; restarted (launch weights, no base), the victim waits for
+    the trainer's next update, which sends it the full version (counted), and it serves
+    that version's log-probs."""
+    from test_weight_broadcast import _assert_serves, _export
+    from test_weight_delta import _small_step
+
+    from areal_like.api.config import ModelConfig, OptimizerConfig, TrainEngineConfig
+    from areal_like.runtime.weight_delta import WeightDeltaPusher
+    from engines import FSDPEngine
+
+    survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
+    engine = make_engine([survivor, victim], SGLANG_TEST_API_KEY, retry_backoff=0.1,
+                         health_check_interval=0.5, weight_transport="delta")
+    engine.set_version(fleet_version([survivor], SGLANG_TEST_API_KEY))
+    updater = FleetUpdater(engine.config, engine)
+    pusher = WeightDeltaPusher(engine.config, tmp_path / "delta")
+    trainer = FSDPEngine(TrainEngineConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                                           optimizer=OptimizerConfig(lr=1e-3)))
+    trainer.initialize()
+    real_apply = updater.api.apply_weight_file
+    kill = {"on": False}
+
+    async def apply_killing_victim(session, addr, path, version, timeout, model_digest=False):
+        if addr == victim and kill["on"]:
+            kill["on"] = False
+            spare.kill_server(0)  # paused, about to apply: SIGKILL now
+            spare.processes[0].wait(timeout=60)
+        return await real_apply(session, addr, path, version, timeout, model_digest)
+
+    monkeypatch.setattr(updater.api, "apply_weight_file", apply_killing_victim)
+    loader = updater.delta_loader
+    try:
+        version = engine.get_version() + 1
+        pusher.push(trainer, updater, version)  # whole, to both
+        kill["on"] = True
+        _small_step(trainer, seed=1)
+        pusher.push(trainer, updater, version + 1)
+        assert engine.in_service() == [survivor] and victim in engine.servers.out_of_service
+        assert loader.counts["delta"] == 1
+        spare.restart_server(0)  # comes back with the launch weights, labelled version 0
+        _until(lambda: _health(victim) == 200, "the restarted server to answer")
+        # no folder to load: it waits for the trainer's next update
+        assert victim in engine.membership.awaiting_broadcast
+        assert victim not in engine.in_service()
+        _small_step(trainer, seed=2)
+        pusher.push(trainer, updater, version + 2)
+        assert sorted(engine.in_service()) == sorted([survivor, victim])
+        assert loader.counts["fallbacks_unknown_base"] == 1 and loader.counts["delta"] == 2
+        assert fleet_version([survivor, victim], SGLANG_TEST_API_KEY) == version + 2
+        _assert_serves(engine, _export(trainer, tmp_path / "now"), version + 2,
+                       {survivor, victim})
+    finally:
+        monkeypatch.undo()
+        updater.close()
+        engine.destroy()
+        trainer.destroy()
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
+
+
 def test_server_added_through_the_addrs_file_joins_with_the_current_weights(
         sglang_fleet, spare, tiny_model_dir, new_weights, tmp_path):
     first, added = sglang_fleet.addresses[0], spare.addresses[0]

@@ -358,8 +358,8 @@ def run_ranks(fleet: InferenceFleet, model_dir: Path, log_dir: Path, *extra: str
 
 
 @pytest.mark.torchrun
-def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny_model_dir,
-                                                              tmp_path):
+def test_two_rank_trainer_broadcast_and_delta_equal_the_disk_transport(
+        sglang_fleet, tiny_model_dir, tmp_path):
     """GRPO at eta = 0 with a 2-rank FSDP trainer and two servers, once per transport: the
     servers sample with seeds, so weights that differed would change tokens, rewards and the
     logged statistics; they are identical (those made from the servers' float32 log-probs to
@@ -375,6 +375,16 @@ def test_two_rank_trainer_broadcast_equals_the_disk_transport(sglang_fleet, tiny
     assert all(r["weight_sync/buckets"] > 1 for r in dist[1:])
     assert "weight_sync/export_s" in disk[-1] and "weight_sync/export_s" not in dist[-1]
     assert not list((tmp_path / "dist").glob("*/trial0/weights/v*"))  # nothing on disk
+    # only what changed, as weight files both servers apply (the first update whole: they
+    # held no base); fed the same weights, the run is the disk run
+    delta = run_ranks(sglang_fleet, tiny_model_dir, tmp_path / "delta",
+                      "rollout.weights.transport=delta", f"rollout.weights.bucket_mb={BUCKET_MB}")
+    assert_same_records([_compared(r) for r in disk], [_compared(r) for r in delta])
+    assert [r["weight_sync/full_total"] for r in delta[1:]] == [2.0, 2.0, 2.0]
+    assert [r["weight_sync/delta_total"] for r in delta[1:]] == [0.0, 2.0, 4.0]
+    assert delta[1]["weight_sync/file_ratio"] < 1.0 and delta[2]["weight_sync/file_ratio"] > 0
+    files = sorted(p.name for p in (tmp_path / "delta").glob("*/trial0/weights/delta/v*"))
+    assert files == ["v2.delta", "v3.delta"], files  # the last two versions kept
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

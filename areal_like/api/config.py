@@ -317,6 +317,10 @@ class BaseExperimentConfig:
                              f"(rollout.backend is for attaching to a running fleet)")
         serve_actor_lora(self.actor.lora, self.server, self.rollout)
         serve_routed_experts(self.actor.moe, self.server, self.rollout)
+        _check("RolloutConfig", "weights.transport",
+               not (self.rollout.weights.transport == "delta" and self.actor.lora.enabled),
+               self.rollout.weights.transport, "disk or distributed with actor.lora (a LoRA run "
+               "sends only its adapter; delta is for whole weights)")
         if not self.rollout.server_addrs:  # the launcher starts the servers with this context
             need = self.train_dataset.max_prompt_len + self.gconfig.max_new_tokens
             _check("ServerConfig", "context_length", self.server.context_length >= need,

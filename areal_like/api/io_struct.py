@@ -210,26 +210,37 @@ class WeightUpdateMeta:
     `group_name` that it and the servers joined, one flattened bucket per entry of `buckets`
     (names, dtypes, shapes in order); the last bucket carries the version label.
     `type="adapter"`: a LoRA adapter sent in memory (`adapter`), no folder.
+    `type="delta"`: trainer rank 0 wrote a weight file at `path` (engines/weight_transport/
+    delta/): the tensors that changed since `base_version`, or every tensor (`base_version`
+    None); a server that does not hold that base gets a full file instead.
     """
 
     version: int
     path: Optional[str] = None
-    type: Literal["disk", "distributed", "adapter"] = "disk"
+    type: Literal["disk", "distributed", "adapter", "delta"] = "disk"
     buckets: tuple[tuple[ParamSpec, ...], ...] = ()
     group_name: str = ""
     adapter: Optional[AdapterWeights] = field(default=None, repr=False)
+    base_version: Optional[int] = None  # delta: the version the file is a delta against
+    base_state_digest: str = ""  # delta: the digest of that version's whole state
+
+    @property
+    def driven_by_trainer(self) -> bool:
+        """Servers out of service get these weights at the trainer's next update, not from
+        the rollout controller (there is no folder to load)."""
+        return self.type in ("distributed", "delta")
 
     def __post_init__(self) -> None:
-        if self.type == "disk" and not self.path:
-            raise ValueError("WeightUpdateMeta(type='disk') needs a `path`")
+        if self.type in ("disk", "delta") and not self.path:
+            raise ValueError(f"WeightUpdateMeta(type={self.type!r}) needs a `path`")
         if self.type == "distributed" and not (self.buckets and self.group_name):
             raise ValueError("WeightUpdateMeta(type='distributed') needs `buckets` and a "
                              "`group_name`")
         if self.type == "adapter" and self.adapter is None:
             raise ValueError("WeightUpdateMeta(type='adapter') needs the `adapter`")
-        if self.type not in ("disk", "distributed", "adapter"):
+        if self.type not in ("disk", "distributed", "adapter", "delta"):
             raise ValueError(f"WeightUpdateMeta.type={self.type!r}: use 'disk', "
-                             f"'distributed' or 'adapter'")
+                             f"'distributed', 'adapter' or 'delta'")
         if self.version < 0:
             raise ValueError(f"WeightUpdateMeta.version={self.version} must be >= 0")
 
@@ -242,6 +253,12 @@ class WeightUpdateMeta:
                          version: int) -> WeightUpdateMeta:
         return cls(version=version, type="distributed", group_name=group_name,
                    buckets=tuple(tuple(b) for b in buckets))
+
+    @classmethod
+    def from_delta(cls, path: str, version: int, base_version: Optional[int],
+                   base_state_digest: str) -> WeightUpdateMeta:
+        return cls(version=version, path=path, type="delta", base_version=base_version,
+                   base_state_digest=base_state_digest)
 
     @classmethod
     def from_adapter(cls, adapter: AdapterWeights, version: int) -> WeightUpdateMeta:

@@ -92,10 +92,12 @@ class ControllerProcessConfig:
 
 @dataclass
 class WeightTransportConfig:
-    """How weights reach the fleet: "disk" (an HF folder every server reads) or "distributed"
-    (trainer rank 0 broadcasts them over a process group the servers join; no shared disk)."""
+    """How weights reach the fleet: "disk" (an HF folder every server reads), "distributed"
+    (trainer rank 0 broadcasts them over a process group the servers join; no shared disk),
+    or "delta" (rank 0 writes only the bytes that changed since the fleet's version to a
+    shared directory; a server without that base gets the full version)."""
 
-    transport: str = bounded("disk", bound=choices("disk", "distributed"))
+    transport: str = bounded("disk", bound=choices("disk", "distributed", "delta"))
     update_timeout: float = bounded(300.0, bound=above(0, " seconds"))
     bucket_mb: float = bounded(256.0, bound=above(0))  # distributed: MB gathered and sent at once
     group_backend: str = bounded("auto", bound=choices("auto", "gloo", "nccl"))  # auto: nccl on GPU
@@ -114,6 +116,13 @@ class WeightTransportConfig:
     # transport at staleness.max_head_offpolicyness >= 1; elsewhere (a broadcast needs every
     # rank; at eta = 0 the next batch needs the new version) the load stays in the step
     overlap_load: bool = False
+    # delta: how a changed tensor is written: "xor" (its bytes XOR the base's) or "sparse"
+    # (indices and new values of the changed elements); then zstd at delta_zstd_level
+    delta_codec: str = bounded("xor", bound=choices("xor", "sparse"))
+    delta_zstd_level: int = bounded(3, bound=within(1, 22))
+    # delta: every server reports a digest of its own parameters after each load (parity
+    # checks: costs a pass over the weights per load)
+    delta_model_digest: bool = False
 
     def __post_init__(self) -> None:
         check_bounds(self, "rollout.weights")

@@ -110,14 +110,17 @@ def reserve(name: str, bundles: list[dict[str, float]], strategy: str, timeout: 
 
 
 def check_weight_path(config: Any, servers: list[Any], rank0: Any) -> None:
-    """The disk weight transport needs every server on trainer rank 0's node, or a shared
-    run directory (`servers`, `rank0`: launcher members with the `node` Ray placed them on)."""
-    if config.rollout.weights.transport != "disk" or config.launcher.shared_dir:
+    """The disk and delta weight transports need every server on trainer rank 0's node, or a
+    shared run directory (`servers`, `rank0`: launcher members with the `node` Ray placed
+    them on)."""
+    transport = config.rollout.weights.transport
+    if transport not in ("disk", "delta") or config.launcher.shared_dir:
         return
     away = [s.where() for s in servers if s.node["node_id"] != rank0.node["node_id"]]
     if away:
         raise LaunchError(
             f"{', '.join(away)} {'is' if len(away) == 1 else 'are'} not on the node of "
-            f"{rank0.where()}, so cannot read the weights it writes to disk: set "
+            f"{rank0.where()}, so cannot read the weights it writes to disk "
+            f"(rollout.weights.transport={transport}): set "
             f"rollout.weights.transport=distributed, or launcher.shared_dir=<a folder every "
             f"node mounts at the same path>")

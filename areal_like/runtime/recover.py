@@ -9,8 +9,7 @@ from areal_like.api import TrainEngine
 from areal_like.rollout.process import RolloutProcess
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
-from areal_like.runtime.weight_broadcast import WeightBroadcaster
-from areal_like.runtime.weight_sync import WeightLoader, push_weights
+from areal_like.runtime.weight_sync import WeightLoader, WeightPusher, push_weights
 from areal_like.utils.launcher_state import trainer_attempt
 
 logger = logging.getLogger(__name__)
@@ -29,7 +28,7 @@ def save_checkpoint(ckpt: Checkpointer, step: int, engine: TrainEngine,
 
 def maybe_recover(ckpt: Checkpointer, run: RunContext, engine: TrainEngine,
                   rollout: Optional[RolloutProcess], fleet: Optional[WeightLoader] = None,
-                  broadcaster: Optional[WeightBroadcaster] = None,
+                  broadcaster: Optional[WeightPusher] = None,
                   stateful: Optional[dict[str, Any]] = None,
                   in_memory: bool = False) -> int:
     """The step to start from: 0 for a fresh run, saved step + 1 after a recover.

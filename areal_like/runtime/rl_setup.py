@@ -44,7 +44,8 @@ from areal_like.runtime.context import RunContext
 from areal_like.runtime.held_out import eval_items, load_task, remote_reward
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
-from areal_like.runtime.weight_sync import FleetLoadBesideTraining, push_weights
+from areal_like.runtime.weight_delta import WeightDeltaPusher
+from areal_like.runtime.weight_sync import FleetLoadBesideTraining, WeightPusher, push_weights
 from areal_like.utils.imports import load_object
 from areal_like.utils.plotting import plot_run
 from areal_like.utils.progress import progress
@@ -108,14 +109,24 @@ class RLSetup:
         # rank 0 loads weights on the servers itself; the rollout controller is told twice
         self.fleet = (FleetUpdater(config.rollout, self.rollout) if self.rollout is not None
                       else None)
-        self.broadcaster = (WeightBroadcaster(config.rollout, config.actor.collective_timeout)
-                            if self.adapter_in_memory and not config.actor.lora.enabled
-                            else None)
+        self.broadcaster = self._weight_pusher()
         # rollout.weights.overlap_load: the fleet loads version k while step k trains
         self.load_beside = (FleetLoadBesideTraining(config.actor.collective_timeout)
                             if self._overlaps_load() else None)
         self._batch_episode_ids: list[str] = []  # of the batch being trained (rank 0)
         self.stateful: dict[str, Any] = {}  # name -> object with state_dict/load_state_dict
+
+    def _weight_pusher(self) -> Optional[WeightPusher]:
+        """The transport every rank takes part in (distributed, delta); None: a folder, or a
+        LoRA adapter in memory (push_weights)."""
+        config = self.config
+        transport = config.rollout.weights.transport
+        if transport == "distributed" and not config.actor.lora.enabled:
+            return WeightBroadcaster(config.rollout, config.actor.collective_timeout)
+        if transport == "delta":
+            return WeightDeltaPusher(config.rollout, self.run.weights_dir / "delta",
+                                     config.actor.collective_timeout)
+        return None
 
     def _overlaps_load(self) -> bool:
         """`rollout.weights.overlap_load` where it applies (see its comment); says so."""
@@ -124,6 +135,8 @@ class RLSetup:
             return False
         eta = rollout.staleness.max_head_offpolicyness
         why = ("a broadcast needs every trainer rank" if self.adapter_in_memory
+               else "the delta transport compares every rank's gathered weights"
+               if rollout.weights.transport == "delta"
                else "at max_head_offpolicyness=0 the next batch needs the new version"
                if eta == 0 else "")
         if self.run.is_main:

@@ -13,20 +13,23 @@ from typing import Optional, Union
 from areal_like.api import FleetClient, TrainEngine, WeightUpdateMeta
 from areal_like.runtime.main_rank import run_on_main
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
+from areal_like.runtime.weight_delta import WeightDeltaPusher
 from engines.fleet.updater import FleetUpdater
 
 # what loads weights on the fleet: trainer rank 0's updater (it drives the servers itself),
 # or any fleet client (in one process: tests, scripts)
 WeightLoader = Union[FleetUpdater, FleetClient]
+# a transport whose every rank takes part in an update: distributed, delta
+WeightPusher = Union[WeightBroadcaster, WeightDeltaPusher]
 
 
 def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: int,
                  root: Path, keep: int = 2, collective_timeout_s: float = 600.0,
-                 broadcaster: Optional[WeightBroadcaster] = None,
+                 broadcaster: Optional[WeightPusher] = None,
                  in_memory: bool = False) -> dict[str, float]:
-    """Send `engine`'s weights to every server as version `version`: over the process group
-    of `broadcaster` when one is given (the distributed transport, see
-    `areal_like.runtime.weight_broadcast`), else through a folder under `root`. A LoRA
+    """Send `engine`'s weights to every server as version `version`: by `broadcaster` when
+    one is given (the distributed transport, `areal_like.runtime.weight_broadcast`, or the
+    delta transport, `areal_like.runtime.weight_delta`), else through a folder under `root`. A LoRA
     engine sends its adapter only: a PEFT folder under `root`, or with `in_memory` (the
     distributed transport) the adapter's tensors in the load request itself.
 
@@ -41,8 +44,8 @@ def push_weights(engine: TrainEngine, fleet: Optional[WeightLoader], version: in
         return _push_adapter(engine, fleet, version, collective_timeout_s)
     if broadcaster is not None:
         if fleet is not None and not isinstance(fleet, FleetUpdater):
-            raise TypeError(f"the distributed transport needs trainer rank 0's FleetUpdater, "
-                            f"got {type(fleet).__name__}")
+            raise TypeError(f"the {type(broadcaster).__name__} transport needs trainer rank "
+                            f"0's FleetUpdater, got {type(fleet).__name__}")
         return broadcaster.push(engine, fleet, version)
     meta, start, exported = _export_folder(engine, fleet, version, root)
 

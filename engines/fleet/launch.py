@@ -39,6 +39,7 @@ from engines.fleet.zygote import ForkedServer, ServerZygote
 from engines.server.errors import ServerStartError
 from engines.sglang.command import build_server_command
 from engines.vllm.command import build_vllm_command, vllm_env
+from engines.weight_transport.delta import RECEIVER_DIR as DELTA_RECEIVER_DIR
 
 # what the fleet holds for each server: the process it started, or one the zygote forked
 ServerProcess = Union[subprocess.Popen[bytes], ForkedServer]
@@ -110,8 +111,9 @@ def server_env(config: ServerConfig, index: int = 0) -> dict[str, str]:
         env["AREAL_LIKE_SGLANG_FORK"] = "1" if config.fork_children else "0"  # see the shim
     else:
         env["CUDA_VISIBLE_DEVICES"] = server_gpus(config, index)
-    # The main env's packages must never leak into the server's venv.
-    env.pop("PYTHONPATH", None)
+    # The main env's packages must never leak into the server's venv: only the receiving
+    # end of the delta transport (torch and zstandard only) goes on its path.
+    env["PYTHONPATH"] = str(DELTA_RECEIVER_DIR)
     return env
 
 

@@ -354,13 +354,13 @@ class FleetMembership:
         try:
             version = report.meta.version
             for addr, why in report.failed.items():
-                if report.meta.type == "distributed":
-                    self.await_broadcast(addr, f"dropped from the broadcast of weights version "
+                if report.meta.driven_by_trainer:
+                    self.await_broadcast(addr, f"dropped from the update to weights version "
                                                f"{version} ({why}); paused until a later "
-                                               "broadcast includes it")
+                                               "update includes it")
                 else:
                     self.take_out(addr, f"failed to load weights version {version}: {why}")
-            if report.meta.type == "distributed":
+            if report.meta.driven_by_trainer:
                 for addr in report.loaded:
                     self.joined_broadcast(addr, version)
             if report.advanced:
@@ -393,9 +393,10 @@ class FleetMembership:
         async with self._require_lock():
             if addr not in self.pool.out_of_service:
                 return True
-            if self.current is not None and self.current.type == "distributed":
+            if self.current is not None and self.current.driven_by_trainer:
                 self.await_broadcast(addr, f"answers again; receives weights (now version "
-                                           f"{self.current.version}) at the next broadcast")
+                                           f"{self.current.version}) at the trainer's next "
+                                           "update")
                 return False
             try:
                 await self.update_one(addr, self.current)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Coroutine
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import aiohttp
 
@@ -37,6 +37,7 @@ from areal_like.utils.loop_thread import EventLoopThread
 from engines.fleet.backends import server_api
 from engines.fleet.updates import refused_everywhere, update_each
 from engines.server.http import CONTROL_TIMEOUT_S, open_session
+from engines.weight_transport.delta_fleet import FleetDeltaLoader
 from engines.weight_transport.process_group_fleet import FleetWeightGroup
 
 T = TypeVar("T")
@@ -61,6 +62,7 @@ class FleetUpdater:
             self._loop.stop()
             raise
         self.weight_group = FleetWeightGroup(config, self._require_session, self.api)
+        self.delta_loader = FleetDeltaLoader(config, self._require_session, self.api)
         self._view: Optional[FleetView] = None  # of the broadcast under way
         # where the last folder or adapter update spent its time (metrics, seconds): waiting
         # for the fleet's hold (what the export did not cover, see `hold_ahead`), then the
@@ -166,6 +168,51 @@ class FleetUpdater:
         session = self._require_session()
         failed = await update_each(session, self.api, targets, meta,
                                    self.config.weights.update_timeout)
+        report.loaded = [a for a in targets if a not in failed]
+        report.failed = {a: str(e) for a, e in failed.items()}
+        refused = await refused_everywhere(session, self.api, targets, failed, meta.version)
+        report.advanced = refused is None
+        return refused
+
+    # ---- the delta transport (see areal_like.runtime.weight_delta) ----------------------
+    def update_from_file(self, meta: WeightUpdateMeta, full_file: Callable[[], str]) -> None:
+        """Apply the weight file `meta` names on every server in service and on those
+        awaiting the trainer's next update that answer (restarted, added: they get the full
+        file, `full_file()` writes it); the servers that fail leave service until a later
+        update includes them. Raises when none applied it and one that answers refused it."""
+        if meta.type != "delta":
+            raise ValueError(f"update_from_file takes WeightUpdateMeta(type='delta'), got "
+                             f"{meta.type!r}")
+        held_since = time.perf_counter()
+        view = self._hold(meta)
+        held = time.perf_counter()
+        report = UpdateReport(meta)
+        refused = None
+        try:
+            refused = self._run(self._apply_file(view, meta, full_file, report),
+                                self._two_loads_s())
+            self.last_timings = {"weight_sync/hold_s": held - held_since,
+                                 "weight_sync/servers_s": time.perf_counter() - held,
+                                 **self.delta_loader.stats()}
+        except BaseException as e:
+            unfinished = f"the update did not finish ({type(e).__name__}: {e})"
+            report.failed |= {a: unfinished for a in view.in_service
+                              if a not in report.loaded and a not in report.failed}
+            report.advanced = False
+            raise
+        finally:
+            self.coordinator.end_weight_update(report)
+        if refused is not None:
+            raise refused
+
+    async def _apply_file(self, view: FleetView, meta: WeightUpdateMeta,
+                          full_file: Callable[[], str],
+                          report: UpdateReport) -> Optional[Exception]:
+        session = self._require_session()
+        waiting = [a for a in view.awaiting_broadcast
+                   if not await self.api.answers(session, a, CONTROL_TIMEOUT_S)]
+        targets = sorted(set(view.in_service) | set(waiting))
+        failed = await self.delta_loader.update(targets, meta, full_file)
         report.loaded = [a for a in targets if a not in failed]
         report.failed = {a: str(e) for a, e in failed.items()}
         refused = await refused_everywhere(session, self.api, targets, failed, meta.version)

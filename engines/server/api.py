@@ -124,6 +124,17 @@ class ServerAPI(abc.ABC):
                              f"not loaded per server (disk folders only)")
         await self.load_from_disk(session, addr, str(meta.path), meta.version, timeout)
 
+    # ---- the delta transport (engines/weight_transport/delta_fleet.py) -------------------
+    async def apply_weight_file(self, session: aiohttp.ClientSession, addr: str, path: str,
+                                version: int, timeout: float,
+                                model_digest: bool = False) -> dict[str, Any]:
+        """Apply the weight file `path` (engines/weight_transport/delta/) inside the open
+        update and serve it as `version`; returns the server's receipt (`applied`, `refused`:
+        base | model | corrupt | unreadable, `state_digest`, with `model_digest` a digest of
+        the server's own parameters). Raises only when the server could not be asked."""
+        raise NotImplementedError(f"the {self.name} backend does not take weight files "
+                                  f"(rollout.weights.transport=delta)")
+
     # ---- the weight-update group (trainer rank 0 + the server's workers) -----------------
     @abc.abstractmethod
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:

@@ -18,6 +18,7 @@ from engines.server.http import (
     post_json,
 )
 from engines.server.replies import GenerateReply, GroupReply, ScoreReply
+from engines.sglang import weight_files
 from engines.sglang.protocol import (
     generate_payload,
     group_payload,
@@ -114,6 +115,13 @@ class SGLangAPI(ServerAPI):
         if not (isinstance(reply, dict) and reply.get("success")):
             raise InferenceServerError(f"SGLang server {addr} failed to load weights from "
                                        f"{path}: {reply}")
+
+    async def apply_weight_file(self, session: aiohttp.ClientSession, addr: str, path: str,
+                                version: int, timeout: float,
+                                model_digest: bool = False) -> dict[str, Any]:
+        return await weight_files.apply_weight_file(
+            session, addr, path, version, timeout, await self.tp_size(session, addr),
+            model_digest)
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
         info = await get_json(session, addr, "/get_server_info")

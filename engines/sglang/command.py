@@ -8,6 +8,7 @@ from typing import Optional
 
 from areal_like.api.config import ServerConfig
 from engines.server.errors import ServerStartError
+from engines.sglang.weight_files import loader_args
 
 
 def build_server_command(
@@ -35,6 +36,7 @@ def build_server_command(
         "--mem-fraction-static", str(config.mem_fraction_static),
         "--weight-version", str(weight_version),
         "--log-level", "warning",
+        *loader_args(),  # the delta transport's weight files (rollout.weights.transport)
     ]
     if config.device == "cpu":
         # torch_native: the CPU engine's dense path that needs no sgl_kernel (see the shim).

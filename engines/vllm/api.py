@@ -10,6 +10,7 @@ our worker extension for the weight-update group).
 |                      | /reset_prefix_cache,                                              |
 |                      | /update_weight_version                                           |
 | weight-update group  | POST /collective_rpc areal_like_* (engines/vllm/worker/)          |
+| weight file (delta)  | POST /collective_rpc areal_like_apply_weight_file, then as above  |
 
 vLLM has no retract: a pause for a weight update aborts the requests in flight, and the
 client continues each from the tokens it has (`aborts_on_pause`), so every token after the
@@ -18,6 +19,7 @@ update is computed from the new weights, as after SGLang's retract.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import aiohttp
@@ -132,6 +134,28 @@ class VLLMAPI(ServerAPI):
             raise InferenceServerError(f"vLLM server {addr} failed to load weights from {path}: "
                                        f"{e}") from e
         await self._serve_as(session, addr, version)
+
+    async def apply_weight_file(self, session: aiohttp.ClientSession, addr: str, path: str,
+                                version: int, timeout: float,
+                                model_digest: bool = False) -> dict[str, Any]:
+        reply = await post_json(session, addr, "/collective_rpc",
+                                {"method": "areal_like_apply_weight_file",
+                                 "kwargs": {"path": path, "model_digest": model_digest},
+                                 "timeout": timeout}, timeout + CONTROL_TIMEOUT_S, retries=0)
+        results = reply.get("results") if isinstance(reply, dict) else None
+        try:
+            receipts = [json.loads(r) for r in results]  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            raise InferenceServerError(f"vLLM server {addr}: areal_like_apply_weight_file "
+                                       f"answered {reply!r}; expected one receipt per "
+                                       f"worker") from None
+        if not receipts or any(r.get("applied") != receipts[0].get("applied")
+                               for r in receipts):
+            raise InferenceServerError(f"vLLM server {addr}: its workers disagree on weight "
+                                       f"file {path}: {receipts}")
+        if receipts[0].get("applied"):
+            await self._serve_as(session, addr, version)
+        return dict(receipts[0])
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
         return int((await get_json(session, addr, "/get_world_size?include_dp=false"))

@@ -11,6 +11,7 @@ weight-update group's worker methods (`engines/vllm/worker/`, put on the server'
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -52,9 +53,12 @@ def build_vllm_command(python: Path, model_path: str, port: int, config: ServerC
 
 
 def vllm_env(env: dict[str, str], config: ServerConfig) -> dict[str, str]:
-    """`env` (the server's, without the trainer's PYTHONPATH) plus what vLLM needs."""
+    """`env` (the server's: its PYTHONPATH holds only what every server needs) plus what
+    vLLM needs."""
     env = dict(env)
-    env.update(VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(WORKER_EXTENSION_DIR),
+    env.update(VLLM_SERVER_DEV_MODE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR),
+                                                      env.get("PYTHONPATH", "")) if p),
                VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="WARNING")
     if config.device == "cpu":
         # threads stay where the fleet puts the process (server.cpus) instead of vLLM pinning

@@ -123,6 +123,34 @@ class WeightGroupExtension:
             self._areal_like_weights = pending
         return pending
 
+    def areal_like_apply_weight_file(self, path: str, model_digest: bool = False) -> str:
+        """The delta transport: apply the weight file `path` (engines/weight_transport/delta/,
+        on this server's PYTHONPATH) with vLLM's in-place reload of the whole new state (a
+        reload of part of a layer would leave it unloaded); the receipt as JSON."""
+        import json
+
+        import areal_like_weight_delta
+
+        def load(changed: list[tuple[str, torch.Tensor]],
+                 state: dict[str, torch.Tensor]) -> None:
+            self.reload_weights(weights_iterator=iter(list(state.items())))  # type: ignore[attr-defined]
+            _repack_cpu_experts(self.model_runner.get_model())  # type: ignore[attr-defined]
+
+        def digest() -> str:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            return areal_like_weight_delta.parameters_digest(model.named_parameters())
+
+        held = getattr(self, "_areal_like_held", None)
+        if held is None:
+            held = areal_like_weight_delta.HeldWeights()
+            self._areal_like_held = held
+        def fingerprint() -> str:
+            model = self.model_runner.get_model()  # type: ignore[attr-defined]
+            return areal_like_weight_delta.model_fingerprint(model.named_parameters())
+
+        receipt = held.apply_file(path, load, digest if model_digest else None, fingerprint)
+        return json.dumps(receipt)
+
     @_reported
     def areal_like_leave_weight_group(self, group_name: str) -> None:
         pg = self._areal_like_groups().pop(group_name, None)

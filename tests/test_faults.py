@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -230,7 +232,7 @@ def test_server_killed_during_a_delta_update_gets_the_full_weights_when_it_is_ba
         if addr == victim and kill["on"]:
             kill["on"] = False
             spare.kill_server(0)  # paused, about to apply: SIGKILL now
-            spare.processes[0].wait(timeout=60)
+            await asyncio.to_thread(spare.processes[0].wait, 60)  # the survivor goes on
         return await real_apply(session, addr, path, version, timeout, model_digest)
 
     monkeypatch.setattr(updater.api, "apply_weight_file", apply_killing_victim)
@@ -265,11 +267,28 @@ def test_server_killed_during_a_delta_update_gets_the_full_weights_when_it_is_ba
 
 def test_server_added_through_the_addrs_file_joins_with_the_current_weights(
         sglang_fleet, spare, tiny_model_dir, new_weights, tmp_path):
+    """A server listed in the addresses file joins once it loaded the current weights; one
+    whose vocabulary is not the trainer's (here: a client told another vocabulary size) is
+    refused, naming what differs, and never serves."""
+    import json as json_
+
     first, added = sglang_fleet.addresses[0], spare.addresses[0]
+    vocab = json_.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     addrs_file = tmp_path / "servers.txt"
+    addrs_file.write_text(f"{first}\n{added}\n")
+    for wrong, why in ((vocab + 3, "a smaller vocabulary"), (vocab - 1, "a larger vocabulary")):
+        engine = make_engine([first], SGLANG_TEST_API_KEY, server_addrs_file=str(addrs_file),
+                             health_check_interval=0.5, vocab_size=wrong)
+        try:
+            _until(lambda e=engine: added in e.membership.refused, "the server to be refused")
+            assert why in engine.membership.refused[added]
+            assert engine.in_service() == [first]
+            assert engine.fleet_stats()["fleet/refused_total"] == 1
+        finally:
+            engine.destroy()
     addrs_file.write_text(f"{first}\n")
     engine = make_engine([first], SGLANG_TEST_API_KEY, server_addrs_file=str(addrs_file),
-                         health_check_interval=0.5)
+                         health_check_interval=0.5, vocab_size=vocab)
     engine.set_version(fleet_version([first], SGLANG_TEST_API_KEY))
     try:
         version = engine.get_version() + 1
@@ -412,3 +431,73 @@ def test_only_liveness_probes_answer_without_the_api_key(sglang_fleet):
             answered[path] = e.code
     assert answered.pop("/health") == 200
     assert set(answered.values()) == {401}, answered
+
+
+@pytest.mark.e2e
+def test_a_server_joins_a_running_job_at_step_5_and_is_drained_at_step_10(
+        sglang_fleet, spare, tiny_model_dir, tmp_path):
+    """An elastic fleet under a GRPO run (delta transport, eta = 0): the spare is listed in
+    the job's addresses file once step 5 is logged (it gets the full weights at the trainer's
+    next update, then deltas) and taken out once a step has been logged with it in service:
+    it drains (`<file>.drained` lists it) while the run goes on. Every step is logged once,
+    every episode trained once, and the trainer's recomputed log-probs equal the servers' at
+    every step: both servers served the trainer's current weights."""
+    from areal_like.utils.metrics_logger import read_metrics
+
+    first, joiner = sglang_fleet.addresses[0], spare.addresses[0]
+    addrs_file = tmp_path / "servers.txt"
+    addrs_file.write_text(f"{first}\n")
+    steps = 16
+    restore_session_fleet(sglang_fleet, tiny_model_dir)
+    args = [f"model.path={tiny_model_dir}", f"logging.log_dir={tmp_path}",
+            f"rollout.server_addrs=[{first}]", f"rollout.server_addrs_file={addrs_file}",
+            f"rollout.client.api_key={SGLANG_TEST_API_KEY}", f"total_train_steps={steps}",
+            "rollout.weights.transport=delta", "rollout.health.check_interval=0.5",
+            "gconfig.n_samples=4", "gconfig.max_new_tokens=6", "train_dataset.batch_size=4",
+            "rollout.staleness.consumer_batch_size=4", "train_dataset.size=400",
+            "rollout.staleness.max_head_offpolicyness=0", "evaluation.freq_steps=100",
+            "evaluation.n_prompts=4", "valid_dataset.size=8", "logging.tensorboard=false",
+            "logging.plot=false"]
+    log = tmp_path / "run.log"
+    with open(log, "w") as out_file:
+        proc = subprocess.Popen([sys.executable, "-m", "recipes.grpo", *args], cwd=REPO,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out_file,
+                                stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "grpo_addition" / "trial0"
+
+    def running(what: str) -> bool:
+        assert proc.poll() is None, f"the run ended before {what}: {log.read_text()[-3000:]}"
+        return True
+
+    def logged(done: Callable[[dict], bool]) -> bool:
+        path = run / "metrics.jsonl"
+        return path.exists() and any(done(r) for r in read_metrics(path))
+
+    drained = Path(f"{addrs_file}.drained")
+    try:
+        _until(lambda: running("step 5") and logged(lambda r: r["step"] >= 5), "step 5")
+        addrs_file.write_text(f"{first}\n{joiner}\n")
+        _until(lambda: running("the join") and logged(lambda r: r.get("fleet/in_service") == 2),
+               "a step with the joined server in service")
+        addrs_file.write_text(f"{first}\n")
+        _until(lambda: running("the drain") and drained.exists(), "the joined server to drain")
+        proc.wait(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    assert drained.read_text() == f"{joiner}\n"
+    records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    trained = [i for e in episodes if "trained" in e for i in e["trained"]]
+    assert len(trained) == len(set(trained)) == steps * 4
+    gaps = [r["actor/gap/abs_log_diff/max"] for r in records]
+    assert max(gaps) < 1e-3, gaps
+    served = [r["fleet/in_service"] for r in records]
+    assert served[0] == 1 and 2.0 in served, served
+    last = records[-1]
+    assert last["fleet/added_total"] == 1
+    assert last["weight_sync/fallbacks_unknown_base_total"] == 1  # the joiner's full load

@@ -30,7 +30,8 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {"embed": torch.randn(64, 16, generator=gen),
             "norm": torch.randn(16, generator=gen).to(torch.bfloat16),
-            "proj": torch.randn(16, 32, generator=gen).to(torch.float64)}
+            "proj": torch.randn(16, 32, generator=gen).to(torch.float64),
+            "empty": torch.empty(0, 4)}
 
 
 def _step(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
@@ -115,6 +116,25 @@ def test_a_load_that_fails_halfway_is_reported_and_forgets_its_base(tmp_path: Pa
     assert receipt["refused"] == "load" and receipt["partial"] and "out of memory" in \
         receipt["error"]
     assert server.version is None  # its next update is a full one
+    # loaded, but what checks it afterwards fails: reported the same way, never raised
+    server.apply_file(sender.full_file(1), lambda c, s: None)
+
+    def failing_fingerprint() -> str:
+        raise RuntimeError("device lost")
+
+    receipt = server.apply_file(sender.full_file(1), lambda c, s: None,
+                                fingerprint=failing_fingerprint)
+    assert receipt["partial"] and "device lost" in receipt["error"] and server.version is None
+
+
+def test_the_trainer_names_its_files_by_absolute_paths(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers run in other working directories: a relative log dir still gives them
+    absolute paths (the delta's and the full file's)."""
+    monkeypatch.chdir(tmp_path)
+    sender = DeltaSender(Path("runs") / "delta")
+    path = _send(sender, 0, _weights(0))
+    assert Path(path).is_absolute() and Path(sender.full_file(0)).is_absolute()
 
 
 # ---- real servers ----------------------------------------------------------------------------

@@ -42,6 +42,8 @@ from areal_like.rollout.process import RolloutProcess, RolloutSetup
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.held_out import eval_items, load_task, remote_reward
+from areal_like.runtime.preflight_models import read_model_config
+from areal_like.runtime.preflight_models import vocab_size as model_vocab_size
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
 from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_delta import WeightDeltaPusher
@@ -176,8 +178,11 @@ class RLSetup:
         checks = [(f"{name} (type={getattr(config, name).type})", task.reward_fn,
                    task.dataset[0] if len(task.dataset) else None)
                   for name, task in (("train_dataset", self.task), ("valid_dataset", self.valid))]
+        model = read_model_config(config.actor.model.path)
+        vocab_size = config.rollout.vocab_size or ((model and model_vocab_size(model)) or 0)
         return RolloutSetup(
-            rollout=dataclasses.replace(config.rollout, seed=seed), reward=config.reward,
+            rollout=dataclasses.replace(config.rollout, seed=seed, vocab_size=vocab_size),
+            reward=config.reward,
             # a group missing a failed sample gives a wrong baseline to group statistics
             keep_partial_groups=not group_statistics, reward_checks=checks,
             evaluator=evaluator)

@@ -47,12 +47,17 @@ class WeightDeltaPusher:
             meta = WeightUpdateMeta.from_delta(str(path.resolve()), version, base_version,
                                                base_digest)
             fleet.hold_ahead(meta)  # the rollout process's turn while the file is written
-        try:
-            for bucket, tensors in zip(buckets, engine.iter_weight_buckets(buckets),
-                                       strict=True):
-                if tensors is not None and fleet is not None:
+        failed: Optional[BaseException] = None
+        for bucket, tensors in zip(buckets, engine.iter_weight_buckets(buckets), strict=True):
+            if tensors is not None and fleet is not None and failed is None:
+                try:
                     self.sender.add([p.name for p in bucket], tensors)
-                del tensors
+                except Exception as e:  # noqa: BLE001 - the gathers go on (every rank's)
+                    failed = e
+            del tensors
+        try:
+            if failed is not None:
+                raise failed
             stats = self.sender.finish(version) if fleet is not None else None
         except BaseException:
             if fleet is not None:

@@ -287,9 +287,9 @@ class RemoteInferenceEngine(InferenceEngine):
         Requests in flight finish, their tokens carrying both versions. Each step is bounded
         by `config.weights.update_timeout`; a server that fails leaves service, and the call
         raises only when every server failed."""
-        if meta.type == "distributed":
-            raise ValueError("WeightUpdateMeta(type='distributed') is not loaded in one call: see "
-                             "areal_like.runtime.weight_sync.push_weights")
+        if meta.driven_by_trainer:
+            raise ValueError(f"WeightUpdateMeta(type={meta.type!r}) is not loaded in one call: "
+                             "see areal_like.runtime.weight_sync.push_weights")
         await self._on_rollout_loop(self._update_per_server(meta))
 
     async def _update_per_server(self, meta: WeightUpdateMeta) -> None:

@@ -6,7 +6,8 @@ Everything here runs on the client's rollout loop. A weight update is pause -> l
 *per server*, the continue in that server's own `finally`; a server whose update failed is taken
 out of service, so it never serves old weights under the new label. A watch task probes the
 servers out of service every `health.check_interval` s, loads the current weights on those that
-answer and puts them back; it also adds servers listed in `server_addrs_file`. A server whose
+answer and puts them back; servers join and leave through `server_addrs_file`
+(engines/fleet/addrs_file.py). A server whose
 reply carries a version older than the one it held (restarted between requests) leaves service
 the same way; one whose scheduler hangs behind a live HTTP front end (a request timed out and a
 generation probe failed) comes back only after a generation probe passes. When fewer than
@@ -20,7 +21,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
 import aiohttp
@@ -28,7 +28,8 @@ import aiohttp
 from areal_like.api.config import RolloutConfig
 from areal_like.api.errors import FleetUnavailableError
 from areal_like.api.io_struct import FleetView, UpdateReport, WeightUpdateMeta
-from engines.fleet import updates
+from engines.fleet import identity, updates
+from engines.fleet.addrs_file import AddressesFile
 from engines.fleet.routing import NoServerInServiceError, OwnAborts, ServerPool
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
@@ -73,11 +74,15 @@ class FleetMembership:
         self._hung: set[str] = set()  # out for failing a generation probe: readmit after one
         self._probes: set[asyncio.Task[None]] = set()
         self._watch_task: Optional[asyncio.Task[None]] = None
-        self._addrs_file_mtime: Optional[float] = None
         # distributed transport: servers out of service that join the weight-update group at
         # the next broadcast (they cannot load the current weights on their own)
         self.awaiting_broadcast: set[str] = set()
-        self.counts = {"taken_out": 0, "readmitted": 0, "added": 0}
+        self.counts = {"taken_out": 0, "readmitted": 0, "added": 0, "drained": 0,
+                       "refused": 0}
+        # servers that join and leave through rollout.server_addrs_file
+        self.refused: dict[str, str] = {}  # joined with another model: never served
+        self.addrs_file = AddressesFile(config, pool, self.counts, self._require_lock,
+                                        self.awaiting_broadcast)
         self.fatal: Optional[FleetUnavailableError] = None
         self.paused = False  # pause_all .. continue_all: no server can pass a generation probe
         self._held: Optional[_HeldUpdate] = None  # an update trainer rank 0 drives
@@ -89,7 +94,8 @@ class FleetMembership:
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
 
     async def stop(self) -> None:
-        tasks = [*self._probes, *([self._watch_task] if self._watch_task else [])]
+        tasks = [*self._probes, *self.addrs_file.draining.values(),
+                 *([self._watch_task] if self._watch_task else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -184,6 +190,8 @@ class FleetMembership:
 
     def await_broadcast(self, addr: str, reason: str) -> None:
         """Out of service until the next weight broadcast includes `addr`."""
+        if addr not in self.pool.inflight or addr in self.addrs_file.draining:
+            return  # drained (or draining): it leaves the fleet instead
         self.take_out(addr, reason)
         self.pool.out_of_service[addr] = reason
         if addr not in self.awaiting_broadcast:
@@ -193,7 +201,8 @@ class FleetMembership:
 
     def joined_broadcast(self, addr: str, version: int) -> None:
         """`addr` received a whole broadcast of `version`: back in service if it was out."""
-        if addr in self.awaiting_broadcast:
+        if addr in self.awaiting_broadcast and addr in self.pool.inflight \
+                and addr not in self.addrs_file.draining:
             self.awaiting_broadcast.discard(addr)
             self.pool.put_back(addr)
             self.counts["readmitted"] += 1
@@ -388,6 +397,25 @@ class FleetMembership:
             self.own_aborts.release()
         self._require_lock().release()
 
+    async def _same_model(self, addr: str) -> bool:
+        """A server that joined serves the fleet's model (else it is refused for good)."""
+        peers = [a for a in self.pool.in_service() if a != addr]
+        try:
+            why = await identity.mismatch(self._session(), self.api, addr,
+                                          peers[0] if peers else None, self.config.vocab_size)
+        except (InferenceServerError, identity.NotReady, *RETRYABLE) as e:  # asked again later
+            self.pool.out_of_service[addr] = f"new: could not be asked what it serves ({e})"
+            return False
+        self.addrs_file.unchecked.discard(addr)
+        self.refused.pop(addr, None)
+        if why:
+            self.refused[addr] = why
+            self.pool.out_of_service[addr] = f"refused: {why}"
+            self.counts["refused"] += 1
+            logger.error("inference server %s refused: it %s; it never serves this run (take it "
+                         "out of %s)", addr, why, self.config.server_addrs_file)
+        return not why
+
     async def readmit(self, addr: str) -> bool:
         """Load the current weights on `addr` (it answers) and put it back in service."""
         async with self._require_lock():
@@ -425,9 +453,14 @@ class FleetMembership:
             await asyncio.sleep(self.config.health.check_interval)
 
     async def _watch_once(self) -> None:
-        self._read_addrs_file()
+        self.addrs_file.read()
         for addr in list(self.pool.out_of_service):
+            if addr in self.addrs_file.draining or (
+                    addr in self.refused and addr not in self.addrs_file.unchecked):
+                continue  # (a refused server listed again is asked again)
             if await self.api.answers(self._session(), addr, PROBE_TIMEOUT_S):
+                continue
+            if addr in self.addrs_file.unchecked and not await self._same_model(addr):
                 continue
             if addr in self._hung:
                 if self.paused:
@@ -450,29 +483,6 @@ class FleetMembership:
             raise self._unavailable(f"fewer than {self.config.health.min_servers} servers in "
                                     f"service for {self.config.health.server_down_timeout:.0f} s "
                                     f"(rollout.health.server_down_timeout)")
-
-    def _read_addrs_file(self) -> None:
-        """Join servers listed in `server_addrs_file` (one host:port per line)."""
-        if not self.config.server_addrs_file:
-            return
-        path = Path(self.config.server_addrs_file)
-        try:
-            mtime = path.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if mtime == self._addrs_file_mtime:
-            return
-        self._addrs_file_mtime = mtime
-        for line in path.read_text().splitlines():
-            addr = line.split("#", 1)[0].strip()
-            if addr and addr not in self.pool.inflight:
-                host, _, port = addr.rpartition(":")
-                if not (host and port.isdigit()):
-                    logger.error("%s: %r is not host:port; ignored", path, addr)
-                    continue
-                self.pool.add(addr, reason="new: loading the current weights")
-                self.counts["added"] += 1
-                logger.warning("inference server %s added from %s", addr, path)
 
     def stats(self) -> dict[str, Any]:
         return {"in_service": len(self.pool.in_service()), "servers": len(self.pool.addresses),

@@ -232,7 +232,8 @@ class FleetRequests:
                 if attempt + 1 < self.config.client.request_retries:
                     await asyncio.sleep(self.config.client.retry_backoff * 2**attempt)
             finally:
-                self.servers.inflight[addr] -= 1
+                if addr in self.servers.inflight:  # else drained and removed meanwhile
+                    self.servers.inflight[addr] -= 1
         cause = (f"timed out after {self.config.client.request_timeout} s (RolloutConfig."
                  f"request_timeout)" if isinstance(last_error, asyncio.TimeoutError)
                  else f"{type(last_error).__name__}: {last_error}")

@@ -60,17 +60,27 @@ class ServerPool:
         if reason:
             self.out_of_service[addr] = reason
 
+    def remove(self, addr: str) -> None:
+        """Forget a server (drained). A request still in flight on it ends unrouted."""
+        if addr not in self.inflight:
+            return
+        self.addresses.remove(addr)
+        for table in (self.inflight, self.failed_at, self.out_of_service):
+            table.pop(addr, None)
+
     def in_service(self) -> list[str]:
         return [a for a in self.addresses if a not in self.out_of_service]
 
     def take_out(self, addr: str, reason: str) -> bool:
-        """Stop routing to `addr`; False if it was already out."""
-        if addr in self.out_of_service:
+        """Stop routing to `addr`; False if it was already out (or is not in the pool)."""
+        if addr in self.out_of_service or addr not in self.inflight:
             return False
         self.out_of_service[addr] = reason
         return True
 
     def put_back(self, addr: str) -> None:
+        if addr not in self.inflight:
+            return  # removed (drained)
         self.out_of_service.pop(addr, None)
         self.failed_at[addr] = float("-inf")
 
@@ -111,7 +121,8 @@ class ServerPool:
         return addr
 
     def mark_failed(self, addr: str) -> None:
-        self.failed_at[addr] = time.monotonic()
+        if addr in self.failed_at:
+            self.failed_at[addr] = time.monotonic()
 
 
 class OwnAborts:

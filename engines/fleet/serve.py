@@ -3,7 +3,7 @@ restarting any that dies.
 
     python -m engines.fleet.serve --model-path DIR [--backend sglang|vllm] [--n-servers N]
                                    [--port P] [--api-key K] [--device cpu|cuda]
-                                   [--venv DIR] [--log-dir DIR]
+                                   [--venv DIR] [--log-dir DIR] [--join ADDRS_FILE]
 
 (`areal-like serve` runs the same.) Extra arguments go to every server's command line.
 """
@@ -14,6 +14,7 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Optional
 
 from areal_like.api.config import BACKENDS, ServerConfig
@@ -47,6 +48,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--addrs-file", default=None,
                         help="write the addresses here, one per line (a trainer's "
                              "rollout.server_addrs_file)")
+    parser.add_argument("--join", default=None, metavar="ADDRS_FILE",
+                        help="join a running job: add the addresses to its "
+                             "rollout.server_addrs_file once the servers are up (they load the "
+                             "job's current weights before they serve); on Ctrl-C / SIGTERM "
+                             "take them out of it and stop once the job has drained them")
+    parser.add_argument("--drain-timeout", type=float, default=600.0,
+                        help="--join: how long to wait for the job to drain the servers")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
                         default=ServerConfig.deterministic,
                         help="seeded, batch-invariant sampling (default: on)")
@@ -69,6 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     fleet = InferenceFleet(args.model_path, config, host=args.host, base_port=args.port,
                            api_key=args.api_key, log_dir=args.log_dir)
+    joined: list[str] = []
     try:
         fleet.start()
         print(f"{fleet.kind} servers ready (logs in {fleet.log_dir}):", flush=True)
@@ -76,6 +85,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(addr, flush=True)
         if args.addrs_file:
             write_atomic(args.addrs_file, "".join(f"{a}\n" for a in fleet.addresses))
+        if args.join:
+            joined = join_job(args.join, fleet.addresses)
         # a dead server is restarted; the others keep serving
         supervisor = FleetSupervisor(fleet, config.max_restarts, args.min_servers,
                                      prefix="[serve]")
@@ -83,6 +94,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             time.sleep(1.0)
             supervisor.check()
     except KeyboardInterrupt:
+        if joined:
+            leave_job(args.join, joined, args.drain_timeout)
         return 0
     except (ServerStartError, FleetDownError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -92,6 +105,48 @@ def main(argv: Optional[list[str]] = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fleet.stop()
+
+
+def _listed(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def join_job(addrs_file: str, addresses: list[str]) -> list[str]:
+    """Add `addresses` to a running job's addresses file (its client re-reads it)."""
+    path = Path(addrs_file)
+    lines = _listed(path)
+    present = {line.split("#", 1)[0].strip() for line in lines}
+    added = [a for a in addresses if a not in present]
+    drained = Path(f"{addrs_file}.drained")  # an earlier leave of these addresses
+    if drained.exists():
+        write_atomic(drained, "".join(f"{line}\n" for line in _listed(drained)
+                                      if line.strip() not in addresses))
+    write_atomic(path, "".join(f"{line}\n" for line in [*lines, *added]))
+    print(f"[serve] joined the job of {path}: {', '.join(addresses)}", flush=True)
+    return list(addresses)
+
+
+def leave_job(addrs_file: str, addresses: list[str], timeout: float) -> None:
+    """Take `addresses` out of the job's addresses file, then wait (at most `timeout` s) for
+    its client to list them as drained in `<addrs_file>.drained`: no request of the job is
+    left on them when they stop."""
+    path, drained = Path(addrs_file), Path(f"{addrs_file}.drained")
+    write_atomic(path, "".join(f"{line}\n" for line in _listed(path)
+                               if line.split("#", 1)[0].strip() not in addresses))
+    print(f"[serve] left the job of {path}; waiting for it to drain {', '.join(addresses)}",
+          flush=True)
+    deadline = time.monotonic() + timeout
+    while not set(addresses) <= set(_listed(drained)):
+        if time.monotonic() > deadline:
+            print(f"[serve] the job did not drain {', '.join(addresses)} within {timeout:.0f} "
+                  f"s (--drain-timeout); stopping anyway: its requests still on them are "
+                  f"retried on the others", file=sys.stderr, flush=True)
+            return
+        time.sleep(0.2)
+    print(f"[serve] drained: {', '.join(addresses)}", flush=True)
 
 
 if __name__ == "__main__":

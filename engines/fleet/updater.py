@@ -17,6 +17,7 @@ ends of them).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 from collections.abc import Coroutine
@@ -38,7 +39,7 @@ from engines.fleet.backends import server_api
 from engines.fleet.updates import refused_everywhere, update_each
 from engines.server.http import CONTROL_TIMEOUT_S, open_session
 from engines.weight_transport.delta_fleet import FleetDeltaLoader
-from engines.weight_transport.process_group_fleet import FleetWeightGroup
+from engines.weight_transport.process_group_fleet import PROBE_TIMEOUT_S, FleetWeightGroup
 
 T = TypeVar("T")
 
@@ -209,8 +210,10 @@ class FleetUpdater:
                           full_file: Callable[[], str],
                           report: UpdateReport) -> Optional[Exception]:
         session = self._require_session()
-        waiting = [a for a in view.awaiting_broadcast
-                   if not await self.api.answers(session, a, CONTROL_TIMEOUT_S)]
+        answers = await asyncio.gather(*(self.api.answers(session, a, PROBE_TIMEOUT_S)
+                                         for a in view.awaiting_broadcast))
+        waiting = [a for a, why in zip(view.awaiting_broadcast, answers, strict=True)
+                   if not why]
         targets = sorted(set(view.in_service) | set(waiting))
         failed = await self.delta_loader.update(targets, meta, full_file)
         report.loaded = [a for a in targets if a not in failed]

@@ -80,6 +80,17 @@ class ServerAPI(abc.ABC):
                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return "" if resp.status == 200 else f"HTTP {resp.status}"
 
+    async def model_identity(self, session: aiohttp.ClientSession,
+                             addr: str) -> dict[str, Any]:
+        """What the server says it loaded (compared between servers of one fleet)."""
+        return {}
+
+    def vocabulary_probe(self, token_id: int, rid: str) -> dict[str, Any]:
+        """A one-token request that the server refuses (HTTP 400) when `token_id` is past
+        its vocabulary, and that cannot harm it otherwise (engines/fleet/identity.py)."""
+        return self.generate_payload([token_id], GenerationHyperparameters(greedy=True), rid,
+                                     max_new_tokens=1, min_new_tokens=0)
+
     @abc.abstractmethod
     async def generates(self, session: aiohttp.ClientSession, addr: str,
                         timeout: float) -> str:

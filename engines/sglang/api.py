@@ -87,6 +87,19 @@ class SGLangAPI(ServerAPI):
     async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
         return await get_answers(session, addr, "/model_info", timeout)
 
+    def vocabulary_probe(self, token_id: int, rid: str) -> dict[str, Any]:
+        # SGLang 0.5.23 does not check prompt ids: one past the vocabulary ends its scheduler
+        # (IndexError in the embedding). It does check the ids whose log-probs are asked for.
+        payload = self.generate_payload([0], GenerationHyperparameters(greedy=True), rid,
+                                        max_new_tokens=1, min_new_tokens=0)
+        return {**payload, "return_logprob": True, "token_ids_logprob": [token_id]}
+
+    async def model_identity(self, session: aiohttp.ClientSession,
+                             addr: str) -> dict[str, Any]:
+        info = await get_json(session, addr, "/model_info")
+        keys = ("model_type", "architectures", "is_generation", "has_image_understanding")
+        return {k: info.get(k) for k in keys} if isinstance(info, dict) else {}
+
     async def generates(self, session: aiohttp.ClientSession, addr: str,
                         timeout: float) -> str:
         # /health_generate succeeds as soon as the server emits any output (its one-token
@@ -119,9 +132,8 @@ class SGLangAPI(ServerAPI):
     async def apply_weight_file(self, session: aiohttp.ClientSession, addr: str, path: str,
                                 version: int, timeout: float,
                                 model_digest: bool = False) -> dict[str, Any]:
-        return await weight_files.apply_weight_file(
-            session, addr, path, version, timeout, await self.tp_size(session, addr),
-            model_digest)
+        return await weight_files.apply_weight_file(session, addr, path, version, timeout,
+                                                    model_digest)
 
     async def tp_size(self, session: aiohttp.ClientSession, addr: str) -> int:
         info = await get_json(session, addr, "/get_server_info")

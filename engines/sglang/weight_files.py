@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from engines.server.errors import InferenceServerError
-from engines.server.http import post_json
+from engines.server.http import CONTROL_TIMEOUT_S, get_json, post_json
 
 LOADER = "areal_like_weight_delta.load_weight_file"
 RECEIPT_WAIT_S = 10.0  # written before SGLang answers; a shared file system may lag
@@ -31,10 +31,19 @@ def loader_args() -> list[str]:
 
 
 async def apply_weight_file(session: aiohttp.ClientSession, addr: str, path: str,
-                            version: int, timeout: float, tp_size: int,
+                            version: int, timeout: float,
                             model_digest: bool) -> dict[str, Any]:
+    """Apply `path` on `addr` (inside an open update) and, when applied, label the server
+    with `version`; the receipt of its first rank."""
     import torch
 
+    info = await get_json(session, addr, "/get_server_info")
+    if LOADER not in (info.get("custom_weight_loader") or []):
+        raise InferenceServerError(
+            f"SGLang server {addr} was not started with --custom-weight-loader {LOADER} (and "
+            f"engines/weight_transport/delta on its PYTHONPATH): it cannot apply weight files "
+            f"(rollout.weights.transport=delta); start it with `areal-like serve` or add both")
+    tp_size = int(info.get("tp_size", 1) or 1)
     receipts = Path(path).parent / "receipts"
     receipts.mkdir(exist_ok=True)
     receipt = receipts / f"{version}-{addr.replace(':', '_')}-{uuid.uuid4().hex[:8]}"
@@ -43,7 +52,7 @@ async def apply_weight_file(session: aiohttp.ClientSession, addr: str, path: str
     reply = await post_json(session, addr, "/update_weights_from_tensor",
                             {"serialized_named_tensors": [payload] * tp_size,
                              "load_format": LOADER, "flush_cache": True,
-                             "weight_version": str(version)}, timeout, retries=0)
+                             "selector": "target"}, timeout, retries=0)
     if not (isinstance(reply, dict) and reply.get("success")):
         raise InferenceServerError(f"SGLang server {addr} failed to apply weight file {path}: "
                                    f"{reply}")
@@ -52,6 +61,10 @@ async def apply_weight_file(session: aiohttp.ClientSession, addr: str, path: str
         if extra.get("applied") != ranks[0].get("applied"):
             raise InferenceServerError(f"SGLang server {addr}: its tensor-parallel ranks "
                                        f"disagree on weight file {path}: {ranks}")
+    if ranks[0].get("applied"):  # only then: SGLang would label whatever it holds
+        await post_json(session, addr, "/update_weight_version",
+                        {"new_version": str(version), "abort_all_requests": False},
+                        CONTROL_TIMEOUT_S)
     return ranks[0]
 
 

@@ -59,23 +59,30 @@ class FleetDeltaLoader:
         for error in failed.values():
             if not isinstance(error, Exception):
                 raise error
-        for addr in failed:
-            self.held.pop(addr, None)
         return failed
 
     async def _one(self, addr: str, meta: WeightUpdateMeta,
                    full_path: Callable[[], Any]) -> None:
+        """Pause -> open -> apply -> close -> continue. A server that fails is left paused
+        (it may hold part of the weights): out of service until a later update includes it."""
         session = self._session()
         timeout = self.config.weights.update_timeout
-        await self.api.pause(session, addr, self.api.update_pause_mode)
         try:
+            await self.api.pause(session, addr, self.api.update_pause_mode)
             await self.api.begin_update(session, addr)
             try:
                 receipt = await self._apply(session, addr, meta, full_path, timeout)
-            finally:
-                await self.api.end_update(session, addr)
-        finally:
-            await self.api.resume(session, addr)
+            except BaseException:
+                try:  # SGLang refuses the next update's session while this one is open
+                    await self.api.end_update(session, addr)
+                except Exception as e:  # noqa: BLE001 - the apply's error is the one raised
+                    logger.info("inference server %s: closing a failed update: %s", addr, e)
+                raise
+            await self.api.end_update(session, addr)
+        except Exception:
+            self.held.pop(addr, None)
+            raise
+        await self.api.resume(session, addr)
         self.held[addr] = str(receipt["state_digest"])
         self.receipts[addr] = receipt
 

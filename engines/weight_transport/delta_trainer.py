@@ -52,9 +52,9 @@ class DeltaSender:
     (a delta against the last finished version, or full the first time). Old files beyond
     the last `keep` versions are removed."""
 
-    def __init__(self, directory: Path, codec: str = "xor", level: int = 3,
+    def __init__(self, directory: Path, codec: str = "xor", level: int = 1,
                  keep: int = 2) -> None:
-        self.directory = directory
+        self.directory = directory.resolve()  # servers may run elsewhere: absolute paths
         self.codec = codec
         self.level = level
         self.keep = keep

@@ -145,11 +145,19 @@ class FleetUpdater:
         return self._hold(meta), time.perf_counter() - start
 
     def _load_held(self, meta: WeightUpdateMeta, view: FleetView, held_s: float) -> None:
+        self._drive(meta, view, held_s, lambda report: self._load(view, meta, report))
+
+    def _drive(self, meta: WeightUpdateMeta, view: FleetView, held_s: float,
+               load: Callable[[UpdateReport], Coroutine[Any, Any, Optional[Exception]]]
+               ) -> None:
+        """Run `load` (it fills the report) on the updater's loop; the coordinator gets the
+        report whatever happens (servers not reached count as failed). Raises what `load`
+        returns: every server refused the weights."""
         held = time.perf_counter()
         report = UpdateReport(meta)
         refused = None
         try:
-            refused = self._run(self._load(view, meta, report), self._two_loads_s())
+            refused = self._run(load(report), self._two_loads_s())
             self.last_timings = {"weight_sync/hold_s": held_s,
                                  "weight_sync/servers_s": time.perf_counter() - held}
         except BaseException as e:
@@ -186,25 +194,11 @@ class FleetUpdater:
                              f"{meta.type!r}")
         held_since = time.perf_counter()
         view = self._hold(meta)
-        held = time.perf_counter()
-        report = UpdateReport(meta)
-        refused = None
         try:
-            refused = self._run(self._apply_file(view, meta, full_file, report),
-                                self._two_loads_s())
-            self.last_timings = {"weight_sync/hold_s": held - held_since,
-                                 "weight_sync/servers_s": time.perf_counter() - held,
-                                 **self.delta_loader.stats()}
-        except BaseException as e:
-            unfinished = f"the update did not finish ({type(e).__name__}: {e})"
-            report.failed |= {a: unfinished for a in view.in_service
-                              if a not in report.loaded and a not in report.failed}
-            report.advanced = False
-            raise
+            self._drive(meta, view, time.perf_counter() - held_since,
+                        lambda report: self._apply_file(view, meta, full_file, report))
         finally:
-            self.coordinator.end_weight_update(report)
-        if refused is not None:
-            raise refused
+            self.last_timings |= self.delta_loader.stats()
 
     async def _apply_file(self, view: FleetView, meta: WeightUpdateMeta,
                           full_file: Callable[[], str],

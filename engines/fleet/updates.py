@@ -5,7 +5,6 @@ fleet-wide failure by the same rule."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Optional
 
@@ -14,6 +13,7 @@ import aiohttp
 from areal_like.api.io_struct import WeightUpdateMeta
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
+from engines.server.fanout import on_each
 
 logger = logging.getLogger("engines.fleet.client")
 
@@ -47,16 +47,9 @@ async def update_one(session: aiohttp.ClientSession, api: ServerAPI, addr: str,
 
 async def update_each(session: aiohttp.ClientSession, api: ServerAPI, targets: list[str],
                       meta: WeightUpdateMeta, timeout: float) -> dict[str, BaseException]:
-    """`update_one` on every target at once; the servers that failed, with their errors
-    (a cancellation is re-raised: it is not a server's fault)."""
-    results = await asyncio.gather(*(update_one(session, api, a, meta, timeout)
-                                     for a in targets), return_exceptions=True)
-    failed = {a: r for a, r in zip(targets, results, strict=True)
-              if isinstance(r, BaseException)}
-    for error in failed.values():
-        if not isinstance(error, Exception):
-            raise error
-    return failed
+    """`update_one` on every target at once; the servers that failed, with their errors."""
+    return await on_each(targets, lambda a: update_one(session, api, a, meta, timeout))
+
 
 
 async def refused_everywhere(session: aiohttp.ClientSession, api: ServerAPI,

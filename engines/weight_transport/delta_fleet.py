@@ -24,6 +24,7 @@ from areal_like.api.config import RolloutConfig
 from areal_like.api.io_struct import WeightUpdateMeta
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
+from engines.server.fanout import on_each
 
 logger = logging.getLogger("engines.fleet.client")
 
@@ -52,14 +53,7 @@ class FleetDeltaLoader:
                     full["path"] = await asyncio.to_thread(full_file)
                 return full["path"]
 
-        results = await asyncio.gather(*(self._one(a, meta, full_path) for a in targets),
-                                       return_exceptions=True)
-        failed = {a: r for a, r in zip(targets, results, strict=True)
-                  if isinstance(r, BaseException)}
-        for error in failed.values():
-            if not isinstance(error, Exception):
-                raise error
-        return failed
+        return await on_each(targets, lambda a: self._one(a, meta, full_path))
 
     async def _one(self, addr: str, meta: WeightUpdateMeta,
                    full_path: Callable[[], Any]) -> None:

@@ -196,8 +196,8 @@ class FleetMembership:
         self.pool.out_of_service[addr] = reason
         if addr not in self.awaiting_broadcast:
             self.awaiting_broadcast.add(addr)
-            logger.warning("inference server %s joins the weight-update group at the next "
-                           "update: %s", addr, reason)
+            logger.warning("inference server %s gets the weights at the trainer's next update "
+                           "(%s): %s", addr, self.config.weights.transport, reason)
 
     def joined_broadcast(self, addr: str, version: int) -> None:
         """`addr` received a whole broadcast of `version`: back in service if it was out."""
@@ -206,8 +206,8 @@ class FleetMembership:
             self.awaiting_broadcast.discard(addr)
             self.pool.put_back(addr)
             self.counts["readmitted"] += 1
-            logger.warning("inference server %s back in service: joined the weight-update group "
-                           "and received weights version %d (%d of %d in service)", addr,
+            logger.warning("inference server %s back in service: received weights version %d "
+                           "from the trainer (%d of %d in service)", addr,
                            version, len(self.pool.in_service()), len(self.pool.addresses))
 
     def check_soon(self, addr: str, error: BaseException) -> None:

@@ -7,7 +7,7 @@ backend checks without harm)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Optional
+from typing import Optional
 
 import aiohttp
 
@@ -54,6 +54,3 @@ async def _refuses(session: aiohttp.ClientSession, api: ServerAPI, addr: str,
         return f"HTTP 400: {body}"
     raise NotReady(f"the vocabulary probe got HTTP {resp.status}: {body}")
 
-
-def describe(identity: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in sorted(identity.items()))

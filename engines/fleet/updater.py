@@ -177,9 +177,15 @@ class FleetUpdater:
         session = self._require_session()
         failed = await update_each(session, self.api, targets, meta,
                                    self.config.weights.update_timeout)
+        return await self._reported(targets, failed, meta, report)
+
+    async def _reported(self, targets: list[str], failed: dict[str, BaseException],
+                        meta: WeightUpdateMeta, report: UpdateReport) -> Optional[Exception]:
+        """`report` of an update of `targets`; the error to raise when every one refused."""
         report.loaded = [a for a in targets if a not in failed]
         report.failed = {a: str(e) for a, e in failed.items()}
-        refused = await refused_everywhere(session, self.api, targets, failed, meta.version)
+        refused = await refused_everywhere(self._require_session(), self.api, targets, failed,
+                                           meta.version)
         report.advanced = refused is None
         return refused
 
@@ -210,11 +216,7 @@ class FleetUpdater:
                    if not why]
         targets = sorted(set(view.in_service) | set(waiting))
         failed = await self.delta_loader.update(targets, meta, full_file)
-        report.loaded = [a for a in targets if a not in failed]
-        report.failed = {a: str(e) for a, e in failed.items()}
-        refused = await refused_everywhere(session, self.api, targets, failed, meta.version)
-        report.advanced = refused is None
-        return refused
+        return await self._reported(targets, failed, meta, report)
 
     # ---- the distributed transport (see areal_like.runtime.weight_broadcast) ------------
     def hold(self, version: int) -> FleetView:

@@ -5,8 +5,9 @@ vLLM worker method; both run `engines/weight_transport/delta/`), and reports a r
 Per server: pause (requests retracted) -> open the update -> apply the delta when the server
 held its base at the last receipt, else the full file -> on a refusal of the delta (a base it
 does not hold: restarted at the same address; a corrupted file) the full file, counted ->
-close -> continue. The continue always runs. A server that refuses the full file too, or fails
-on the way, is reported failed (out of service until a later update includes it).
+close -> continue. A server that refuses the full file too, or fails on the way, is reported
+failed and left paused (it may hold part of the weights): out of service until a later
+update includes it.
 
 Runs on trainer rank 0, on the loop of its `FleetUpdater` (engines/fleet/updater.py).
 """

@@ -501,3 +501,41 @@ def test_a_server_joins_a_running_job_at_step_5_and_is_drained_at_step_10(
     last = records[-1]
     assert last["fleet/added_total"] == 1
     assert last["weight_sync/fallbacks_unknown_base_total"] == 1  # the joiner's full load
+
+
+@pytest.mark.e2e
+def test_serve_join_adds_its_server_to_a_running_fleet_and_leaves_it_drained(
+        sglang_fleet, tiny_model_dir, tmp_path):
+    """`areal-like serve --join <file>`: its server joins a running client's fleet through the
+    addresses file (loaded with the current weights); on SIGTERM it takes the line out, waits
+    until the client lists it in `<file>.drained`, then stops and exits 0."""
+    first = sglang_fleet.addresses[0]
+    addrs_file = tmp_path / "servers.txt"
+    addrs_file.write_text(f"{first}\n")
+    engine = make_engine([first], SGLANG_TEST_API_KEY, server_addrs_file=str(addrs_file),
+                         health_check_interval=0.5)
+    engine.set_version(fleet_version([first], SGLANG_TEST_API_KEY))
+    version = engine.get_version() + 1  # what the joined server must load before it serves
+    engine.update_weights(WeightUpdateMeta.from_disk(str(tiny_model_dir), version))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "areal_like.cli", "serve", "--model-path", str(tiny_model_dir),
+         "--n-servers", "1", "--join", str(addrs_file), "--log-dir", str(tmp_path / "logs"),
+         "--api-key", SGLANG_TEST_API_KEY, "--fork-children"],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        _until(lambda: len(engine.in_service()) == 2, "the joined server to serve")
+        joined = next(a for a in engine.in_service() if a != first)
+        assert fleet_version([joined], SGLANG_TEST_API_KEY) == version
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+        engine.destroy()
+        restore_session_fleet(sglang_fleet, tiny_model_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert f"[serve] drained: {joined}" in out
+    assert addrs_file.read_text() == f"{first}\n"
+    assert Path(f"{addrs_file}.drained").read_text() == f"{joined}\n"

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from areal_like.launcher.console import Console, TidyLog
+from areal_like.launcher.ray_actors import ProcessLost
 from areal_like.launcher.ray_cluster import check_weight_path, connect, plan, reserve
 from areal_like.launcher.ray_member import Member, cause, exit_text, first_line
 from areal_like.launcher.target import (
@@ -79,8 +80,7 @@ class RayJob:
         return f"/tmp/areal_like_ray/{self.run_id}"
 
     # -- start ---------------------------------------------------------------------------------
-    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float],
-               max_restarts: int) -> Member:
+    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float]) -> Member:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -88,10 +88,12 @@ class RayJob:
 
         name = f"{role}_{index}"
         # Ray restarts a dead actor in its bundle (rescheduled onto another node when its node
-        # is lost); the driver then starts its process again
+        # is lost); the driver then starts its process again. Unbounded for Ray: the launcher
+        # counts restarts (server.max_restarts, launcher.max_trainer_restarts), while Ray's own
+        # count is also spent by a restart tried on a node not yet declared dead
         handle = ray.remote(ProcessActor).options(
             num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
-            max_restarts=max_restarts, max_task_retries=0,
+            max_restarts=-1, max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=index),
         ).remote(name, os.getcwd(), self.node_dir)
@@ -118,13 +120,11 @@ class RayJob:
         if alloc.n_servers:
             self.groups.append(reserve(f"{self.run_id}_servers", [alloc.server] * alloc.n_servers,
                                        launcher.placement_strategy, launcher.placement_timeout))
-            self.servers = [self._spawn("server", i, self.groups[-1], alloc.server,
-                                        config.server.max_restarts)
+            self.servers = [self._spawn("server", i, self.groups[-1], alloc.server)
                             for i in range(alloc.n_servers)]
         self.groups.append(reserve(f"{self.run_id}_trainers", [alloc.trainer] * alloc.n_trainers,
                                    launcher.placement_strategy, launcher.placement_timeout))
-        self.trainers = [self._spawn("trainer", r, self.groups[-1], alloc.trainer,
-                                     launcher.max_trainer_restarts)
+        self.trainers = [self._spawn("trainer", r, self.groups[-1], alloc.trainer)
                          for r in range(alloc.n_trainers)]
         nodes = self._gather([(m, m.handle.node.remote()) for m in self.members],
                              launcher.placement_timeout, "start")
@@ -277,6 +277,9 @@ class RayJob:
             code, chunk = ray.get(ref)
         except ray.exceptions.RayActorError as e:
             m.dead, m.failure = True, f"died: {first_line(e)}"
+            return
+        except ProcessLost as e:  # Ray already restarted it: dead to the launcher all the same
+            m.dead, m.failure = True, f"died: {cause(e)}"
             return
         m.last_answer = time.monotonic()
         if chunk:

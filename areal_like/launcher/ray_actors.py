@@ -44,6 +44,10 @@ def _wait_bindable(host: str, port: int, timeout: float) -> bool:
     return True
 
 
+class ProcessLost(RuntimeError):
+    """Polled without a process: Ray restarted this actor (its old process died with it)."""
+
+
 class ProcessActor:
     """Plain class; the Ray launcher wraps it with `ray.remote` (so importing it needs no Ray)."""
 
@@ -118,8 +122,13 @@ class ProcessActor:
         write_atomic(path, text)
 
     def poll(self, offset: int, limit: int = 1 << 20) -> tuple[Optional[int], bytes]:
-        """(the process's exit code or None while it runs, its log from `offset`)."""
-        code = self.process.poll() if self.process is not None else None
+        """(the process's exit code or None while it runs, its log from `offset`). The driver
+        polls only actors it started a process on: one without was restarted by Ray, perhaps
+        before the driver saw the old one die, and says so (ProcessLost)."""
+        if self.process is None:
+            raise ProcessLost(f"{self.name}'s actor was restarted by Ray (pid {os.getpid()}); "
+                              f"the process it had started is gone")
+        code = self.process.poll()
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(offset)

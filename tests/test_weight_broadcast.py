@@ -224,21 +224,26 @@ def test_a_request_in_flight_carries_both_versions(trainer, any_fleet, tiny_mode
         restore_session_fleet(sglang_fleet, tiny_model_dir)
 
 
+# a weight-update session opened, per backend (vLLM: its weight-transfer API)
+BEGIN_UPDATE = {"sglang": "/begin_weight_update", "vllm": "/start_weight_update"}
+
+
 def test_a_group_left_on_a_server_does_not_block_the_next_broadcaster(
-        trainer, sglang_fleet, tiny_model_dir, tmp_path):
+        trainer, any_fleet, tiny_model_dir, tmp_path):
     """A server still holds a group of an earlier broadcaster of this process (its client went
     away without leaving) and a weight-update session it left open (as a trainer killed
-    mid-broadcast does): the next broadcaster ends that session, forms its own group beside
-    the old one and pushes."""
+    mid-broadcast does): the next broadcaster ends that session (refused to begin a second
+    one, the server goes on), forms its own group and pushes."""
+    sglang_fleet, backend = any_fleet, any_fleet.config.backend  # either backend
     server = sglang_fleet.addresses[:1]
-    first_client = _fleet_client(server)
+    first_client = _fleet_client(server, backend)
     first = _Rank0Broadcaster(first_client)
     second_client = second = None
     try:
         first.push_to_fleet(trainer, first_client.get_version() + 1)
         first.close()  # the trainer's side is gone; the server keeps its side of the group
-        _post(server[0], "/begin_weight_update")  # ... and a session it never ended
-        second_client = _fleet_client(server)  # knows nothing of the first group
+        _post(server[0], BEGIN_UPDATE[backend])  # ... and a session it never ended
+        second_client = _fleet_client(server, backend)  # knows nothing of the first group
         second = _Rank0Broadcaster(second_client)
         _perturb(trainer, seed=7)
         version = second_client.get_version() + 1
@@ -289,9 +294,11 @@ def test_server_killed_between_broadcasts_the_run_goes_on_with_the_survivor(
 
 
 def test_server_killed_during_a_broadcast_is_named_and_the_others_get_every_bucket(
-        trainer, sglang_fleet, spare, tiny_model_dir, tmp_path, monkeypatch):
+        trainer, any_fleet, any_spare, tiny_model_dir, tmp_path, monkeypatch):
+    sglang_fleet, spare = any_fleet, any_spare  # either backend
     survivor, victim = sglang_fleet.addresses[0], spare.addresses[0]
-    client = _fleet_client([survivor, victim], on_weight_broadcast_failure="stop",
+    client = _fleet_client([survivor, victim], sglang_fleet.config.backend,
+                           on_weight_broadcast_failure="stop",
                            weight_broadcast_timeout=BROADCAST_TIMEOUT_S)
     broadcaster = _Rank0Broadcaster(client)
     real_receive = broadcaster.updater.api.receive_bucket

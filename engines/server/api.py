@@ -175,4 +175,13 @@ class ServerAPI(abc.ABC):
     async def end_update(self, session: aiohttp.ClientSession, addr: str) -> None:
         """After the last bucket (or to close a session a failed broadcast left open)."""
 
+    async def begin_group_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """Before a broadcast's first bucket: the session of the weight-update group, where a
+        server has one of its own (vLLM's weight-transfer API); else any update's."""
+        await self.begin_update(session, addr)
+
+    async def end_group_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """After a broadcast's last bucket, or to close the session a failed one left open."""
+        await self.end_update(session, addr)
+
 

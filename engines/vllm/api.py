@@ -1,6 +1,6 @@
 """The fleet client's calls to a vLLM server (>= 0.32, started by `engines/vllm/command.py`:
 `VLLM_SERVER_DEV_MODE=1` for its RL endpoints, `--enable-scale-out` for token-in generation,
-our worker extension for the weight-update group).
+our weight-transfer engine and worker extension, `engines/vllm/worker/`).
 
 | what                 | vLLM                                                              |
 |----------------------|-------------------------------------------------------------------|
@@ -9,7 +9,10 @@ our worker extension for the weight-update group).
 | load from disk       | POST /collective_rpc areal_like_load_from_disk (vLLM's reload),   |
 |                      | /reset_prefix_cache,                                              |
 |                      | /update_weight_version                                           |
-| weight-update group  | POST /collective_rpc areal_like_* (engines/vllm/worker/)          |
+| weight-update group  | vLLM's weight-transfer API with our engine (engines/vllm/worker/):|
+|                      | /init_weight_transfer_engine, /start_weight_update,              |
+|                      | /update_weights (a bucket), /finish_weight_update (the version), |
+|                      | /shutdown_weight_transfer_engine                                  |
 | weight file (delta)  | POST /collective_rpc areal_like_apply_weight_file, then as above  |
 
 vLLM has no retract: a pause for a weight update aborts the requests in flight, and the
@@ -56,6 +59,9 @@ class VLLMAPI(ServerAPI):
     name = "vLLM"
     generate_path = "/inference/v1/generate"
     scores_in_one_request = False
+
+    def __init__(self) -> None:
+        self._finishing: dict[str, int] = {}  # server -> the version its update ends with
 
     def generate_payload(self, input_ids: list[int], gconfig: GenerationHyperparameters,
                          rid: str, max_new_tokens: int, min_new_tokens: int,
@@ -163,24 +169,47 @@ class VLLMAPI(ServerAPI):
 
     async def join_group(self, session: aiohttp.ClientSession, addr: str,
                          body: dict[str, Any], timeout: float) -> None:
-        await _rpc(session, addr, "areal_like_join_weight_group",
-                   {**body, "timeout_s": timeout}, timeout, retries=0)
+        init_info = {**{k: body[k] for k in ("master_address", "master_port", "rank_offset",
+                                              "world_size", "group_name", "backend")},
+                     "timeout_s": timeout}
+        await post_json(session, addr, "/init_weight_transfer_engine", {"init_info": init_info},
+                        timeout + CONTROL_TIMEOUT_S, retries=0)
 
     async def leave_group(self, session: aiohttp.ClientSession, addr: str,
                           group_name: str) -> None:
-        await _rpc(session, addr, "areal_like_leave_weight_group", {"group_name": group_name},
-                   CONTROL_TIMEOUT_S, retries=0)
+        self._finishing.pop(addr, None)
+        await post_json(session, addr, "/shutdown_weight_transfer_engine", {},
+                        CONTROL_TIMEOUT_S)
 
     async def begin_update(self, session: aiohttp.ClientSession, addr: str) -> None:
-        """Nothing to open: each bucket is loaded as it arrives (the server is paused)."""
-
-    async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
-                             body: dict[str, Any], timeout: float) -> None:
-        await _rpc(session, addr, "areal_like_receive_bucket",
-                   {**{k: body[k] for k in ("names", "dtypes", "shapes", "group_name")},
-                    "last": bool(body["flush_cache"])}, timeout, retries=0)
-        if body.get("weight_version") is not None:
-            await self._serve_as(session, addr, int(body["weight_version"]))
+        """Nothing to open for a folder or a weight file (the server is paused)."""
 
     async def end_update(self, session: aiohttp.ClientSession, addr: str) -> None:
         """Nothing to close (see begin_update)."""
+
+    async def begin_group_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """vLLM's weight-transfer session: refused while one is open (as SGLang's). Opening
+        and closing it are retried (unlike a bucket): vLLM closes a connection after an error
+        reply, and the next call on it is reset unread; one that did run is refused when
+        repeated (a second start, a finish without a start), never applied twice."""
+        self._finishing.pop(addr, None)
+        await post_json(session, addr, "/start_weight_update", {}, CONTROL_TIMEOUT_S)
+
+    async def receive_bucket(self, session: aiohttp.ClientSession, addr: str,
+                             body: dict[str, Any], timeout: float) -> None:
+        """One bucket, loaded as it arrives; the version is set when the update ends."""
+        update_info = {"names": body["names"], "dtype_names": body["dtypes"],
+                       "shapes": body["shapes"]}
+        await post_json(session, addr, "/update_weights", {"update_info": update_info},
+                        timeout + CONTROL_TIMEOUT_S, retries=0)
+        if body.get("weight_version") is not None:
+            self._finishing[addr] = int(body["weight_version"])
+
+    async def end_group_update(self, session: aiohttp.ClientSession, addr: str) -> None:
+        """The session closed (the last layers processed), labelled with the version its last
+        bucket named; then the prefix cache dropped (its KV came from the old weights)."""
+        version = self._finishing.pop(addr, None)
+        await post_json(session, addr, "/finish_weight_update",
+                        {"weight_version": None if version is None else str(version)},
+                        CONTROL_TIMEOUT_S)
+        await post_json(session, addr, "/reset_prefix_cache", {}, CONTROL_TIMEOUT_S)

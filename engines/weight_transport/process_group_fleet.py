@@ -146,18 +146,18 @@ class FleetWeightGroup:
         async def begin_one(addr: str) -> None:
             await self.api.pause(session, addr, "retract")
             try:
-                await self.api.begin_update(session, addr)
+                await self.api.begin_group_update(session, addr)
             except InferenceServerError as refused:
                 # A broadcast that dropped this server (or a trainer killed mid-broadcast)
                 # left its session open; SGLang refuses a second one until it is ended.
                 # Still paused: the partial weights it ends with are replaced by this one.
                 try:
-                    await self.api.end_update(session, addr)
+                    await self.api.end_group_update(session, addr)
                 except InferenceServerError:
                     raise refused from None  # no session was open: the refusal is the fault
                 logger.warning("inference server %s: %s; ended the session an earlier broadcast "
                                "left open, beginning again", addr, refused)
-                await self.api.begin_update(session, addr)
+                await self.api.begin_group_update(session, addr)
 
         failures = await self._each(members, begin_one)
         self._members = tuple(a for a in members if a not in failures)
@@ -190,7 +190,7 @@ class FleetWeightGroup:
         try:
             async def end_one(addr: str) -> None:
                 try:
-                    await self.api.end_update(session, addr)
+                    await self.api.end_group_update(session, addr)
                 finally:
                     await self.api.resume(session, addr)
 

@@ -203,3 +203,16 @@ def test_a_missing_teacher_stops_the_launch_before_any_server_starts(tmp_path, t
     assert proc.returncode == 2, out[-2000:]  # a config error, found with the config's
     assert f"teacher.model_path='{tmp_path / 'no_teacher'}' is not an HF model folder" in out
     assert "starting" not in out  # no server was started
+
+
+@pytest.mark.parametrize("argv, named", [
+    ([], "usage:"),
+    (["grpo_addition", "server.n_servers=3"], "usage:"),  # no <experiment>/<trial>
+    (["grpo_addition/trial0", "server.n_servers=3", "server.backend=vllm"], "usage:"),
+    (["grpo_addition/trial0", "server.n_servers=three"], "'three': not a whole number"),
+])
+def test_raising_a_ray_jobs_servers_refuses_bad_arguments_before_connecting(argv, named, capsys):
+    from areal_like.launcher.ray_scale import main
+
+    assert main(argv) == 2
+    assert named in capsys.readouterr().err

@@ -394,8 +394,10 @@ def test_a_killed_server_actor_rejoins_then_past_its_restarts_stops_the_job(ray_
     broadcast and routes to it again; the run goes on on the other server meanwhile, and
     nothing is lost. Killed again once back in service, its one restart
     (`server.max_restarts=1`) used up, it stops the job within a bound, naming the actor, its
-    node and its last lines, and leaves no process behind. (One run for both: the run must
-    not end before the server rejoins, however long its restart takes.)"""
+    node and its last lines, and leaves no process behind. Between the two, `server.n_servers`
+    is raised to 3 on the running job (`areal_like.launcher.ray_scale`): the third server
+    joins with the current weights. (One run for all: the run must not end before the server
+    rejoins, however long its restart takes.)"""
     run = tmp_path / "grpo_addition" / "trial0"
     metrics, actors_file = run / "metrics.jsonl", run / "logs" / "actors.json"
     out_path = tmp_path / "launcher.out"
@@ -423,6 +425,18 @@ def test_a_killed_server_actor_rejoins_then_past_its_restarts_stops_the_job(ray_
             for r in read_metrics(metrics)) and restarted()["restarts"] == 1,
             out_path=out_path)
         server = restarted()
+        # server.n_servers raised on the running job: a third server, placed by Ray, joins
+        # the trainer's fleet through the addresses file with the current weights
+        scale = subprocess.run(
+            [sys.executable, "-m", "areal_like.launcher.ray_scale", "grpo_addition/trial0",
+             "server.n_servers=3", f"launcher.ray_address={ray_address}"],
+            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
+        assert scale.returncode == 0, scale.stdout + scale.stderr
+        grown = _wait_for_step(proc, metrics, 1, key="loss", also=lambda: any(
+            r.get("fleet/in_service") == 3 and r.get("fleet/added_total", 0) == 1
+            for r in read_metrics(metrics)), out_path=out_path)
+        joined = next(r["step"] for r in grown if r.get("fleet/in_service") == 3)
+        _wait_for_step(proc, metrics, joined + 1, key="loss", out_path=out_path)
         os.kill(server["actor_pid"], signal.SIGKILL)  # its restart is used up
         proc.wait(timeout=300)
     finally:
@@ -438,8 +452,12 @@ def test_a_killed_server_actor_rejoins_then_past_its_restarts_stops_the_job(ray_
                 and r.get("fleet/readmitted_total", 0) >= 1)
     assert (last["launcher/server_restarts"], last["launcher/trainer_restarts"]) == (1, 0)
     assert last["rollout/failed_total"] == 0
+    assert "adding 1 server(s) (server.n_servers=3 asked)" in out
+    third = next(a for a in _read(actors_file) if a["name"] == "server_2")
+    assert f"3 servers: {third['address']} added" in out
     # every step logged once, none trained twice; at eta = 0 the fleet served the trainer's
-    # current weights at every step (recomputed log-probabilities equal the servers')
+    # current weights at every step (recomputed log-probabilities equal the servers'), the
+    # added server's requests too
     records = read_metrics(metrics)
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, len(steps) + 1))

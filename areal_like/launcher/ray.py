@@ -36,6 +36,7 @@ from areal_like.launcher.console import Console, TidyLog
 from areal_like.launcher.ray_actors import ProcessLost
 from areal_like.launcher.ray_cluster import check_weight_path, connect, plan, reserve
 from areal_like.launcher.ray_member import Member, cause, exit_text, first_line
+from areal_like.launcher.ray_scale import ServerCountWatch
 from areal_like.launcher.target import (
     LaunchError,
     TrainTarget,
@@ -73,6 +74,7 @@ class RayJob:
         self.trainer_restarts = 0
         self.healer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ray-heal")
         self.actors_lock = threading.Lock()
+        self.scaling: Optional[ServerCountWatch] = None  # `server.n_servers` raised as it runs
 
     @property
     def node_dir(self) -> str:
@@ -80,7 +82,8 @@ class RayJob:
         return f"/tmp/areal_like_ray/{self.run_id}"
 
     # -- start ---------------------------------------------------------------------------------
-    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float]) -> Member:
+    def _spawn(self, role: str, index: int, group: Any, bundle: dict[str, float],
+               bundle_index: Optional[int] = None) -> Member:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -95,11 +98,10 @@ class RayJob:
             num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
             max_restarts=-1, max_task_retries=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=index),
+                group, placement_group_bundle_index=index if bundle_index is None
+                else bundle_index),
         ).remote(name, os.getcwd(), self.node_dir)
-        member = Member(name, role, handle, self.log_dir / f"{name}.log", bundle)
-        self.members.append(member)
-        return member
+        return Member(name, role, handle, self.log_dir / f"{name}.log", bundle)
 
     def start(self) -> None:
         import ray
@@ -122,10 +124,12 @@ class RayJob:
                                        launcher.placement_strategy, launcher.placement_timeout))
             self.servers = [self._spawn("server", i, self.groups[-1], alloc.server)
                             for i in range(alloc.n_servers)]
+            self.members.extend(self.servers)
         self.groups.append(reserve(f"{self.run_id}_trainers", [alloc.trainer] * alloc.n_trainers,
                                    launcher.placement_strategy, launcher.placement_timeout))
         self.trainers = [self._spawn("trainer", r, self.groups[-1], alloc.trainer)
                          for r in range(alloc.n_trainers)]
+        self.members.extend(self.trainers)
         nodes = self._gather([(m, m.handle.node.remote()) for m in self.members],
                              launcher.placement_timeout, "start")
         for member, node in zip(self.members, nodes, strict=True):
@@ -145,6 +149,10 @@ class RayJob:
                 s.address = addr
                 s.pid = self._gather([(s, s.handle.child_pids.remote())], 60,
                                      "report its pid")[0][0]
+            self.scaling = ServerCountWatch(self, CONSOLE.line)
+            CONSOLE.line(f"[launcher] more servers while it runs: python -m "
+                         f"areal_like.launcher.ray_scale {config.logging.experiment_name}/"
+                         f"{config.logging.trial_name} server.n_servers=N")
         self._start_trainers()
 
     def _start_trainers(self) -> None:
@@ -262,6 +270,8 @@ class RayJob:
                                  f"(launcher.actor_unresponsive_timeout)")
             for s in self.servers:
                 self._heal_server(s)
+            if self.scaling is not None:
+                self.scaling.poll()
             failed = [t for t in self.trainers if t.failure or t.exit_code not in (None, 0)]
             if failed:
                 self._restart_trainers(failed[0])
@@ -472,6 +482,9 @@ class RayJob:
             ray.kill(m.handle, no_restart=True)
             if m.log_file is not None:
                 m.log_file.close()
+        if self.scaling is not None:
+            self.scaling.close()
+        # servers still being added end with this driver (Ray's actors and groups of a job)
         self.healer.shutdown(wait=False, cancel_futures=True)
         for group in self.groups:
             remove_placement_group(group)

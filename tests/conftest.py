@@ -187,9 +187,10 @@ def any_fleet(request: pytest.FixtureRequest):
     return request.getfixturevalue(f"{request.param}_fleet")
 
 
-@pytest.fixture(scope="module")
-def _module_vllm_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """`_module_spare`'s one killable server, on vLLM."""
+@pytest.fixture(scope="session")
+def _session_vllm_spare(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`_module_spare`'s one killable server, on vLLM: one per session (a vLLM start costs
+    30-60 s here; `any_spare` revives it for each test)."""
     from areal_like.api.config import ServerConfig
     from engines.fleet.launch import InferenceFleet
 
@@ -208,7 +209,7 @@ def any_spare(request: pytest.FixtureRequest, any_fleet, tiny_model_dir: Path):
 
     backend = any_fleet.config.backend
     fleet = request.getfixturevalue("_module_spare" if backend == "sglang"
-                                    else f"_module_{backend}_spare")
+                                    else f"_session_{backend}_spare")
     revive_spare(fleet, tiny_model_dir)
     yield fleet
 

@@ -12,8 +12,8 @@ by its process group), stdout and stderr appended to `log`, its environment repl
 `env`, its niceness and CPUs the zygote's (`nice`: its session's autogroup niceness). When a
 server exits, the zygote reaps it and prints `{"pid": PID, "returncode": N}` (negative:
 killed by signal -N, as `subprocess.Popen` says it). When stdin closes, it kills
-every server it forked and exits; each server dies with it (PR_SET_PDEATHSIG), as it dies
-with the process that started it (the fleet sets that up).
+every server it forked and exits; each server dies with it (PR_SET_PDEATHSIG, SIGKILL), as
+it dies with the process that started it (the fleet sets that up).
 
 CPU engine only: a fork after SGLang's imports is safe where CUDA was never initialised (the
 same condition as `ServerConfig.fork_children`, which forks each server's scheduler and
@@ -44,8 +44,11 @@ def _import_what_every_server_imports() -> None:
 
 
 def _die_with(parent_pid: int) -> None:
+    """SIGKILL, not SIGTERM, when the zygote dies: SGLang's own SIGTERM handler was seen to
+    stop the scheduler and then hang (a server orphaned for good); its scheduler and
+    detokenizer die with it by their own PR_SET_PDEATHSIG."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 

@@ -174,7 +174,7 @@ def victim_server(request: pytest.FixtureRequest, any_fleet, tiny_model_dir: Pat
     """A server of `any_fleet`'s backend that the test may kill, alive and as new."""
     if any_fleet.config.backend == "sglang":
         return request.getfixturevalue("spare_server")
-    fleet = request.getfixturevalue(f"_module_{any_fleet.config.backend}_spare")
+    fleet = request.getfixturevalue(f"_session_{any_fleet.config.backend}_spare")
     revive_spare(fleet, tiny_model_dir)
     return fleet
 

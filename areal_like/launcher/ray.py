@@ -35,7 +35,7 @@ from typing import Any, Optional
 from areal_like.launcher.console import Console, TidyLog
 from areal_like.launcher.ray_actors import ProcessLost
 from areal_like.launcher.ray_cluster import check_weight_path, connect, plan, reserve
-from areal_like.launcher.ray_member import Member, cause, exit_text, first_line
+from areal_like.launcher.ray_member import Member, cause, exit_text, first_line, trainer_env
 from areal_like.launcher.ray_scale import ServerCountWatch
 from areal_like.launcher.target import (
     LaunchError,
@@ -46,10 +46,7 @@ from areal_like.launcher.target import (
     trainer_error,
 )
 from areal_like.utils.atomic_file import write_atomic
-from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV
 from areal_like.utils.metrics_logger import run_dir
-from areal_like.utils.network import interface_of
-from areal_like.utils.progress import LIVE_BAR_ENV
 
 POLL_INTERVAL = 0.5
 STOP_TIMEOUT = 30.0
@@ -140,20 +137,24 @@ class RayJob:
         if self.servers:
             CONSOLE.line(f"[launcher] starting {len(self.servers)} {config.server.backend} "
                          f"server(s) on {config.model.path}")
-            calls = [(s, s.handle.start_server.remote(config.model.path, config.server,
-                                                      config.rollout.client.api_key))
-                     for s in self.servers]
-            addrs = self._gather(calls, config.server.startup_timeout + 60, "start its server")
-            CONSOLE.line(f"[launcher] servers ready: {addrs}")
-            for s, addr in zip(self.servers, addrs, strict=True):
-                s.address = addr
-                s.pid = self._gather([(s, s.handle.child_pids.remote())], 60,
-                                     "report its pid")[0][0]
+            self.start_servers(self.servers)
+            CONSOLE.line(f"[launcher] servers ready: {[s.address for s in self.servers]}")
             self.scaling = ServerCountWatch(self, CONSOLE.line)
             CONSOLE.line(f"[launcher] more servers while it runs: python -m "
                          f"areal_like.launcher.ray_scale {config.logging.experiment_name}/"
                          f"{config.logging.trial_name} server.n_servers=N")
         self._start_trainers()
+
+    def start_servers(self, servers: list[Member]) -> None:
+        """Each member's server started on its node's address; its address and pid noted."""
+        config = self.config
+        addrs = self._gather([(s, s.handle.start_server.remote(
+            config.model.path, config.server, config.rollout.client.api_key))
+            for s in servers], config.server.startup_timeout + 60, "start its server")
+        for s, addr in zip(servers, addrs, strict=True):
+            s.address = addr
+            s.pid = self._gather([(s, s.handle.child_pids.remote())], 60,
+                                 "report its pid")[0][0]
 
     def _start_trainers(self) -> None:
         """Start every trainer rank as one torch.distributed job (after a restart: resuming
@@ -175,7 +176,9 @@ class RayJob:
         CONSOLE.line(f"[launcher] {len(self.trainers)} trainer rank(s), rendezvous "
                      f"{rank0.node['ip']}:{port}: python {' '.join(argv)}")
         pids = self._gather([(t, t.handle.start_process.remote(
-            [sys.executable, *argv], self._env(t, r, rank0.node["ip"], port)))
+            [sys.executable, *argv], trainer_env(
+                self.config, self.trainers, t, r, rank0.node["ip"], port, self.node_dir,
+                self.trainer_restarts, CONSOLE.tty)))
             for r, t in enumerate(self.trainers)], 60, "start its trainer")
         for t, pid in zip(self.trainers, pids, strict=True):
             t.pid, t.last_answer = pid, time.monotonic()
@@ -205,28 +208,6 @@ class RayJob:
         with self.actors_lock:  # server restarts write it from their threads
             write_atomic(self.log_dir / "actors.json",
                          json.dumps([m.record() for m in self.members], indent=1))
-
-    def _env(self, trainer: Member, rank: int, master: str, port: int) -> dict[str, str]:
-        same_node = [m for m in self.trainers if m.node["node_id"] == trainer.node["node_id"]]
-        env = {"RANK": str(rank), "WORLD_SIZE": str(self.config.launcher.n_trainer_procs),
-               "LOCAL_RANK": "0" if trainer.node["gpu_ids"] else str(same_node.index(trainer)),
-               "LOCAL_WORLD_SIZE": str(len(same_node)), "MASTER_ADDR": master,
-               "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": str(self.config.launcher.threads_per_trainer),
-               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-               STATE_ENV: f"{self.node_dir}/launcher_state.json",
-               ATTEMPT_ENV: str(self.trainer_restarts),
-               # the actor puts its own folder first (the user's modules: tasks, rewards)
-               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        if CONSOLE.tty:  # the console redraws rank 0's bar as one live line
-            env[LIVE_BAR_ENV] = "1"
-        env.update(self.config.launcher.trainer_env)  # rank keys are refused by the config
-        # gloo on the address Ray knows the node by
-        if "GLOO_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in os.environ:
-            interface = interface_of(trainer.node["ip"])
-            if interface:
-                env["GLOO_SOCKET_IFNAME"] = interface
-        return env
 
     def _gather(self, calls: list[tuple[Member, Any]], timeout: float, what: str) -> list[Any]:
         """The results of one call per member, or LaunchError naming the member that failed."""

@@ -1,14 +1,19 @@
 """One actor of a Ray job as the driver sees it: its node, its process, the copy of its log,
-and how it failed."""
+and how it failed; a trainer rank's environment."""
 
 from __future__ import annotations
 
 import codecs
+import os
 import signal
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
+
+from areal_like.utils.launcher_state import ATTEMPT_ENV, STATE_ENV
+from areal_like.utils.network import interface_of
+from areal_like.utils.progress import LIVE_BAR_ENV
 
 
 class Member:
@@ -69,3 +74,30 @@ def exit_text(code: int) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
     return f"code {code}"
+
+
+def trainer_env(config: Any, trainers: list[Member], trainer: Member, rank: int, master: str,
+                port: int, node_dir: str, attempt: int, live_bar: bool) -> dict[str, str]:
+    """The environment of trainer rank `rank` (one of `trainers`, placed on their nodes):
+    torch.distributed's keys, the launcher's state file on its node, one thread per
+    `launcher.threads_per_trainer`, the user's `launcher.trainer_env`, gloo on the address Ray
+    knows the node by."""
+    same_node = [m for m in trainers if m.node["node_id"] == trainer.node["node_id"]]
+    env = {"RANK": str(rank), "WORLD_SIZE": str(config.launcher.n_trainer_procs),
+           "LOCAL_RANK": "0" if trainer.node["gpu_ids"] else str(same_node.index(trainer)),
+           "LOCAL_WORLD_SIZE": str(len(same_node)), "MASTER_ADDR": master,
+           "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": str(config.launcher.threads_per_trainer),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+           STATE_ENV: f"{node_dir}/launcher_state.json",
+           ATTEMPT_ENV: str(attempt),
+           # the actor puts its own folder first (the user's modules: tasks, rewards)
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    if live_bar:  # the console redraws rank 0's bar as one live line
+        env[LIVE_BAR_ENV] = "1"
+    env.update(config.launcher.trainer_env)  # rank keys are refused by the config
+    if "GLOO_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_of(trainer.node["ip"])
+        if interface:
+            env["GLOO_SOCKET_IFNAME"] = interface
+    return env

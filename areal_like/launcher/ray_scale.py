@@ -151,13 +151,7 @@ class ServerCountWatch:
             for member, node in zip(new, nodes, strict=True):
                 member.node = node
             check_weight_path(config, new, job.trainers[0])
-            addrs = job._gather([(s, s.handle.start_server.remote(
-                config.model.path, config.server, config.rollout.client.api_key))
-                for s in new], config.server.startup_timeout + 60, "start its server")
-            for s, addr in zip(new, addrs, strict=True):
-                s.address = addr
-                s.pid = job._gather([(s, s.handle.child_pids.remote())], 60,
-                                    "report its pid")[0][0]
+            job.start_servers(new)
         except BaseException:
             for m in new:
                 ray.kill(m.handle, no_restart=True)

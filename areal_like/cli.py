@@ -4,6 +4,7 @@
     areal-like run path/to/train.py --config FILE [...]        your own script, same launcher
     areal-like ray <recipe or script> [...]                    on a Ray cluster (Ray launcher)
     areal-like serve --model-path DIR [--n-servers N] ...      an inference fleet only
+    areal-like tinker-serve --model-path DIR [--port P] ...    the Tinker API (docs/tinker.md)
     areal-like eval MODEL [--config FILE] [key=value ...]      held-out accuracy of a model
     areal-like tiny-model --out DIR [--size 1m]                build a tiny offline model
 """
@@ -32,6 +33,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         from engines.fleet.serve import main as serve_main
 
         return serve_main(rest)
+    if command == "tinker-serve":
+        from areal_like.tinker.serve import main as tinker_main
+
+        return tinker_main(rest)
     if command == "eval":
         # registers the recipes' schemas (`grpo_schema`, ...) that a recipe YAML's defaults
         # list names; imported here because areal_like.runtime sits below recipes

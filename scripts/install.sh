@@ -39,8 +39,13 @@ PIP=("$PYTHON" -m pip install --progress-bar off)
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard" 2>/dev/null; then
+if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard, tinker, google.protobuf, chz, termcolor, pylatexenc" 2>/dev/null; then
   "${PIP[@]}" -e ".[dev,ray]"
+fi
+# the Tinker Cookbook, a test client of our Tinker API (tests/test_tinker_api.py): without its
+# pins (tml-renderers>=0.4.1 is not on the index); what its recipes import comes with [dev]
+if ! "$PYTHON" -c "import tinker_cookbook.recipes.sl_loop, tinker_cookbook.recipes.rl_basic" 2>/dev/null; then
+  "${PIP[@]}" --no-deps "tinker-cookbook==0.6.1"
 fi
 
 status=0

@@ -114,12 +114,13 @@ class InferenceEngine(FleetClient):
         return (await self.ascore_batch([input_ids], [start], rid))[0]
 
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
-                           rid: str = "score") -> list[list[float]]:
-        """`ascore` of each sequence, in one request where the engine can."""
+                           rid: str = "score", lora_adapter: str = "") -> list[list[float]]:
+        """`ascore` of each sequence, in one request where the engine can (under the LoRA
+        adapter `lora_adapter` where the servers hold several, see ModelRequest)."""
         raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
 
     async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
-                               rid: str = "score") -> list[TokenScores]:
+                               rid: str = "score", lora_adapter: str = "") -> list[TokenScores]:
         """`ascore_batch`, and at every scored position the `top_k` most likely next tokens
         (a teacher's next-token distribution, e.g. for an exact KL in the loss)."""
         raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")

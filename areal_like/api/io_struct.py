@@ -71,6 +71,8 @@ class ModelRequest:
     from the run seed and the episode (see `areal_like.api.seeding`).
     `image_data`: the prompt's images as base64 PNGs, one per image pad token in `input_ids`
     (`areal_like.models.vision.VisionProcessor` builds both).
+    `lora_adapter`: the LoRA adapter, among several the servers hold, that serves this
+    request ("" : the fleet's own weights, or its one adapter, `rollout.lora_adapter`).
     """
 
     input_ids: List[int]
@@ -79,6 +81,7 @@ class ModelRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     seed: Optional[int] = None
     image_data: List[str] = field(default_factory=list)
+    lora_adapter: str = ""
 
     def __post_init__(self) -> None:
         ids = self.input_ids

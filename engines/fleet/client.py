@@ -228,13 +228,15 @@ class RemoteInferenceEngine(InferenceEngine):
 
     # ---- scoring ------------------------------------------------------------
     async def ascore_batch(self, sequences: list[list[int]], starts: list[int],
-                           rid: str = "score") -> list[list[float]]:
+                           rid: str = "score", lora_adapter: str = "") -> list[list[float]]:
         """One prefill batch on one server (nothing sampled; one request where the backend takes
-        a batch, else one each, concurrently); routed, retried and checked like generation."""
-        return [s.logprobs for s in await self.ascore_top_batch(sequences, starts, 0, rid)]
+        a batch, else one each, concurrently); routed, retried and checked like generation.
+        `lora_adapter`: as `ModelRequest.lora_adapter`."""
+        return [s.logprobs for s in await self.ascore_top_batch(sequences, starts, 0, rid,
+                                                                lora_adapter)]
 
     async def ascore_top_batch(self, sequences: list[list[int]], starts: list[int], top_k: int,
-                               rid: str = "score") -> list[TokenScores]:
+                               rid: str = "score", lora_adapter: str = "") -> list[TokenScores]:
         """`ascore_batch`, and at every scored position the `top_k` most likely tokens."""
         if len(sequences) != len(starts) or not sequences:
             raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
@@ -245,6 +247,8 @@ class RemoteInferenceEngine(InferenceEngine):
         async def score(indices: list[int], name: str) -> list[TokenScores]:
             seqs, firsts = [list(sequences[i]) for i in indices], [starts[i] for i in indices]
             payload = self.api.score_payload(seqs, firsts, name, top_k)
+            if lora_adapter:
+                payload = self.api.name_adapter(payload, lora_adapter)
 
             def parse(data: Any, addr: str, sent_rid: str) -> ScoreReply:
                 return self.api.parse_score_reply(data, addr, sent_rid, seqs, firsts, top_k)

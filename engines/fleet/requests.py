@@ -69,6 +69,9 @@ class FleetRequests:
                           rids: list[str]) -> tuple[str, GroupReply]:
         return await self.post(payload, route_key, rids, self.api.parse_group_reply)
 
+    def _named(self, req: ModelRequest, payload: dict[str, Any]) -> dict[str, Any]:
+        return self.api.name_adapter(payload, req.lora_adapter) if req.lora_adapter else payload
+
     # ---- samples ------------------------------------------------------------------------
     async def sample(self, req: ModelRequest, route_key: str, rid: str,
                         seed: int) -> ModelResponse:
@@ -87,9 +90,9 @@ class FleetRequests:
         rids = [self.servers.claim_rid(f"{route_key}-{i}") for i in range(len(seeds))]
         try:
             start, epoch = time.monotonic(), self._own_aborts.epoch
-            payloads = [self.api.generate_payload(list(req.input_ids), g, rid, g.max_new_tokens,
-                                                  g.min_new_tokens, seed=seed)
-                        for rid, seed in zip(rids, seeds, strict=True)]
+            payloads = [self._named(req, self.api.generate_payload(
+                            list(req.input_ids), g, rid, g.max_new_tokens, g.min_new_tokens,
+                            seed=seed)) for rid, seed in zip(rids, seeds, strict=True)]
             if self.coalescer is not None:  # with other prompts' samples, as one request
                 addr, replies = await self.coalescer.submit(payloads, route_key, rids)
             else:
@@ -130,6 +133,7 @@ class FleetRequests:
                     min_new_tokens=max(0, g.min_new_tokens - len(tokens)),
                     seed=seed,  # a continuation draws what the uninterrupted request would have
                 )
+                payload = self._named(req, payload)
                 if req.image_data:
                     payload = self.api.add_images(payload, req.image_data)
                 if self.coalescer is not None and not req.image_data:

@@ -58,6 +58,13 @@ from engines.fsdp import mesh as trainer_mesh
 from engines.fsdp import model_io as ckpt
 from engines.fsdp import moe
 from engines.fsdp.attention import PACKED_SDPA, choose_attn_implementation
+from engines.fsdp.backward import (
+    OutputsHook,
+    backward_micro_batches,
+    keep_per_row,
+    optimizer_step,
+    scalar_loss,
+)
 from engines.fsdp.dist import all_reduce_scalar, ensure_process_group, resolve_device_and_backend
 from engines.fsdp.optim import build_optimizer, build_scheduler
 from engines.fsdp.packed_forward import PackedForward
@@ -72,7 +79,6 @@ from engines.fsdp.sharding import (
     DTYPES,
     apply_tensor_parallel,
     check_memory_options,
-    clip_gradients,
     enable_activation_checkpointing,
     shard_model,
 )
@@ -262,14 +268,8 @@ class FSDPEngine(TrainEngine):
             if mb is None:
                 self._forward.logits(self._forward.dummy())
                 continue
-            out = hook(self._forward.logits(mb), mb)
-            n_tokens = mb["input_ids"].shape[0]
-            if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != n_tokens:
-                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise ValueError(f"post_hook must return a per-token tensor [T={n_tokens}, ...], "
-                                 f"got {got}")
-            for row, piece in zip(rows, out.split(mb["cu_seqlens"].diff().tolist()), strict=True):
-                per_row[row] = piece.to(batch["input_ids"].device)
+            keep_per_row(per_row, hook(self._forward.logits(mb), mb), mb, rows, "post_hook",
+                         batch["input_ids"].device)
         values = [per_row[i] for i in range(batch.shape[0])] if batch.numel() else []
         if aggregate_fn is not None:
             return aggregate_fn(values)
@@ -286,45 +286,48 @@ class FSDPEngine(TrainEngine):
         skipped, weights and optimizer state stay as they were)."""
         optimizer, _ = self._require_initialized()
         self.model.train()
-        _, mbs = self._split(batch)
+        groups, mbs = self._split(batch)
         weights, total = self._weights(mbs, loss_weight_fn)
         optimizer.zero_grad(set_to_none=True)
-        weighted_loss = 0.0
-        routing = moe.RoutingTally() if self._routers is not None else None
-        for mb, w in zip(mbs, weights, strict=True):
-            if mb is None or w == 0:
-                # Nothing to learn here (a 0/0 loss would poison the gradients), but FSDP needs
-                # the same forward/backward collectives on every rank.
-                mb = mb if mb is not None else self._forward.dummy()
-                (self._forward.logits(mb).sum() * 0.0).backward()
-                continue
-            loss = self._scalar_loss(loss_fn(self._forward.logits(mb), mb))
-            weighted_loss += float(loss.detach()) * w
-            if self._routers is not None and routing is not None:  # a mixture of experts
-                aux = self._routers.aux_loss()  # the routers' load-balancing loss
-                routing.add(aux, w, self._routers.agreement())
-                if self.config.moe.aux_loss_coef > 0:
-                    loss = loss + self.config.moe.aux_loss_coef * aux
-            # FSDP averages gradients over its ranks; scaled by their count, the global sum.
-            # (The ranks of a sequence-parallel group compute the same loss, each over the
-            # gradient of its own tokens: their sum is the micro-batch's gradient.)
-            (loss * (w * self._fsdp_size / total)).backward()
-        grad_norm = clip_gradients(self.model, self.config.optimizer.gradient_clipping)
-        ok = math.isfinite(grad_norm)
-        if ok:
-            optimizer.step()
-        else:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-        optimizer.zero_grad(set_to_none=True)
-        moe_stats = {} if routing is None else routing.stats(total, self.device)
+        done = backward_micro_batches(self._forward, self.config, self._fsdp_size, self._routers,
+                                      mbs, groups, weights, total, loss_fn)
+        grad_norm, ok = optimizer_step(self.model, optimizer,
+                                       self.config.optimizer.gradient_clipping)
+        moe_stats = {} if done.routing is None else done.routing.stats(total, self.device)
         return {
             **moe_stats,
-            "loss": self._dp_sum(weighted_loss) / total,
+            "loss": self._dp_sum(done.weighted_loss) / total,
             "grad_norm": grad_norm,
             "lr": float(optimizer.param_groups[0]["lr"]),
             "update_successful": 1.0 if ok else 0.0,
             **self._count_stats(mbs),
         }
+
+    def accumulate_gradients(self, batch: TensorDict, loss_fn: LossFn,
+                             outputs_hook: Optional[OutputsHook] = None
+                             ) -> tuple[float, list[torch.Tensor]]:
+        """Add the gradients of sum(loss_fn) over every micro-batch of every rank to those
+        held since the last `apply_gradients` (no step, no normalisation: a sum loss).
+        Returns (that sum over all ranks, this rank's rows' `outputs_hook(logits, mb)`, cut
+        per row in the batch's order; [] without a hook)."""
+        self._require_initialized()
+        self.model.train()
+        groups, mbs = self._split(batch)
+        ones = [0.0 if mb is None else 1.0 for mb in mbs]
+        done = backward_micro_batches(self._forward, self.config, self._fsdp_size, self._routers,
+                                      mbs, groups, ones, 1.0, loss_fn, outputs_hook)
+        outputs = [done.outputs[i] for i in range(batch.shape[0])] if outputs_hook else []
+        return self._dp_sum(done.weighted_loss), outputs
+
+    def apply_gradients(self, max_grad_norm: Optional[float] = None) -> dict[str, float]:
+        """One optimizer step on the gradients `accumulate_gradients` gathered, then clear
+        them. `max_grad_norm` (0: no clipping) overrides optimizer.gradient_clipping.
+        Returns grad_norm (before clipping), lr, update_successful."""
+        optimizer, _ = self._require_initialized()
+        clip = self.config.optimizer.gradient_clipping if max_grad_norm is None else max_grad_norm
+        grad_norm, ok = optimizer_step(self.model, optimizer, clip)
+        return {"grad_norm": grad_norm, "lr": float(optimizer.param_groups[0]["lr"]),
+                "update_successful": 1.0 if ok else 0.0}
 
     @torch.no_grad()
     def eval_batch(self, batch: TensorDict, loss_fn: LossFn,
@@ -338,16 +341,9 @@ class FSDPEngine(TrainEngine):
             if mb is None or w == 0:
                 self._forward.logits(mb if mb is not None else self._forward.dummy())
                 continue
-            weighted_loss += float(self._scalar_loss(loss_fn(self._forward.logits(mb), mb))) * w
+            weighted_loss += float(scalar_loss(loss_fn(self._forward.logits(mb), mb))) * w
         return {"loss": self._dp_sum(weighted_loss) / total,
                 **self._count_stats(mbs)}
-
-    @staticmethod
-    def _scalar_loss(loss: Any) -> torch.Tensor:
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ValueError(f"loss_fn must return a scalar tensor, got {got}")
-        return loss.reshape(())
 
     def _count_stats(self, mbs: list[Optional[TensorDict]]) -> dict[str, float]:
         real = [mb for mb in mbs if mb is not None]

@@ -41,6 +41,13 @@ class ServerAPI(abc.ABC):
                          f"requests yet ({len(image_data)} image(s) given); serve a "
                          "vision-language model with rollout.backend=sglang")
 
+    def name_adapter(self, payload: dict[str, Any], adapter: str) -> dict[str, Any]:
+        """A generate or score `payload` served by the LoRA adapter named `adapter`, one of
+        several a fleet holds (e.g. the Tinker API's sampler checkpoints)."""
+        raise ValueError(f"the {self.name} backend does not serve a LoRA adapter named per "
+                         f"request (adapter {adapter!r}); use an SGLang fleet started with "
+                         f"server.lora_rank > 0")
+
     @abc.abstractmethod
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply: ...
 

@@ -48,6 +48,12 @@ class SGLangAPI(ServerAPI):
         # expanded hang the request in SGLang 0.5.23 (see areal_like/models/vision.py).
         return {**payload, "image_data": list(image_data)}
 
+    def name_adapter(self, payload: dict[str, Any], adapter: str) -> dict[str, Any]:
+        # a batch (several input_ids lists) names its adapter once per sequence
+        batch = payload["input_ids"] and isinstance(payload["input_ids"][0], list)
+        return {**payload, "lora_path": [adapter] * len(payload["input_ids"]) if batch
+                else adapter}
+
     def parse_generate_reply(self, data: Any, server: str, rid: str) -> GenerateReply:
         return self._with_routing(parse_generate_reply(data, server, rid), server, rid)
 

@@ -87,10 +87,7 @@ class SGLangLoRAAPI(SGLangAPI):
         return ""
 
     async def loaded_adapters(self, session: aiohttp.ClientSession, addr: str) -> list[str]:
-        """The adapter names `addr` holds now (SGLang lists them among its models)."""
-        models = await get_json(session, addr, "/v1/models")
-        listed = models.get("data", []) if isinstance(models, dict) else []
-        return [m["id"] for m in listed if isinstance(m, dict) and m.get("parent")]
+        return await loaded_adapters(session, addr)
 
     def _serialize(self, adapter: AdapterWeights) -> str:
         if self._serialized is None or self._serialized[0] is not adapter:
@@ -113,6 +110,13 @@ class SGLangLoRAAPI(SGLangAPI):
         await post_json(session, addr, "/update_weight_version",
                         {"new_version": str(version), "abort_all_requests": False},
                         CONTROL_TIMEOUT_S)
+
+
+async def loaded_adapters(session: aiohttp.ClientSession, addr: str) -> list[str]:
+    """The adapter names `addr` holds now (SGLang lists them among its models)."""
+    models = await get_json(session, addr, "/v1/models")
+    listed = models.get("data", []) if isinstance(models, dict) else []
+    return [m["id"] for m in listed if isinstance(m, dict) and m.get("parent")]
 
 
 def serialize_tensors(adapter: AdapterWeights) -> str:

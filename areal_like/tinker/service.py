@@ -1,0 +1,440 @@
+"""The Tinker API's state and operations, apart from HTTP: sessions (kept alive by heartbeats,
+reaped when they stop), training models (their calls run in `seq_id` order), checkpoints on
+disk, and sampling sessions. `areal_like.tinker.app` maps the routes onto this."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Optional
+
+from areal_like.tinker import losses, runs
+from areal_like.tinker.errors import Conflict, Gone, NotFound, UserError
+from areal_like.tinker.futures import FutureStore, Result
+from areal_like.tinker.ranks import TrainerRanks
+from areal_like.tinker.sampling import FleetSampler
+from areal_like.tinker.trainer import LoRAShape, check_data
+from areal_like.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
+
+logger = logging.getLogger(__name__)
+WEIGHTS, SAMPLER_WEIGHTS = "weights", "sampler_weights"
+
+
+@dataclass
+class ServiceConfig:
+    model_name: str  # what clients call the base model (also accepted: its path)
+    model_path: str
+    storage_dir: str  # checkpoints: <storage>/<model id>/<weights|sampler_weights>/<name>
+    max_lora_rank: int  # the servers' (--max-lora-rank)
+    max_models: int = 4  # training models alive at once (each holds its own engine)
+    session_timeout_s: float = 120.0  # no heartbeat for this long: the session is reaped
+    seq_gap_timeout_s: float = 300.0  # a call waiting this long for an earlier seq_id fails
+    vocab_size: int = 0
+
+
+@dataclass
+class Session:
+    id: str
+    last_seen: float
+    models: set[str] = field(default_factory=set)
+    samplers: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Model:
+    id: str
+    session_id: str
+    lora: LoRAShape
+    user_metadata: dict[str, Any]
+    next_seq: int = 1
+    waiting: dict[int, tuple[str, Callable[[], Awaitable[Result]], float]] = field(
+        default_factory=dict)  # seq_id -> (request id, the call, when it arrived)
+    request_ids: dict[int, str] = field(default_factory=dict)  # seq_id -> request id
+    last_request: float = field(default_factory=time.time)
+
+
+class TinkerService:
+    def __init__(self, config: ServiceConfig, ranks: TrainerRanks, sampler: FleetSampler) -> None:
+        self.config, self.ranks, self.sampler = config, ranks, sampler
+        self.futures = FutureStore()
+        self.sessions: dict[str, Session] = {}
+        self.finished: set[str] = set()
+        self.models: dict[str, Model] = {}
+        # sampling session id -> (its session, the checkpoint it samples; None: the base)
+        self.sampling_sessions: dict[str, tuple[str, Optional[str]]] = {}
+        self._ids = itertools.count(1)
+        self.reaped = 0
+
+    # ---- sessions -----------------------------------------------------------------------
+    def create_session(self) -> str:
+        session_id = f"session-{next(self._ids)}-{os.urandom(3).hex()}"
+        self.sessions[session_id] = Session(session_id, time.monotonic())
+        return session_id
+
+    def session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            if session_id in self.finished:
+                raise Gone(f"session {session_id!r} has finished")
+            raise NotFound(f"no session {session_id!r}")
+        session.last_seen = time.monotonic()
+        return session
+
+    async def finish_session(self, session_id: str, why: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        self.finished.add(session_id)
+        for model_id in sorted(session.models):
+            model = self.models.pop(model_id, None)
+            if model is not None:
+                for request_id, _, _ in model.waiting.values():
+                    self.futures.fail(request_id, Gone(f"session {session_id} ended ({why})"))
+                await self.ranks.submit("drop", model_id)
+        for sampler_id in session.samplers:
+            self.sampling_sessions.pop(sampler_id, None)
+        logger.info("session %s ended (%s): %d model(s) released", session_id, why,
+                    len(session.models))
+
+    async def reap(self) -> None:
+        """Sessions without a heartbeat for session_timeout_s end; calls waiting too long for
+        an earlier seq_id fail."""
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if now - session.last_seen > self.config.session_timeout_s:
+                self.reaped += 1
+                await self.finish_session(session.id, f"no heartbeat for "
+                                          f"{self.config.session_timeout_s:.0f} s")
+        for model in self.models.values():
+            for seq_id, (request_id, _, since) in list(model.waiting.items()):
+                if now - since > self.config.seq_gap_timeout_s:
+                    del model.waiting[seq_id]
+                    self.futures.fail(request_id, UserError(
+                        f"model {model.id}: seq_id {seq_id} waited "
+                        f"{self.config.seq_gap_timeout_s:.0f} s for seq_id {model.next_seq}, "
+                        f"which never arrived"))
+
+    # ---- models -------------------------------------------------------------------------
+    def check_base_model(self, base_model: Optional[str]) -> None:
+        if base_model not in (None, self.config.model_name, self.config.model_path):
+            raise UserError(f"base_model {base_model!r} is not served here; this server "
+                            f"trains {self.config.model_name!r}")
+
+    def create_model(self, body: dict[str, Any]) -> str:
+        session = self.session(str(body.get("session_id")))
+        self.check_base_model(body.get("base_model"))
+        lora = body.get("lora_config") or {}
+        rank = int(lora.get("rank", 32))
+        if not 1 <= rank <= self.config.max_lora_rank:
+            raise UserError(f"lora_config.rank={rank}: this server serves LoRA ranks 1.."
+                            f"{self.config.max_lora_rank} (tinker-serve --max-lora-rank)")
+        optimizer = body.get("optimizer_config") or {"type": "adamw"}
+        if optimizer.get("type", "adamw") != "adamw":
+            raise UserError(f"optimizer_config.type={optimizer.get('type')!r}: only adamw")
+        shape = LoRAShape(rank, bool(lora.get("train_attn", True)),
+                          bool(lora.get("train_mlp", True)),
+                          bool(lora.get("train_unembed", True)))
+        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        request_id = self.futures.create("CreateModel")
+        self.futures.watch(request_id, self._add_model(session, model_id, shape,
+                                                       body.get("user_metadata") or {}))
+        return request_id
+
+    async def _add_model(self, session: Session, model_id: str, shape: LoRAShape,
+                         metadata: dict[str, Any]) -> Result:
+        if model_id in self.models:
+            raise Conflict(f"model {model_id!r} exists already")
+        if len(self.models) >= self.config.max_models:
+            raise UserError(f"{len(self.models)} training models are alive, the most this "
+                            f"server holds (tinker-serve --max-models); finish a session first")
+        if not shape.target_modules:
+            raise UserError("lora_config: train_attn, train_mlp and train_unembed are all "
+                            "false: no layer would get an adapter")
+        self.models[model_id] = Model(model_id, session.id, shape, metadata)
+        session.models.add(model_id)
+        try:
+            await self.ranks.submit("create", model_id, shape)
+        except BaseException:
+            self.models.pop(model_id, None)
+            session.models.discard(model_id)
+            raise
+        return {"model_id": model_id, "type": "create_model"}
+
+    def model(self, model_id: str) -> Model:
+        model = self.models.get(model_id)
+        if model is None:
+            raise NotFound(f"no model {model_id!r} (create_model first; a model lives as "
+                           f"long as its session)")
+        self.session(model.session_id)
+        return model
+
+    def info(self, model_id: str) -> dict[str, Any]:
+        model = self.model(model_id)
+        return {"model_id": model_id, "type": "get_info", "is_lora": True,
+                "lora_rank": model.lora.rank, "model_name": self.config.model_name,
+                "model_data": {"arch": "causal_lm", "model_name": self.config.model_name,
+                               "tokenizer_id": self.config.model_path}}
+
+    # ---- ordered training calls ---------------------------------------------------------
+    def enqueue(self, model_id: str, seq_id: int, kind: str,
+                call: Callable[[], Awaitable[Result]]) -> str:
+        """The call's future; it runs once every earlier seq_id of the model has been
+        started (a repeated seq_id, an SDK retry, gets the first one's future)."""
+        model = self.model(model_id)
+        model.last_request = time.time()
+        if seq_id in model.request_ids:
+            return model.request_ids[seq_id]
+        if seq_id < model.next_seq:
+            raise UserError(f"model {model_id}: seq_id {seq_id} was used already (next is "
+                            f"{model.next_seq})")
+        request_id = self.futures.create(kind)
+        model.request_ids[seq_id] = request_id
+        model.waiting[seq_id] = (request_id, call, time.monotonic())
+        while model.next_seq in model.waiting:  # started in order: the trainer queue keeps it
+            ready_id, ready, _ = model.waiting.pop(model.next_seq)
+            model.next_seq += 1
+            self.futures.watch(ready_id, ready())
+        return request_id
+
+    def forward_backward(self, call: ForwardBackwardCall) -> str:
+        def run() -> Awaitable[Result]:
+            try:  # checked in order: a bad call fails alone and the next ones still run
+                config = losses.check_loss(call.loss_fn, call.config)
+                check_data(call.data, call.loss_fn, self.config.vocab_size)
+            except UserError as e:
+                return _raise(e)
+            done = self.ranks.submit("forward_backward", call.model_id, call.data,
+                                     call.loss_fn, config, call.forward_only)
+
+            async def encode() -> Result:
+                outputs, metrics = await done
+                return encode_forward_backward_output(outputs, metrics)
+            return encode()
+        kind = "Forward" if call.forward_only else "ForwardBackward"
+        return self.enqueue(call.model_id, call.seq_id, kind, run)
+
+    def optim_step(self, body: dict[str, Any]) -> str:
+        model_id = str(body.get("model_id"))
+
+        def run() -> Awaitable[Result]:
+            try:
+                adam = _adam_params(body.get("adam_params"))
+            except UserError as e:
+                return _raise(e)
+            done = self.ranks.submit("optim_step", model_id, adam)
+
+            async def result() -> Result:
+                return {"metrics": await done, "type": "optim_step"}
+            return result()
+        return self.enqueue(model_id, int(body["seq_id"]), "OptimStep", run)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def folder(self, model_id: str, kind: str, name: str) -> str:
+        if not name or "/" in name or name in (".", ".."):
+            raise UserError(f"checkpoint name {name!r}: a non-empty name without '/'")
+        return os.path.join(self.config.storage_dir, model_id.replace(":", "_"), kind, name)
+
+    def parse_path(self, path: str) -> tuple[str, str, str]:
+        """(model id, kind, name) of tinker://<model id>/<kind>/<name>."""
+        parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") \
+            else []
+        if len(parts) != 3 or parts[1] not in (WEIGHTS, SAMPLER_WEIGHTS):
+            raise UserError(f"checkpoint path {path!r}: expected tinker://<model id>/"
+                            f"<weights|sampler_weights>/<name>")
+        folder = self.folder(*parts)
+        if not os.path.isdir(folder):
+            raise NotFound(f"no checkpoint {path!r} on this server")
+        return parts[0], parts[1], parts[2]
+
+    def save_weights(self, body: dict[str, Any]) -> str:
+        model_id, name = str(body.get("model_id")), str(body.get("path") or "")
+        folder = self.folder(model_id, WEIGHTS, name)
+        if os.path.exists(folder) and not body.get("overwrite", False):
+            raise Conflict(f"checkpoint {name!r} of {model_id} exists (overwrite=True)")
+
+        def run() -> Awaitable[Result]:
+            done = self.ranks.submit("save_state", model_id, folder)
+
+            async def result() -> Result:
+                self._write_meta(model_id, folder, await done)
+                return {"path": f"tinker://{model_id}/{WEIGHTS}/{name}", "type": "save_weights"}
+            return result()
+        return self.enqueue(model_id, int(body["seq_id"]), "SaveWeights", run)
+
+    def save_weights_for_sampler(self, body: dict[str, Any]) -> str:
+        model_id = str(body.get("model_id"))
+        ephemeral = not body.get("path")
+        name = body.get("path") or f"ephemeral-{next(self._ids)}"
+        folder = self.folder(model_id, SAMPLER_WEIGHTS, name)
+        path = f"tinker://{model_id}/{SAMPLER_WEIGHTS}/{name}"
+
+        def run() -> Awaitable[Result]:
+            done = self.ranks.submit("save_adapter", model_id, folder)
+
+            async def result() -> Result:
+                self._write_meta(model_id, folder, await done)
+                self.sampler.register(path, folder)
+                if ephemeral:  # the SDK samples from it at once, under a session of its own
+                    model = self.model(model_id)
+                    sampler_id = self._new_sampling_session(model.session_id, path)
+                    return {"sampling_session_id": sampler_id}
+                return {"path": path, "type": "save_weights_for_sampler"}
+            return result()
+        return self.enqueue(model_id, int(body["seq_id"]), "SaveWeightsForSampler", run)
+
+    def load_weights(self, body: dict[str, Any]) -> str:
+        source, _, _ = self.parse_path(str(body.get("path")))
+        folder = self.folder(*self.parse_path(str(body["path"])))
+        meta = self._read_meta(folder)
+        with_optimizer = bool(body.get("optimizer", False))
+        if "model_id" in body:  # onto an existing model, in its order
+            model_id = str(body["model_id"])
+
+            def run() -> Awaitable[Result]:
+                return self._load(model_id, folder, with_optimizer)
+            return self.enqueue(model_id, int(body["seq_id"]), "LoadWeights", run)
+        # a new model from the checkpoint (ServiceClient.create_training_client_from_state)
+        session = self.session(str(body.get("session_id")))
+        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        shape = LoRAShape(meta["lora_rank"], meta["train_attn"], meta["train_mlp"],
+                          meta["train_unembed"])
+        request_id = self.futures.create("LoadWeights")
+
+        async def create_and_load() -> Result:
+            await self._add_model(session, model_id, shape, body.get("user_metadata") or {})
+            return await self._load(model_id, folder, with_optimizer)
+        self.futures.watch(request_id, create_and_load())
+        return request_id
+
+    def _load(self, model_id: str, folder: str, with_optimizer: bool) -> Awaitable[Result]:
+        if not os.path.isdir(os.path.join(folder, "dcp")):
+            return _raise(UserError(f"{folder} is a sampler checkpoint (adapter only); load a "
+                                    f"save_state checkpoint (tinker://<model>/weights/<name>)"))
+        done = self.ranks.submit("load_state", model_id, folder, with_optimizer)
+
+        async def result() -> Result:
+            await done
+            return {"model_id": model_id, "type": "load_weights"}
+        return result()
+
+    def _write_meta(self, model_id: str, folder: str, step: int) -> None:
+        """tinker_checkpoint.json: what the checkpoint is (its LoRA shape, after how many
+        optimizer steps), read to load it again and by weights_info."""
+        model = self.models[model_id]
+        meta = {"base_model": self.config.model_name, "lora_rank": model.lora.rank, "step": step,
+                "train_attn": model.lora.train_attn, "train_mlp": model.lora.train_mlp,
+                "train_unembed": model.lora.train_unembed, "model_id": model_id, "time": runs.now(),
+                "user_metadata": model.user_metadata}
+        with open(os.path.join(folder, "tinker_checkpoint.json"), "w") as f:
+            json.dump(meta, f)
+
+    def _read_meta(self, folder: str) -> dict[str, Any]:
+        with open(os.path.join(folder, "tinker_checkpoint.json")) as f:
+            meta: dict[str, Any] = json.load(f)
+        return meta
+
+    def weights_info(self, tinker_path: str) -> dict[str, Any]:
+        meta = self._read_meta(self.folder(*self.parse_path(tinker_path)))
+        return {"base_model": meta["base_model"], "is_lora": True,
+                "lora_rank": meta["lora_rank"], "train_unembed": meta["train_unembed"],
+                "train_mlp": meta["train_mlp"], "train_attn": meta["train_attn"]}
+
+    # ---- training runs (REST) -------------------------------------------------------------
+    def training_run(self, run_id: str) -> dict[str, Any]:
+        model = self.models.get(run_id)
+        alive = None if model is None else {
+            "lora_rank": model.lora.rank, "user_metadata": model.user_metadata,
+            "last_request_time": datetime.datetime.fromtimestamp(
+                model.last_request, datetime.timezone.utc).isoformat()}
+        return runs.training_run(self.config.storage_dir, run_id, alive,
+                                 self.config.model_name)
+
+    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
+        ids = runs.run_ids(self.config.storage_dir, list(self.models))
+        return {"training_runs": [self.training_run(i) for i in ids[offset:offset + limit]],
+                "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
+
+    async def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        runs.delete_checkpoint(self.config.storage_dir, run_id, checkpoint_id)
+        await self.sampler.forget(f"tinker://{run_id}/{checkpoint_id}")
+
+    # ---- sampling -----------------------------------------------------------------------
+    def create_sampling_session(self, body: dict[str, Any]) -> str:
+        session = self.session(str(body.get("session_id")))
+        path = body.get("model_path")
+        if path:
+            self._sampler_path(str(path))
+        else:
+            self.check_base_model(body.get("base_model"))
+        return self._new_sampling_session(session.id, str(path) if path else None)
+
+    def _sampler_path(self, path: str) -> None:
+        """Register a sampler checkpoint saved by an earlier run of this server."""
+        model_id, kind, name = self.parse_path(path)
+        if kind != SAMPLER_WEIGHTS:
+            raise UserError(f"{path!r} is a training checkpoint; sample from a "
+                            f"save_weights_for_sampler path (tinker://<model>/"
+                            f"{SAMPLER_WEIGHTS}/<name>)")
+        self.sampler.register(path, self.folder(model_id, kind, name))
+
+    def _new_sampling_session(self, session_id: str, path: Optional[str]) -> str:
+        sampler_id = f"sampler-{next(self._ids)}"
+        self.sampling_sessions[sampler_id] = (session_id, path)
+        self.sessions[session_id].samplers.add(sampler_id)
+        return sampler_id
+
+    def sampler_info(self, sampler_id: str) -> dict[str, Any]:
+        if sampler_id not in self.sampling_sessions:
+            raise NotFound(f"no sampling session {sampler_id!r}")
+        return {"sampler_id": sampler_id, "base_model": self.config.model_name,
+                "model_path": self.sampling_sessions[sampler_id][1]}
+
+    def asample(self, body: dict[str, Any], params: Any, prompt: list[int]) -> str:
+        sampler_id = body.get("sampling_session_id")
+        if sampler_id:
+            if sampler_id not in self.sampling_sessions:
+                raise NotFound(f"no sampling session {sampler_id!r}")
+            session_id, path = self.sampling_sessions[str(sampler_id)]
+            self.session(session_id)  # a request keeps its session alive, as a heartbeat
+        elif body.get("model_path"):
+            path = str(body["model_path"])
+            self._sampler_path(path)
+        else:
+            self.check_base_model(body.get("base_model"))
+            path = None
+        n = int(body.get("num_samples", 1))
+        if n < 1:
+            raise UserError(f"num_samples={n}: expected >= 1")
+        for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise UserError(f"{key}={body[key]} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise UserError("target_prompt_logprobs is not supported by this server")
+        request_id = self.futures.create("Sample")
+        self.futures.watch(request_id, self.sampler.sample(
+            path, prompt, n, params, bool(body.get("prompt_logprobs")),
+            int(body.get("topk_prompt_logprobs") or 0)))
+        return request_id
+
+
+def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:
+    """optim_step's adam_params with the SDK's defaults filled, checked."""
+    if given is None:
+        raise UserError("optim_step without adam_params: this server steps AdamW only")
+    adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
+            "weight_decay": 0.0, "grad_clip_norm": 0.0}
+    adam.update({k: float(v) for k, v in given.items() if k in adam and v is not None})
+    if adam["learning_rate"] < 0 or not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1) \
+            or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
+        raise UserError(f"adam_params {adam}: need learning_rate >= 0, betas in [0, 1), "
+                        f"eps > 0, weight_decay >= 0, grad_clip_norm >= 0 (0: no clipping)")
+    return adam
+
+
+async def _raise(error: Exception) -> Result:
+    raise error

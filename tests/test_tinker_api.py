@@ -69,7 +69,8 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
              "--port", str(port),
              "--storage-dir", str(root / "storage"), "--log-dir", str(root / "logs"),
              "--trainer-ranks", "2", "--max-lora-rank", "8", "--api-key", API_KEY,
-             "--session-timeout", str(SESSION_TIMEOUT_S), "--poll-wait", "5"],
+             "--session-timeout", str(SESSION_TIMEOUT_S), "--poll-wait", "5",
+             "--fork-children"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
@@ -235,7 +236,11 @@ def test_errors_reach_the_sdk_as_its_own_exceptions(server: Server, client: Any)
                       loss_fn_inputs={"target_tokens": [2, 3, 4]})
     with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
         training.forward_backward([bad], "cross_entropy").result()
-    assert training.forward([datum], "cross_entropy").result().metrics["loss:sum"] > 0
+    nll = training.forward([datum], "cross_entropy").result().metrics["loss:sum"]
+    # the SDK's client-side custom loss: a forward, then cross_entropy with weights -dC/dlp
+    custom = training.forward_backward_custom(
+        [datum], lambda data, logprobs: (-2.0 * sum(lp.sum() for lp in logprobs), {}))
+    assert custom.result().metrics["loss:sum"] == pytest.approx(2 * nll, rel=1e-5)
     assert server.stats()["pending_futures"] == 0
 
 
@@ -248,34 +253,25 @@ time.sleep(3600)
 """
 
 
-def test_a_dropped_clients_session_and_model_are_released(server: Server) -> None:
-    """A client killed without closing its session: once its heartbeats stop for the
-    session timeout, the server ends the session and frees its model."""
-    process = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, server.url, API_KEY,
+def test_faults_a_dropped_client_and_a_restarted_server(server: Server, client: Any) -> None:
+    """A client killed without closing its session: once its heartbeats stop for the session
+    timeout, the server ends the session and frees its model. Meanwhile the SGLang server
+    dies (SIGKILL) and tinker-serve restarts it on its address, without the adapters it had
+    loaded: the next sample from an existing sampler loads them again and returns what the
+    same seed drew before."""
+    import psutil
+
+    dropped = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, server.url, API_KEY,
                                 MODEL_NAME], stdout=subprocess.PIPE, text=True,
                                env={**os.environ, "TINKER_TELEMETRY": "0"})
     try:
-        assert process.stdout is not None
-        model_id = process.stdout.readline().strip()
-        assert model_id in server.stats()["models"]
+        assert dropped.stdout is not None
+        dropped_model = dropped.stdout.readline().strip()
+        assert dropped_model in server.stats()["models"]
         reaped = server.stats()["reaped_sessions"]
     finally:
-        process.kill()
-        process.wait(timeout=60)
-    deadline = time.monotonic() + 10 * SESSION_TIMEOUT_S  # (the reaper checks every 5 s)
-    while model_id in server.stats()["models"]:
-        assert time.monotonic() < deadline, server.stats()
-        time.sleep(0.5)
-    assert server.stats()["reaped_sessions"] > reaped  # (idle clients of other tests too)
-
-
-def test_a_restarted_server_gets_the_adapters_back_before_it_samples(server: Server,
-                                                                    client: Any) -> None:
-    """The SGLang server dies (SIGKILL) and tinker-serve restarts it on its address, without
-    the adapters it had loaded: the next sample from an existing sampler loads them again
-    and returns what the same seed drew before."""
-    import psutil
-
+        dropped.kill()
+        dropped.wait(timeout=60)
     training = client.create_lora_training_client(base_model=MODEL_NAME, rank=4).result()
     training.forward_backward([_datum(list(range(30, 42)), [1.0] * 12)], "cross_entropy")
     training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
@@ -307,6 +303,12 @@ def test_a_restarted_server_gets_the_adapters_back_before_it_samples(server: Ser
     assert [s.tokens for s in after] == [s.tokens for s in before]
     assert np.allclose([s.logprobs for s in after], [s.logprobs for s in before],
                        atol=PARITY_TOL)
+
+    deadline = time.monotonic() + 10 * SESSION_TIMEOUT_S  # (the reaper checks every 5 s)
+    while dropped_model in server.stats()["models"]:
+        assert time.monotonic() < deadline, server.stats()
+        time.sleep(0.5)
+    assert server.stats()["reaped_sessions"] > reaped  # (idle clients of other tests too)
 
 
 # ---- the Tinker Cookbook's own recipes, unchanged ------------------------------------------

@@ -42,9 +42,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-dir", default="tinker_storage", help="checkpoints go here")
     p.add_argument("--trainer-ranks", type=int, default=1, help="FSDP2 ranks (torchrun)")
     p.add_argument("--n-servers", type=int, default=1, help="SGLang servers to start")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the servers run (the trainer ranks take CUDA when present)")
     p.add_argument("--fleet-addresses", default="",
                    help="use these running servers (comma-separated) instead")
     p.add_argument("--server-api-key", default=None, help="the fleet's API key")
+    p.add_argument("--fork-children", action=argparse.BooleanOptionalAction,
+                   default=ServerConfig.fork_children,
+                   help="CPU: fork each server's scheduler instead of spawning it (faster "
+                        "starts and restarts)")
     p.add_argument("--max-lora-rank", type=int, default=32)
     p.add_argument("--context-length", type=int, default=ServerConfig.context_length)
     p.add_argument("--max-models", type=int, default=4,
@@ -98,7 +104,9 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
         server_key = args.server_api_key
         if not addresses:
             server_key = server_key or secrets.token_hex(16)
-            config = ServerConfig(n_servers=args.n_servers, lora_rank=args.max_lora_rank,
+            config = ServerConfig(n_servers=args.n_servers, device=args.device,
+                                  fork_children=args.fork_children,
+                                  lora_rank=args.max_lora_rank,
                                   lora_target_modules=list(SERVED_MODULES),
                                   context_length=args.context_length,
                                   max_total_tokens=max(8192, args.context_length))

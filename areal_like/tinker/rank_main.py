@@ -51,7 +51,8 @@ async def _serve(args: argparse.Namespace, ranks: TrainerRanks) -> None:
     config = ServiceConfig(model_name=name, model_path=model_path,
                            storage_dir=os.path.abspath(args.storage_dir),
                            max_lora_rank=args.max_lora_rank, max_models=args.max_models,
-                           session_timeout_s=args.session_timeout, vocab_size=vocab)
+                           session_timeout_s=args.session_timeout, vocab_size=vocab,
+                           max_tokens_per_datum=args.max_tokens_per_mb)
     addresses = [a for a in args.fleet_addresses.split(",") if a]
     sampler = FleetSampler(addresses, os.environ.get("AREAL_LIKE_TINKER_SERVER_KEY") or None,
                            args.context_length)

@@ -6,6 +6,7 @@ no-op every `heartbeat_s`: a follower's wait is bounded (a dead rank 0 ends the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -40,15 +41,19 @@ class TrainerRanks:
             queue.Queue()
         self._thread = threading.Thread(target=self._run, name="tinker-trainer", daemon=True)
         self.busy = False
+        self.dead: Optional[str] = None  # why the ranks stopped
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
-        """Queued now (calls run in the order they are submitted)."""
+        """Queued now (calls run in the order they are submitted); once the ranks have
+        stopped (a rank died), every call fails with the reason."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.put((method, args, loop, future))
+        if self.dead is not None:
+            self._fail_queued()
         return future
 
     def stop(self, timeout: float = 600.0) -> None:
@@ -62,6 +67,17 @@ class TrainerRanks:
             dist.broadcast_object_list([call], src=0, group=self.group)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # e.g. a collective timed out: a rank is gone
+            self.dead = f"{type(e).__name__}: {e}"
+            logger.exception("the trainer ranks stopped")
+        finally:
+            if self.dead is None:
+                self.dead = "the server is shutting down"
+            self._fail_queued()
+
+    def _serve(self) -> None:
         while True:
             try:
                 item = self._queue.get(timeout=self.heartbeat_s)
@@ -76,14 +92,25 @@ class TrainerRanks:
             try:
                 self._broadcast((method, args))
                 result = getattr(self.trainer, method)(*args)
-            except BaseException as e:  # the caller's future carries it
-                if not isinstance(e, TinkerError):
-                    logger.exception("trainer call %s failed", method)
-                loop.call_soon_threadsafe(_set_exception, future, e)
+            except TinkerError as e:  # the request's fault; the ranks go on
+                _resolve(loop, future, error=e)
+            except Exception as e:
+                logger.exception("trainer call %s failed", method)
+                _resolve(loop, future, error=e)
             else:
-                loop.call_soon_threadsafe(_set_result, future, result)
+                _resolve(loop, future, result=result)
             finally:
                 self.busy = False
+
+    def _fail_queued(self) -> None:
+        error = RuntimeError(f"the trainer ranks have stopped ({self.dead})")
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                _resolve(item[2], item[3], error=error)
 
 
 def follow(trainer: TinkerTrainer, group: Any) -> None:
@@ -100,13 +127,19 @@ def follow(trainer: TinkerTrainer, group: Any) -> None:
             getattr(trainer, method)(*args)
         except TinkerError:
             continue  # the same request error rank 0 reports to the client
+        except Exception:  # rank 0 fails that request; this rank serves the next ones
+            logger.exception("trainer call %s failed on this rank", method)
 
 
-def _set_result(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any = None,
+             error: Optional[BaseException] = None) -> None:
+    """Settle `future` on its loop, from any thread (nothing to do once the loop closed)."""
+    def settle() -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it any more
+        loop.call_soon_threadsafe(settle)

@@ -103,6 +103,12 @@ class FleetSampler:
             self._counter += 1
             self.adapters[path] = _Adapter(name=f"tinker-{self._counter}", folder=folder)
 
+    async def replace(self, path: str, folder: str) -> None:
+        """A checkpoint saved now (under a name that may have been saved before: the old
+        adapter leaves the servers, the new one gets a name of its own)."""
+        await self.forget(path)
+        self.register(path, folder)
+
     async def forget(self, path: str) -> None:
         adapter = self.adapters.pop(path, None)
         if adapter is not None and adapter.loaded:
@@ -186,8 +192,10 @@ class FleetSampler:
         loaded = [a for a in self.adapters.values() if a.loaded]
         idle = sorted((a for a in loaded if a.in_use == 0), key=lambda a: a.last_used)
         for adapter in idle[:max(0, len(loaded) - self.max_loaded + 1)]:
+            if adapter.in_use:  # taken since (by a request that found it loaded)
+                continue
+            adapter.loaded = False  # first: a request taking it now waits for the lock
             await self._on_servers("/unload_lora_adapter", {"lora_name": adapter.name})
-            adapter.loaded = False
 
     async def _on_servers(self, path: str, body: dict[str, Any]) -> None:
         async with self._session() as session:

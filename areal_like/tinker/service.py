@@ -4,6 +4,7 @@ disk, and sampling sessions. `areal_like.tinker.app` maps the routes onto this."
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import itertools
 import json
@@ -33,7 +34,8 @@ class ServiceConfig:
     max_lora_rank: int  # the servers' (--max-lora-rank)
     max_models: int = 4  # training models alive at once (each holds its own engine)
     session_timeout_s: float = 120.0  # no heartbeat for this long: the session is reaped
-    seq_gap_timeout_s: float = 300.0  # a call waiting this long for an earlier seq_id fails
+    seq_gap_timeout_s: float = 300.0  # an earlier seq_id missing this long is skipped
+    max_tokens_per_datum: int = 4096  # the trainer's micro-batch budget (a datum fits one)
     vocab_size: int = 0
 
 
@@ -90,34 +92,39 @@ class TinkerService:
         if session is None:
             return
         self.finished.add(session_id)
-        for model_id in sorted(session.models):
-            model = self.models.pop(model_id, None)
-            if model is not None:
-                for request_id, _, _ in model.waiting.values():
-                    self.futures.fail(request_id, Gone(f"session {session_id} ended ({why})"))
-                await self.ranks.submit("drop", model_id)
         for sampler_id in session.samplers:
             self.sampling_sessions.pop(sampler_id, None)
+        models = [m for m in (self.models.pop(i, None) for i in sorted(session.models)) if m]
+        for model in models:
+            for request_id, _, _ in model.waiting.values():
+                self.futures.fail(request_id, Gone(f"session {session_id} ended ({why})"))
+        dropped = await asyncio.gather(*(self.ranks.submit("drop", m.id) for m in models),
+                                       return_exceptions=True)
+        for model, error in zip(models, dropped, strict=True):
+            if isinstance(error, BaseException):
+                logger.error("freeing model %s failed: %r", model.id, error)
         logger.info("session %s ended (%s): %d model(s) released", session_id, why,
                     len(session.models))
 
     async def reap(self) -> None:
-        """Sessions without a heartbeat for session_timeout_s end; calls waiting too long for
-        an earlier seq_id fail."""
+        """Sessions without a heartbeat for session_timeout_s end. A seq_id a model's calls
+        have waited for seq_gap_timeout_s is skipped (its submission failed on the client:
+        the SDK goes on with the next call, and so do we)."""
         now = time.monotonic()
         for session in list(self.sessions.values()):
             if now - session.last_seen > self.config.session_timeout_s:
                 self.reaped += 1
                 await self.finish_session(session.id, f"no heartbeat for "
                                           f"{self.config.session_timeout_s:.0f} s")
-        for model in self.models.values():
-            for seq_id, (request_id, _, since) in list(model.waiting.items()):
-                if now - since > self.config.seq_gap_timeout_s:
-                    del model.waiting[seq_id]
-                    self.futures.fail(request_id, UserError(
-                        f"model {model.id}: seq_id {seq_id} waited "
-                        f"{self.config.seq_gap_timeout_s:.0f} s for seq_id {model.next_seq}, "
-                        f"which never arrived"))
+        for model in list(self.models.values()):
+            waited = [now - since for _, _, since in model.waiting.values()]
+            if waited and max(waited) > self.config.seq_gap_timeout_s:
+                first = min(model.waiting)
+                logger.warning("model %s: seq_id %d..%d never arrived within %.0f s: skipped",
+                               model.id, model.next_seq, first - 1,
+                               self.config.seq_gap_timeout_s)
+                model.next_seq = first
+                self._start_ready(model)
 
     # ---- models -------------------------------------------------------------------------
     def check_base_model(self, base_model: Optional[str]) -> None:
@@ -195,19 +202,28 @@ class TinkerService:
         request_id = self.futures.create(kind)
         model.request_ids[seq_id] = request_id
         model.waiting[seq_id] = (request_id, call, time.monotonic())
-        while model.next_seq in model.waiting:  # started in order: the trainer queue keeps it
+        self._start_ready(model)
+        return request_id
+
+    def _start_ready(self, model: Model) -> None:
+        """Start the calls whose turn it is. Each starts synchronously (its checks, then its
+        trainer call queued), so the trainer queue keeps the seq_id order; a call whose
+        checks fail fails alone (its seq_id is used: the next ones still run)."""
+        while model.next_seq in model.waiting:
             ready_id, ready, _ = model.waiting.pop(model.next_seq)
             model.next_seq += 1
-            self.futures.watch(ready_id, ready())
-        return request_id
+            try:
+                work = ready()
+            except Exception as e:  # reported through the call's future
+                self.futures.fail(ready_id, e)
+                continue
+            self.futures.watch(ready_id, work)
 
     def forward_backward(self, call: ForwardBackwardCall) -> str:
         def run() -> Awaitable[Result]:
-            try:  # checked in order: a bad call fails alone and the next ones still run
-                config = losses.check_loss(call.loss_fn, call.config)
-                check_data(call.data, call.loss_fn, self.config.vocab_size)
-            except UserError as e:
-                return _raise(e)
+            config = losses.check_loss(call.loss_fn, call.config)
+            check_data(call.data, call.loss_fn, self.config.vocab_size,
+                       self.config.max_tokens_per_datum)
             done = self.ranks.submit("forward_backward", call.model_id, call.data,
                                      call.loss_fn, config, call.forward_only)
 
@@ -222,11 +238,7 @@ class TinkerService:
         model_id = str(body.get("model_id"))
 
         def run() -> Awaitable[Result]:
-            try:
-                adam = _adam_params(body.get("adam_params"))
-            except UserError as e:
-                return _raise(e)
-            done = self.ranks.submit("optim_step", model_id, adam)
+            done = self.ranks.submit("optim_step", model_id, _adam_params(body.get("adam_params")))
 
             async def result() -> Result:
                 return {"metrics": await done, "type": "optim_step"}
@@ -253,34 +265,35 @@ class TinkerService:
 
     def save_weights(self, body: dict[str, Any]) -> str:
         model_id, name = str(body.get("model_id")), str(body.get("path") or "")
-        folder = self.folder(model_id, WEIGHTS, name)
-        if os.path.exists(folder) and not body.get("overwrite", False):
-            raise Conflict(f"checkpoint {name!r} of {model_id} exists (overwrite=True)")
+        model = self.model(model_id)
 
         def run() -> Awaitable[Result]:
+            folder = self.folder(model_id, WEIGHTS, name)
+            if os.path.exists(folder) and not body.get("overwrite", False):
+                raise Conflict(f"checkpoint {name!r} of {model_id} exists (overwrite=True)")
             done = self.ranks.submit("save_state", model_id, folder)
 
             async def result() -> Result:
-                self._write_meta(model_id, folder, await done)
+                self._write_meta(model, folder, await done)
                 return {"path": f"tinker://{model_id}/{WEIGHTS}/{name}", "type": "save_weights"}
             return result()
         return self.enqueue(model_id, int(body["seq_id"]), "SaveWeights", run)
 
     def save_weights_for_sampler(self, body: dict[str, Any]) -> str:
         model_id = str(body.get("model_id"))
+        model = self.model(model_id)
         ephemeral = not body.get("path")
         name = body.get("path") or f"ephemeral-{next(self._ids)}"
-        folder = self.folder(model_id, SAMPLER_WEIGHTS, name)
         path = f"tinker://{model_id}/{SAMPLER_WEIGHTS}/{name}"
 
         def run() -> Awaitable[Result]:
+            folder = self.folder(model_id, SAMPLER_WEIGHTS, name)
             done = self.ranks.submit("save_adapter", model_id, folder)
 
             async def result() -> Result:
-                self._write_meta(model_id, folder, await done)
-                self.sampler.register(path, folder)
+                self._write_meta(model, folder, await done)
+                await self.sampler.replace(path, folder)  # (a reused name: a new adapter)
                 if ephemeral:  # the SDK samples from it at once, under a session of its own
-                    model = self.model(model_id)
                     sampler_id = self._new_sampling_session(model.session_id, path)
                     return {"sampling_session_id": sampler_id}
                 return {"path": path, "type": "save_weights_for_sampler"}
@@ -288,17 +301,18 @@ class TinkerService:
         return self.enqueue(model_id, int(body["seq_id"]), "SaveWeightsForSampler", run)
 
     def load_weights(self, body: dict[str, Any]) -> str:
-        source, _, _ = self.parse_path(str(body.get("path")))
-        folder = self.folder(*self.parse_path(str(body["path"])))
-        meta = self._read_meta(folder)
         with_optimizer = bool(body.get("optimizer", False))
         if "model_id" in body:  # onto an existing model, in its order
             model_id = str(body["model_id"])
 
             def run() -> Awaitable[Result]:
+                folder = self.folder(*self.parse_path(str(body.get("path"))))
                 return self._load(model_id, folder, with_optimizer)
             return self.enqueue(model_id, int(body["seq_id"]), "LoadWeights", run)
         # a new model from the checkpoint (ServiceClient.create_training_client_from_state)
+        folder = self.folder(*self.parse_path(str(body.get("path"))))
+        meta = self._read_meta(folder)
+        self._load_check(folder)
         session = self.session(str(body.get("session_id")))
         model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
         shape = LoRAShape(meta["lora_rank"], meta["train_attn"], meta["train_mlp"],
@@ -311,10 +325,14 @@ class TinkerService:
         self.futures.watch(request_id, create_and_load())
         return request_id
 
-    def _load(self, model_id: str, folder: str, with_optimizer: bool) -> Awaitable[Result]:
+    @staticmethod
+    def _load_check(folder: str) -> None:
         if not os.path.isdir(os.path.join(folder, "dcp")):
-            return _raise(UserError(f"{folder} is a sampler checkpoint (adapter only); load a "
-                                    f"save_state checkpoint (tinker://<model>/weights/<name>)"))
+            raise UserError(f"{folder} is a sampler checkpoint (adapter only); load a "
+                            f"save_state checkpoint (tinker://<model>/weights/<name>)")
+
+    def _load(self, model_id: str, folder: str, with_optimizer: bool) -> Awaitable[Result]:
+        self._load_check(folder)
         done = self.ranks.submit("load_state", model_id, folder, with_optimizer)
 
         async def result() -> Result:
@@ -322,10 +340,10 @@ class TinkerService:
             return {"model_id": model_id, "type": "load_weights"}
         return result()
 
-    def _write_meta(self, model_id: str, folder: str, step: int) -> None:
+    def _write_meta(self, model: Model, folder: str, step: int) -> None:
         """tinker_checkpoint.json: what the checkpoint is (its LoRA shape, after how many
         optimizer steps), read to load it again and by weights_info."""
-        model = self.models[model_id]
+        model_id = model.id
         meta = {"base_model": self.config.model_name, "lora_rank": model.lora.rank, "step": step,
                 "train_attn": model.lora.train_attn, "train_mlp": model.lora.train_mlp,
                 "train_unembed": model.lora.train_unembed, "model_id": model_id, "time": runs.now(),
@@ -413,8 +431,9 @@ class TinkerService:
         for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise UserError(f"{key}={body[key]} is not supported by this server")
-        if body.get("target_prompt_logprobs") is not None:
-            raise UserError("target_prompt_logprobs is not supported by this server")
+        for key in ("target_prompt_logprobs", "prompt_logprobs_last_n"):
+            if body.get(key) is not None:
+                raise UserError(f"{key} is not supported by this server")
         request_id = self.futures.create("Sample")
         self.futures.watch(request_id, self.sampler.sample(
             path, prompt, n, params, bool(body.get("prompt_logprobs")),
@@ -428,13 +447,13 @@ def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:
         raise UserError("optim_step without adam_params: this server steps AdamW only")
     adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
             "weight_decay": 0.0, "grad_clip_norm": 0.0}
-    adam.update({k: float(v) for k, v in given.items() if k in adam and v is not None})
+    try:
+        adam.update({k: float(v) for k, v in given.items() if k in adam and v is not None})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"adam_params {given}: every value must be a number ({e})") from e
     if adam["learning_rate"] < 0 or not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1) \
             or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
         raise UserError(f"adam_params {adam}: need learning_rate >= 0, betas in [0, 1), "
                         f"eps > 0, weight_decay >= 0, grad_clip_norm >= 0 (0: no clipping)")
     return adam
 
-
-async def _raise(error: Exception) -> Result:
-    raise error

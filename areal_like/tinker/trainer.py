@@ -21,6 +21,7 @@ from areal_like.api.lora_config import LoRAConfig
 from areal_like.tinker import losses
 from areal_like.tinker.errors import NotFound, UserError
 from areal_like.tinker.wire import Datum
+from engines.fsdp.dist import all_reduce_scalar
 from engines.fsdp.engine import FSDPEngine
 
 logger = logging.getLogger(__name__)
@@ -102,10 +103,16 @@ class TinkerTrainer:
             # (a rank without datums runs dummy micro-batches: FSDP's collectives everywhere)
             rows = engine.forward(batch, post_hook=outputs_hook, aggregate_fn=list)
             local = sum(float(r[:, 1].double().sum()) for r in rows)
-            total = _sum_over_ranks(local)
+            total = all_reduce_scalar(local, engine.device, "sum",
+                                      engine.mesh.dp_group if engine.mesh else None)
         else:
-            total, rows = engine.accumulate_gradients(batch, losses.packed_loss(loss_fn, config),
-                                                      outputs_hook)
+            try:
+                total, rows = engine.accumulate_gradients(
+                    batch, losses.packed_loss(loss_fn, config), outputs_hook)
+            except BaseException:  # no half of a batch's gradients left for optim_step
+                assert engine.optimizer is not None
+                engine.optimizer.zero_grad(set_to_none=True)
+                raise
         gathered = _gather_to_rank0(list(zip(mine, [r.numpy() for r in rows], strict=True)))
         if gathered is None:
             return None
@@ -182,14 +189,17 @@ def build_batch(data: list[Datum], loss_fn: str) -> TensorDict:
     return TensorDict(out, batch_size=[n])
 
 
-def check_data(data: list[Datum], loss_fn: str, vocab_size: int) -> None:
-    """Every datum has the loss's inputs, each one value per token, targets in the vocabulary
-    (a UserError naming the datum and input otherwise)."""
+def check_data(data: list[Datum], loss_fn: str, vocab_size: int, max_tokens: int) -> None:
+    """Every datum fits a micro-batch and has the loss's inputs, each one value per token,
+    targets in the vocabulary (a UserError naming the datum and input otherwise)."""
     spec = losses.LOSSES[loss_fn]
     if not data:
         raise UserError("forward_backward with no datums")
     for i, datum in enumerate(data):
         size = len(datum.tokens)
+        if size > max_tokens:
+            raise UserError(f"datum {i} has {size} tokens; the trainer's micro-batches hold "
+                            f"{max_tokens} (tinker-serve --max-tokens-per-mb)")
         if int(datum.tokens.min()) < 0 or int(datum.tokens.max()) >= vocab_size:
             raise UserError(f"datum {i}: model_input has a token id outside the vocabulary "
                             f"[0, {vocab_size})")
@@ -209,14 +219,6 @@ def check_data(data: list[Datum], loss_fn: str, vocab_size: int) -> None:
         if int(targets.min()) < 0 or int(targets.max()) >= vocab_size:
             raise UserError(f"datum {i}: target_tokens has an id outside the vocabulary "
                             f"[0, {vocab_size})")
-
-
-def _sum_over_ranks(value: float) -> float:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
 
 
 def _gather_to_rank0(items: list[Any]) -> Optional[list[Any]]:

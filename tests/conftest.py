@@ -37,6 +37,10 @@ QUICK_TIER_LIMIT_S = 20.0  # a quick-tier test slower than this is named at the 
 # leave one core idle (docs/contributing.md, "Two lanes").
 SERIAL_LANE_MARKERS = ("sglang", "vllm", "e2e", "torchrun")
 SERIAL_LANE = "serial"
+# ... except a module marked `beside_serial`: it starts every server it uses itself (no session
+# fleet) and mostly waits on them, so it runs as a work unit of its own in the other worker,
+# beside the serial lane, once that worker's in-process tests are done
+BESIDE_LANE = "beside"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the `xdist_group` marks
@@ -48,7 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "any_fleet" in params:  # sglang or vllm: the venv that test needs
             item.add_marker(params["any_fleet"])
-        if any(item.get_closest_marker(name) for name in SERIAL_LANE_MARKERS):
+        if item.get_closest_marker("beside_serial"):
+            item.add_marker(pytest.mark.xdist_group(BESIDE_LANE))
+        elif any(item.get_closest_marker(name) for name in SERIAL_LANE_MARKERS):
             item.add_marker(pytest.mark.xdist_group(SERIAL_LANE))
 
 

@@ -203,7 +203,8 @@ def lora_fleet(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
     require_sglang_venv()
     config = ServerConfig(n_servers=2, max_total_tokens=8192, lora_rank=8,
-                          lora_target_modules=list(DECODER_LINEAR_MODULES))
+                          lora_target_modules=list(DECODER_LINEAR_MODULES),
+                          fork_children=True)  # ~13 s less per start, the restart too
     with InferenceFleet(tiny_model_dir, config, api_key=SGLANG_TEST_API_KEY,
                         log_dir=tmp_path_factory.mktemp("lora_logs")) as fleet:
         yield fleet

@@ -42,7 +42,7 @@ def moe_server(tiny_moe_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
     require_sglang_venv()
     config = ServerConfig(n_servers=1, max_total_tokens=16384, context_length=1024,
-                          extra_args=[RECORD_ROUTING_ARG])
+                          extra_args=[RECORD_ROUTING_ARG], fork_children=True)
     with InferenceFleet(tiny_moe_dir, config, api_key=SGLANG_TEST_API_KEY,
                         log_dir=tmp_path_factory.mktemp("moe_sglang_logs")) as fleet:
         yield fleet

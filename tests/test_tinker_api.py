@@ -24,12 +24,13 @@ from tinker import types
 
 from areal_like.utils.network import find_free_port
 
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+# its own server and fleet: beside the serial lane (tests/conftest.py)
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.beside_serial]
 API_KEY = "tml-areal-like-test"
 # the cookbook's default model: its renderer (role_colon) is chosen by this name, and its
 # tokenizer is loaded from a folder of that name in the working directory (docs/tinker.md)
 MODEL_NAME = "Qwen/Qwen3.5-9B-Base"
-SESSION_TIMEOUT_S = 20.0  # the least tinker-serve takes (the SDK heartbeats every 10 s)
+SESSION_TIMEOUT_S = 30.0  # (the SDK heartbeats every 10 s; tinker-serve takes >= 20 s)
 PARITY_TOL = 1e-4
 STEPS = 12  # float32 trainer / server against the float64 reference, per token
 

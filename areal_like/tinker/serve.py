@@ -87,7 +87,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, argv: list[str]) -> int:
-    from areal_like.tinker.trainer import SERVED_MODULES
+    from areal_like.tinker.lora_shape import SERVED_MODULES
     from engines.fleet.launch import InferenceFleet
     from engines.fleet.supervisor import FleetDownError, FleetSupervisor
     from engines.server.errors import ServerStartError

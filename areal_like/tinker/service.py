@@ -17,9 +17,10 @@ from typing import Any, Awaitable, Callable, Optional
 from areal_like.tinker import losses, runs
 from areal_like.tinker.errors import Conflict, Gone, NotFound, UserError
 from areal_like.tinker.futures import FutureStore, Result
+from areal_like.tinker.lora_shape import LoRAShape
 from areal_like.tinker.ranks import TrainerRanks
 from areal_like.tinker.sampling import FleetSampler
-from areal_like.tinker.trainer import LoRAShape, check_data
+from areal_like.tinker.trainer import check_data
 from areal_like.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
 
 logger = logging.getLogger(__name__)

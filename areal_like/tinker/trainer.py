@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -20,36 +19,12 @@ from areal_like.api.io_struct import SaveLoadMeta, WeightUpdateMeta
 from areal_like.api.lora_config import LoRAConfig
 from areal_like.tinker import losses
 from areal_like.tinker.errors import NotFound, UserError
+from areal_like.tinker.lora_shape import LORA_ALPHA, LoRAShape
 from areal_like.tinker.wire import Datum
 from engines.fsdp.dist import all_reduce_scalar
 from engines.fsdp.engine import FSDPEngine
 
 logger = logging.getLogger(__name__)
-
-ATTENTION_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
-UNEMBED_MODULE = "lm_head"
-# what the fleet must adapt to serve every shape (tinker-serve starts its servers so)
-SERVED_MODULES = [*ATTENTION_MODULES, *MLP_MODULES, UNEMBED_MODULE]
-LORA_ALPHA = 32  # Tinker's: the update is scaled by 32 / rank
-
-
-@dataclass(frozen=True)
-class LoRAShape:
-    """What `create_model`'s lora_config asked for: adapters on the attention and / or MLP
-    projections, and on the unembedding (lm_head) with train_unembed."""
-
-    rank: int
-    train_attn: bool = True
-    train_mlp: bool = True
-    train_unembed: bool = True
-
-    @property
-    def target_modules(self) -> list[str]:
-        return (ATTENTION_MODULES if self.train_attn else []) + (
-            MLP_MODULES if self.train_mlp else []) + (
-            [UNEMBED_MODULE] if self.train_unembed else [])
-
 
 class TinkerTrainer:
     """Models by id, each an FSDP2 LoRA engine over the one base model this server trains."""

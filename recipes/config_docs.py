@@ -28,6 +28,11 @@ from areal_like.api import algorithm_config as algo
 from areal_like.api import config as core
 from areal_like.api import rollout_config as rollout
 from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.preference_config import (
+    DPOLossConfig,
+    PreferenceDataConfig,
+    RewardModelLossConfig,
+)
 
 HEADER = """# Configuration reference
 
@@ -62,6 +67,9 @@ SECTIONS: list[tuple[str, str]] = [
     ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
     ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
     ("teacher", "TeacherConfig (distill recipe)"), ("agent", "MemoryAgentConfig (agent recipe)"),
+    ("pairs", "PreferenceDataConfig (rm, dpo recipes)"),
+    ("valid_pairs", "PreferenceDataConfig (rm, dpo recipes)"),
+    ("loss", "RewardModelLossConfig (rm recipe) / DPOLossConfig (dpo recipe)"),
 ]
 
 
@@ -87,7 +95,9 @@ def documented_classes() -> list[type]:
         core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
         recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,
         recipes.DistillConfig, recipes.TeacherConfig, recipes.MultiTurnConfig, recipes.AgentConfig,
-        recipes.MemoryAgentConfig, recipes.SFTConfig,
+        recipes.MemoryAgentConfig, recipes.SFTConfig, recipes.PairRecipeConfig,
+        PreferenceDataConfig, recipes.RMConfig, RewardModelLossConfig, recipes.DPOConfig,
+        DPOLossConfig,
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from areal_like.api.config import (
     AlgorithmConfig,
@@ -23,6 +24,11 @@ from areal_like.api.config_checks import (
     cpu_ids,
 )
 from areal_like.api.config_loader import register_config_dir, register_schema
+from areal_like.api.preference_config import (
+    DPOLossConfig,
+    PreferenceDataConfig,
+    RewardModelLossConfig,
+)
 
 
 @dataclass
@@ -234,6 +240,56 @@ class SFTConfig(BaseExperimentConfig):
         super().__post_init__()
 
 
+@dataclass
+class PairRecipeConfig(BaseExperimentConfig):
+    """A recipe that trains on preference pairs (`pairs`, `pairs.batch_size` per step) and
+    evaluates on `valid_pairs` (its first `evaluation.n_prompts`)."""
+
+    # the task sections these recipes do not read (preflight leaves them alone)
+    UNREAD_DATASETS: ClassVar[tuple[str, ...]] = ("train_dataset",)
+    # a policy learns to stop (DPO: EOS is part of each response); a reward model scores the
+    # text as it will be served
+    RESPONSES_END_WITH_EOS: ClassVar[bool] = False
+    pairs: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)  # trained on
+    # held out: evaluated every evaluation.freq_steps (its first evaluation.n_prompts)
+    valid_pairs: PreferenceDataConfig = field(default_factory=lambda: PreferenceDataConfig(
+        split="test", size=200, shuffle=False))
+
+    def __post_init__(self) -> None:
+        unread = _changed("algorithm", self.algorithm, AlgorithmConfig())
+        if unread:
+            raise ValueError(f"{', '.join(unread)}: {type(self).__name__} trains on pairs with "
+                             f"its own `loss` section and reads no algorithm setting")
+        super().__post_init__()
+
+
+@dataclass
+class RMConfig(PairRecipeConfig):
+    """Reward-model training (Bradley-Terry): `actor` is the model with a scalar head."""
+
+    UNREAD_DATASETS: ClassVar[tuple[str, ...]] = ("train_dataset", "valid_dataset")
+    actor: TrainEngineConfig = field(
+        default_factory=lambda: TrainEngineConfig(model=ModelConfig(is_critic=True)))
+    loss: RewardModelLossConfig = field(default_factory=RewardModelLossConfig)
+
+    def __post_init__(self) -> None:
+        check("RMConfig", "actor.model.is_critic", self.actor.model.is_critic,
+              self.actor.model.is_critic, "true: a reward model is the LM with a scalar head")
+        super().__post_init__()
+
+
+@dataclass
+class DPOConfig(PairRecipeConfig):
+    """DPO: `actor` the policy, `ref` the frozen reference (unused with actor.lora: the
+    actor's own base is the reference); the reference's log-probs are computed once."""
+
+    RESPONSES_END_WITH_EOS: ClassVar[bool] = True
+    ref: TrainEngineConfig = field(default_factory=TrainEngineConfig)
+    loss: DPOLossConfig = field(default_factory=DPOLossConfig)
+    # pairs per forward when the reference's log-probs are computed (per rank)
+    ref_pairs_per_forward: int = bounded(64, bound=at_least(1))
+
+
 def _changed(prefix: str, value: object, default: object) -> list[str]:
     """'key=value' of every leaf where `value` differs from `default` (dataclasses)."""
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
@@ -247,7 +303,8 @@ SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
            "ppo_prm_schema": PPOPRMConfig,
            "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
            "distill_schema": DistillConfig, "sft_schema": SFTConfig,
-           "agent_program_schema": ProgramRecipeConfig}
+           "agent_program_schema": ProgramRecipeConfig, "rm_schema": RMConfig,
+           "dpo_schema": DPOConfig}
 for _name, _cls in SCHEMAS.items():
     register_schema(_name, _cls)
 # a user's YAML anywhere may build on the shipped ones: `defaults: [grpo_addition, _self_]`
@@ -264,4 +321,6 @@ RECIPES: dict[str, tuple[type, str, bool]] = {
     "agent": (AgentConfig, "agent_memory.yaml", True),
     "agent_program": (ProgramRecipeConfig, "agent_program_calculator.yaml", True),
     "sft": (SFTConfig, "sft_addition.yaml", False),
+    "rm": (RMConfig, "rm_addition.yaml", False),
+    "dpo": (DPOConfig, "dpo_addition.yaml", False),
 }

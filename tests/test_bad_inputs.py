@@ -148,7 +148,7 @@ PREFLIGHT_CASES = [
      "distinct train questions in 15000 draws, fewer than size=300"),  # (the task name was
     # once taken for an import path by this check)
     (["train_dataset.size=8000"], "train_dataset (type=addition): addition task: size=8000 is "
-     "too large for 2-digit train split (about"),
+     "too large for 2-digit train split (7244 distinct problems)"),
     (["train_dataset.type=reasoning_gym:chain_sum", "+train_dataset.task_kwargs.max_term=3"],
      "train_dataset (type=reasoning_gym:chain_sum): reasoning-gym task 'chain_sum' has no "
      "parameter 'max_term' (did you mean 'max_terms'?)"),

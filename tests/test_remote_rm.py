@@ -25,12 +25,13 @@ PROMPT = "What is 12+30? Answer: "
 
 
 class RMServer:
-    """`python -m areal_like.rewards.rm_server --port 0 --test-controls`, stopped on close."""
+    """`python -m areal_like.rewards.rm_server --port 0 --test-controls [args]` (e.g.
+    `--model DIR`), stopped on close."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "areal_like.rewards.rm_server", "--port", "0",
-             "--test-controls"], stdout=subprocess.PIPE, text=True)
+             "--test-controls", *args], stdout=subprocess.PIPE, text=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),
                                   daemon=True)

@@ -258,6 +258,10 @@ class EvaluationConfig:
     pass_n: int = 0  # samples per prompt for pass@k (>= pass_k; 0: pass_k); unbiased estimate
     # for pass@k samples (accuracy is always greedy)
     temperature: float = bounded(1.0, bound=above(0))
+    # what scores held-out answers: "training" (what training's rewards use: reward.fn or
+    # reward.remote_rm_url when set) | "task" (the task's own verifier, even then: a learned
+    # reward model is judged by what it stands for)
+    verifier: str = bounded("training", bound=choices("training", "task"))
 
     def __post_init__(self) -> None:
         check_bounds(self, "EvaluationConfig")

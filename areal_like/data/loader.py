@@ -13,9 +13,9 @@ import torch
 
 
 class ItemLoader:
-    """Yields lists of `batch_size` items from `dataset` (any indexable of dicts)."""
+    """Yields lists of `batch_size` items from `dataset` (any indexable: dict items, pairs)."""
 
-    def __init__(self, dataset: Sequence[dict[str, Any]], batch_size: int, seed: int = 1,
+    def __init__(self, dataset: Sequence[Any], batch_size: int, seed: int = 1,
                  shuffle: bool = True, drop_last: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"ItemLoader.batch_size={batch_size}; expected >= 1")
@@ -44,12 +44,12 @@ class ItemLoader:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+    def __iter__(self) -> Iterator[list[Any]]:
         order = self.order(self.epoch)
         for b in range(len(self)):
             yield [self.dataset[i] for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
 
-    def forever(self, start_epoch: int = 0, skip: int = 0) -> Iterator[list[dict[str, Any]]]:
+    def forever(self, start_epoch: int = 0, skip: int = 0) -> Iterator[list[Any]]:
         """Batches epoch after epoch (for loops that count steps, not epochs), after skipping
         the first `skip` batches (resume: the batches already trained on)."""
         epoch, skip = start_epoch + skip // len(self), skip % len(self)

@@ -4,8 +4,11 @@
     ... reward.remote_rm_url=http://127.0.0.1:5000/get_reward
 
 It scores each query with a rule: exact match of the completion's final answer (the query
-minus its prompt) against the label. On start it prints one JSON line
-`{"url": ..., "port": ...}` to stdout (with --port 0 the OS picks the port).
+minus its prompt) against the label; with `--model DIR`, by a trained reward model instead
+(`recipes.rm`'s `final/`, see `rm_model.py`): the score of prompt + completion (labels
+unread). A folder without a one-output score head is refused at start, naming its head.
+On start it prints one JSON line `{"url": ..., "port": ...}` to stdout (with --port 0 the
+OS picks the port).
 
 With --test-controls it also serves `POST /control {"mode": "ok" | "error" | "hang"}` (answer
 500s, or never answer) and `GET /stats` (requests and batch sizes seen), for fault tests.
@@ -15,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import math
 import sys
-from typing import Any
+from typing import Any, Callable, Optional
 
 from aiohttp import web
 
@@ -41,8 +46,35 @@ def score_queries(queries: list[str], prompts: list[str], labels: list[Any]) -> 
     return scores
 
 
-def make_app(path: str = "/get_reward", test_controls: bool = False) -> web.Application:
+def model_scorer(folder: str) -> Callable[[list[str], list[str], list[Any]], list[float]]:
+    """score(queries, prompts, labels) by the reward model in `folder` (labels unread)."""
+    from areal_like.rewards.rm_model import RewardModel
+
+    model = RewardModel(folder)
+
+    def score(queries: list[str], prompts: list[str], labels: list[Any]) -> list[float]:
+        if len(queries) != len(prompts):
+            raise ValueError(f"query/prompts lengths differ: {len(queries)}, {len(prompts)}")
+        bad = [i for i, (q, p) in enumerate(zip(queries, prompts, strict=True))
+               if not q.startswith(p)]
+        if bad:
+            raise ValueError(f"query {bad[0]} does not start with its prompt")
+        scores = model.score(prompts, [q[len(p):] for q, p in zip(queries, prompts, strict=True)])
+        if not all(math.isfinite(s) for s in scores):
+            raise RuntimeError(f"the reward model {folder} gave a non-finite score")
+        return scores
+
+    return score
+
+
+def make_app(path: str = "/get_reward", test_controls: bool = False,
+             scorer: Optional[Callable[[list[str], list[str], list[Any]], list[float]]] = None
+             ) -> web.Application:
     state: dict[str, Any] = {"mode": "ok", "requests": 0, "batch_sizes": []}
+    score_fn = scorer or score_queries
+    # a model scores one batch at a time, off the event loop (health checks keep answering;
+    # concurrent forwards would only oversubscribe the cores and share one tokenizer)
+    model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1) if scorer else None
 
     async def get_reward(request: web.Request) -> web.Response:
         state["requests"] += 1
@@ -54,9 +86,13 @@ def make_app(path: str = "/get_reward", test_controls: bool = False) -> web.Appl
             body = await request.json()
             queries, prompts = body["query"], body["prompts"]
             labels = body.get("labels") or [None] * len(queries)
-            scores = score_queries(queries, prompts, labels)
+            scores = (await asyncio.get_running_loop().run_in_executor(
+                model_thread, score_fn, queries, prompts, labels) if model_thread
+                else score_fn(queries, prompts, labels))
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=400)
+        except RuntimeError as e:  # never a substitute score
+            return web.json_response({"error": str(e)}, status=500)
         state["batch_sizes"].append(len(queries))
         return web.json_response({"rewards": scores})
 
@@ -83,8 +119,8 @@ def make_app(path: str = "/get_reward", test_controls: bool = False) -> web.Appl
     return app
 
 
-async def _serve(host: str, port: int, path: str, test_controls: bool) -> None:
-    runner = web.AppRunner(make_app(path, test_controls))
+async def _serve(host: str, port: int, path: str, test_controls: bool, model: str) -> None:
+    runner = web.AppRunner(make_app(path, test_controls, model_scorer(model) if model else None))
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -102,11 +138,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=5000, help="0: any free port")
     parser.add_argument("--path", default="/get_reward")
     parser.add_argument("--test-controls", action="store_true")
+    parser.add_argument("--model", default="", help="a reward-model folder (recipes.rm's "
+                        "final/); default: the exact-match rule")
     args = parser.parse_args(argv)
     try:
-        asyncio.run(_serve(args.host, args.port, args.path, args.test_controls))
+        asyncio.run(_serve(args.host, args.port, args.path, args.test_controls, args.model))
     except KeyboardInterrupt:
         sys.exit(0)
+    except (ValueError, FileNotFoundError) as e:  # a folder that is not a reward model
+        print(f"rm_server: --model {args.model}: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ the same verifier (or `reward.fn` / `reward.remote_rm_url`), greedy `eval/accura
 (`server.*`; deterministic by default, so a run's greedy numbers repeat exactly); the
 metrics are printed and written as JSON to FILE (default `<MODEL>.eval.json` beside MODEL).
 Recipes whose evaluation uses a workflow of their own (multi-turn, agent) are evaluated
-with the single-turn greedy workflow here. `areal-like eval` registers the recipes' schemas
+with the single-turn greedy workflow here. A reward-model folder (`recipes.rm`'s final/)
+is evaluated by pair accuracy on the config's `valid_pairs` instead (`evaluate_rm.py`).
+`areal-like eval` registers the recipes' schemas
 that a recipe YAML's defaults list names (this layer may not import `recipes`).
 """
 
@@ -28,7 +30,9 @@ from areal_like.api.config import BaseExperimentConfig
 from areal_like.api.config_loader import ConfigError, load_launch_config
 from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.reward_executor import RewardExecutor
+from areal_like.rewards.rm_model import is_reward_model_folder
 from areal_like.rollout.evaluation import evaluate
+from areal_like.runtime.evaluate_rm import evaluate_reward_model, valid_pairs_config
 from areal_like.runtime.held_out import held_out_items
 from areal_like.runtime.recipe_args import set_threads, split_args
 
@@ -109,13 +113,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     set_threads(config)
     try:
-        metrics = evaluate_model(config)
+        if is_reward_model_folder(str(model)):  # a reward model: pair accuracy, no servers
+            pairs = valid_pairs_config(config, config_path, rest)
+            metrics = evaluate_reward_model(model, pairs, config.evaluation.n_prompts,
+                                            config.model.chat_template_kwargs)
+        else:
+            metrics = evaluate_model(config)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     out = out or model.resolve().parent / f"{model.resolve().name}.eval.json"
     record: dict[str, Any] = {"model": str(model.resolve()), "config": str(config_path),
-                              "valid_dataset": config.valid_dataset.type, **metrics}
+                              **metrics}
+    if not is_reward_model_folder(str(model)):
+        record["valid_dataset"] = config.valid_dataset.type
     out.write_text(json.dumps(record, indent=1) + "\n")
     for key in sorted(metrics):
         print(f"{key}: {metrics[key]:.4f}", flush=True)

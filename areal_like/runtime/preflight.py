@@ -16,11 +16,13 @@ from areal_like.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, check_act
 from areal_like.api.config import IMPORT_PATH
 from areal_like.api.config_loader import ConfigError
 from areal_like.data.gsm8k import load_gsm8k
+from areal_like.data.preference import load_pairs, pair_rows
 from areal_like.data.tasks import build_task, load_user_task
 from areal_like.runtime.preflight_models import check_model_folders
 from areal_like.utils.imports import load_object
 
 DATASETS = ("train_dataset", "valid_dataset")
+PAIR_SECTIONS = ("pairs", "valid_pairs")  # preference pairs (recipes.rm, recipes.dpo)
 GENERATED = ("addition", "memory_agent", "memory_agent_demos", "shapes")
 REASONING_GYM = "reasoning_gym:"  # a task type, though it looks like an import path
 
@@ -34,8 +36,9 @@ def check_recipe_config(config: Any) -> None:
             load_object(path, key)
         except (ImportError, ValueError) as e:
             raise ConfigError(str(e)) from None
+    unread = getattr(config, "UNREAD_DATASETS", ())  # e.g. the pair recipes' train_dataset
     for name in DATASETS:
-        dataset = getattr(config, name, None)
+        dataset = None if name in unread else getattr(config, name, None)
         if dataset is not None and dataset.type == "gsm8k":
             _check_data_file(f"{name}.path", dataset.path)
         elif dataset is not None and _generated(dataset.type):
@@ -46,6 +49,9 @@ def check_recipe_config(config: Any) -> None:
             except TypeError as e:
                 raise ConfigError(f"{name}: {e}") from None
     check_model_folders(config)  # LoRA targets, vision tower, the teacher's tokenizer
+    for name in PAIR_SECTIONS:
+        if getattr(config, name, None) is not None:
+            _check_pairs(config, name)
     algorithm = getattr(config, "algorithm", None)
     if algorithm is None:
         return
@@ -67,6 +73,25 @@ def _import_paths(config: Any) -> list[tuple[str, str]]:
               if IMPORT_PATH.match(getattr(config, name).type)
               and not getattr(config, name).type.startswith(REASONING_GYM)]
     return [(key, path) for key, path in found if path]
+
+
+def _check_pairs(config: Any, name: str) -> None:
+    """Every pair of a file checked (the error names its line) and a generated pair task
+    able to give its size: in seconds, before any engine or process starts."""
+    pairs = getattr(config, name)
+    try:
+        if pairs.type == "file":
+            from transformers import AutoConfig
+
+            from areal_like.data.prompt_limits import load_tokenizer
+
+            load_pairs(pairs, load_tokenizer(config.model),
+                       AutoConfig.from_pretrained(config.actor.model.path), name,
+                       add_eos=config.RESPONSES_END_WITH_EOS)
+        else:
+            pair_rows(pairs, name)
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"{name} (type={pairs.type}): {e}") from None
 
 
 def _generated(task_type: str) -> bool:

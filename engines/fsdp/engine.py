@@ -70,6 +70,7 @@ from engines.fsdp.optim import build_optimizer, build_scheduler
 from engines.fsdp.packed_forward import PackedForward
 from engines.fsdp.packing import (
     count_micro_batches,
+    loss_group_units,
     pack_sequences,
     partition_into_micro_batches,
     sequence_lengths,
@@ -232,9 +233,12 @@ class FSDPEngine(TrainEngine):
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:
             raise ValueError(f"batch row {empty[0]} has no real tokens (attention_mask all 0)")
-        local = count_micro_batches(lengths, spec.max_tokens_per_mb, spec.n_mbs)
+        units = loss_group_units(batch)  # rows a split may not cut (a preference pair)
+        unit_lengths = [sum(lengths[row] for row in unit) for unit in units]
+        local = count_micro_batches(unit_lengths, spec.max_tokens_per_mb, spec.n_mbs)
         count = int(all_reduce_scalar(local, self.device, op="max"))
-        groups = partition_into_micro_batches(lengths, spec.max_tokens_per_mb, count)
+        groups = [sorted(row for u in g for row in units[u]) for g in
+                  partition_into_micro_batches(unit_lengths, spec.max_tokens_per_mb, count)]
         return groups, [pack_sequences(batch, g).to(self.device) if g else None for g in groups]
 
     def _weights(self, mbs: list[Optional[TensorDict]],

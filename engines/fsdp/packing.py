@@ -170,7 +170,8 @@ def ffd_allocate(lengths: Sequence[int], capacity: int) -> list[list[int]]:
         i, n = too_long[0]
         raise ValueError(
             f"sequence {i} has {n} tokens, more than MicroBatchSpec.max_tokens_per_mb="
-            f"{capacity}; raise max_tokens_per_mb to at least the longest sequence"
+            f"{capacity}; raise max_tokens_per_mb to at least the longest sequence (a loss "
+            f"group's rows count together: see loss_group_units)"
         )
     bins: list[list[int]] = []
     loads: list[int] = []
@@ -184,6 +185,17 @@ def ffd_allocate(lengths: Sequence[int], capacity: int) -> list[list[int]]:
             bins.append([i])
             loads.append(lengths[i])
     return bins
+
+
+def loss_group_units(batch: TensorDict) -> list[list[int]]:
+    """What a micro-batch split may not cut: the rows sharing a `loss_group_id` (a preference
+    pair, whose loss needs both rows), else each row alone."""
+    if "loss_group_id" not in batch.keys():
+        return [[i] for i in range(batch.shape[0])]
+    members: dict[int, list[int]] = {}
+    for row, gid in enumerate(batch["loss_group_id"].tolist()):
+        members.setdefault(int(gid), []).append(row)
+    return list(members.values())
 
 
 def count_micro_batches(lengths: Sequence[int], capacity: int, min_count: int = 1) -> int:
@@ -273,9 +285,10 @@ def shard_rows(batch: TensorDict, world_size: int, group_size: int = 1,
                width: float = 0.0) -> list[list[int]]:
     """Each rank's rows of a full batch (see `dp_shard_indices`; a `group_id` key, when the
     batch has one, defines the groups), balanced by tokens or, with an `attention_width`, by
-    compute (`sequence_costs`)."""
+    compute (`sequence_costs`). Without `group_id`, a `loss_group_id` keeps its rows together."""
     costs = sequence_costs(sequence_lengths(batch["attention_mask"]).tolist(), width)
-    group_ids = batch["group_id"].tolist() if "group_id" in batch.keys() else None
+    key = next((k for k in ("group_id", "loss_group_id") if k in batch.keys()), None)
+    group_ids = batch[key].tolist() if key else None
     return dp_shard_indices(costs, world_size, group_size, group_ids)
 
 

@@ -290,6 +290,16 @@ class DPOConfig(PairRecipeConfig):
     ref_pairs_per_forward: int = bounded(64, bound=at_least(1))
 
 
+@dataclass
+class OnlineDPOConfig(GRPOConfig):
+    """Online DPO: each group's samples from the fleet (the GRPO loop's rollouts) give a pair,
+    its best-rewarded sample against its worst; DPO against `ref` (with actor.lora, the
+    actor's own base). `algorithm.group_size` samples per prompt; the rest of `algorithm`
+    is unread."""
+
+    loss: DPOLossConfig = field(default_factory=DPOLossConfig)
+
+
 def _changed(prefix: str, value: object, default: object) -> list[str]:
     """'key=value' of every leaf where `value` differs from `default` (dataclasses)."""
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
@@ -304,7 +314,7 @@ SCHEMAS = {"grpo_schema": GRPOConfig, "ppo_schema": PPOConfig,
            "multi_turn_schema": MultiTurnConfig, "agent_schema": AgentConfig,
            "distill_schema": DistillConfig, "sft_schema": SFTConfig,
            "agent_program_schema": ProgramRecipeConfig, "rm_schema": RMConfig,
-           "dpo_schema": DPOConfig}
+           "dpo_schema": DPOConfig, "online_dpo_schema": OnlineDPOConfig}
 for _name, _cls in SCHEMAS.items():
     register_schema(_name, _cls)
 # a user's YAML anywhere may build on the shipped ones: `defaults: [grpo_addition, _self_]`
@@ -323,4 +333,5 @@ RECIPES: dict[str, tuple[type, str, bool]] = {
     "sft": (SFTConfig, "sft_addition.yaml", False),
     "rm": (RMConfig, "rm_addition.yaml", False),
     "dpo": (DPOConfig, "dpo_addition.yaml", False),
+    "online_dpo": (OnlineDPOConfig, "online_dpo_addition.yaml", True),
 }

@@ -19,8 +19,8 @@ from areal_like.data.preference import build_pair_batch
 from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.sft import argmax_hits, build_sft_batch, greedy_exact_match
 from areal_like.data.tasks import build_task
-from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
+from areal_like.runtime.dataset_steps import DatasetSteps
 from areal_like.runtime.pair_runs import (
     load_train_valid_pairs,
     local_rows,
@@ -29,7 +29,6 @@ from areal_like.runtime.pair_runs import (
 )
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import start_engine
-from areal_like.utils.progress import progress
 from recipes.configs import DPOConfig
 
 
@@ -48,11 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     if not lora:
         reference.destroy()  # computed once: the reference's memory is free for training
     dpo = DPOActor(engine, config.loss)
-    ckpt = Checkpointer(config.checkpoint, run.dir, run.rank)
-    latest = ckpt.latest() if config.checkpoint.recover == "auto" else None
-    start = ckpt.load(latest, engine)["step"] + 1 if latest is not None else 0
+    steps = DatasetSteps(config, run, engine)  # resumes after the last checkpoint
     order = ItemLoader(range(len(train_pairs)), config.pairs.batch_size, config.seed,
-                       shuffle=config.pairs.shuffle).forever(skip=start)
+                       shuffle=config.pairs.shuffle).forever(skip=steps.start)
     valid_batch = local_rows(run, with_reference(build_pair_batch(valid_pairs), ref_valid,
                                                  list(range(len(valid_pairs)))))
     valid = config.valid_dataset
@@ -68,23 +65,15 @@ def main(argv: list[str] | None = None) -> None:
                 "eval/reward_margin": run.global_mean(chosen - rejected),
                 "eval/accuracy": run.global_mean(correct.float())}
 
-    if start == 0:
+    if steps.start == 0:
         run.log_step(0, {"data/train_pairs": len(train_pairs), **evaluate()})
-    total, freq = config.total_train_steps, config.evaluation.freq_steps
-    for step in progress(range(start, total), "dpo steps", enabled=run.is_main):
+    for step in steps.range("dpo steps"):
         indices = next(order)
         batch = with_reference(build_pair_batch([train_pairs[i] for i in indices]), ref_train,
                                indices)
         stats = dpo.update(local_rows(run, batch))
-        engine.step_lr_scheduler()
-        last = step + 1 == total
-        if freq and ((step + 1) % freq == 0 or last):
-            stats |= evaluate()
-        run.log_step(step + 1, stats)
-        ckpt.commit_if_written(engine)  # an asynchronous save written since
-        if ckpt.should_save(step, last):
-            ckpt.save(step, engine, {})
-    ckpt.commit(engine)  # a checkpoint still being written
+        steps.end(step, stats, evaluate)  # LR, evaluation when due, metrics, checkpoint
+    steps.finish()
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
     if run.is_main:
         print(f"final model: {run.dir / 'final'}", flush=True)

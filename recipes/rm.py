@@ -18,11 +18,10 @@ from areal_like.data.loader import ItemLoader
 from areal_like.data.preference import build_pair_batch
 from areal_like.data.prompt_limits import load_tokenizer
 from areal_like.rewards.rm_model import check_reward_model_base, export_reward_model
-from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
+from areal_like.runtime.dataset_steps import DatasetSteps
 from areal_like.runtime.pair_runs import load_train_valid_pairs, local_rows
 from areal_like.runtime.recipe_args import parse_recipe_args
-from areal_like.utils.progress import progress
 from engines import FSDPEngine
 from recipes.configs import RMConfig
 
@@ -37,12 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     engine = FSDPEngine(config.actor)
     engine.initialize()
     rm = RewardModelActor(engine, config.loss)
-    ckpt = Checkpointer(config.checkpoint, run.dir, run.rank)
-    latest = ckpt.latest() if config.checkpoint.recover == "auto" else None
-    start = ckpt.load(latest, engine)["step"] + 1 if latest is not None else 0
+    steps = DatasetSteps(config, run, engine)  # resumes after the last checkpoint
     loader = ItemLoader(train_pairs, config.pairs.batch_size, config.seed,
                         shuffle=config.pairs.shuffle)
-    batches = loader.forever(skip=start)  # resume: the batches not yet trained on
+    batches = loader.forever(skip=steps.start)  # the batches not yet trained on
     valid_batch = local_rows(run, build_pair_batch(valid_pairs))
 
     def evaluate() -> dict[str, float]:
@@ -50,20 +47,12 @@ def main(argv: list[str] | None = None) -> None:
         return {"eval/pair_accuracy": run.global_mean((chosen > rejected).float()),
                 "eval/reward_margin": run.global_mean(chosen - rejected)}
 
-    if start == 0:
+    if steps.start == 0:
         run.log_step(0, {"data/train_pairs": len(train_pairs), **evaluate()})
-    total, freq = config.total_train_steps, config.evaluation.freq_steps
-    for step in progress(range(start, total), "rm steps", enabled=run.is_main):
+    for step in steps.range("rm steps"):
         stats = rm.update(local_rows(run, build_pair_batch(next(batches))))
-        engine.step_lr_scheduler()
-        last = step + 1 == total
-        if freq and ((step + 1) % freq == 0 or last):
-            stats |= evaluate()
-        run.log_step(step + 1, stats)
-        ckpt.commit_if_written(engine)  # an asynchronous save written since
-        if ckpt.should_save(step, last):
-            ckpt.save(step, engine, {})
-    ckpt.commit(engine)  # a checkpoint still being written
+        steps.end(step, stats, evaluate)  # LR, evaluation when due, metrics, checkpoint
+    steps.finish()
     final = run.dir / "final"
     engine.save(SaveLoadMeta(str(final), weight_format="hf", tokenizer=tokenizer))
     if run.is_main:

@@ -16,10 +16,9 @@ from areal_like.data.loader import ItemLoader, head_items
 from areal_like.data.prompt_limits import limit_prompt_length, load_tokenizer
 from areal_like.data.sft import argmax_hits, build_sft_batch, greedy_exact_match
 from areal_like.data.tasks import build_task
-from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
+from areal_like.runtime.dataset_steps import DatasetSteps
 from areal_like.runtime.recipe_args import parse_recipe_args
-from areal_like.utils.progress import progress
 from engines import FSDPEngine
 from engines.fsdp.packing import shard_batch
 from recipes.configs import SFTConfig
@@ -38,11 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     engine = FSDPEngine(config.actor)
     engine.initialize()
     actor = SFTActor(engine)
-    ckpt = Checkpointer(config.checkpoint, run.dir, run.rank)
-    latest = ckpt.latest() if config.checkpoint.recover == "auto" else None
-    start = ckpt.load(latest, engine)["step"] + 1 if latest is not None else 0
+    steps = DatasetSteps(config, run, engine)  # resumes after the last checkpoint
     loader = ItemLoader(train_items, train.batch_size, config.seed, shuffle=train.shuffle)
-    batches = loader.forever(skip=start)  # resume: the batches not yet trained on
+    batches = loader.forever(skip=steps.start)  # the batches not yet trained on
     eval_batch = build_sft_batch(head_items(valid_items, config.evaluation.n_prompts,
                                             valid.shuffle, valid.seed), tokenizer)
 
@@ -52,22 +49,14 @@ def main(argv: list[str] | None = None) -> None:
         correct = greedy_exact_match(engine.forward(local, post_hook=argmax_hits), local)
         return {"eval/accuracy": run.global_mean(correct.float())}
 
-    if start == 0:
+    if steps.start == 0:
         run.log_step(0, {"data/train_long_prompts_dropped": n_long, **accuracy()})
-    total, freq = config.total_train_steps, config.evaluation.freq_steps
-    for step in progress(range(start, total), "sft steps", enabled=run.is_main):
+    for step in steps.range("sft steps"):
         batch = build_sft_batch(next(batches), tokenizer)
         stats = actor.update(shard_batch(batch, run.data_parallel_rank, run.data_parallel_size,
                                          width=run.balance_width))
-        engine.step_lr_scheduler()
-        last = step + 1 == total
-        if freq and ((step + 1) % freq == 0 or last):
-            stats |= accuracy()
-        run.log_step(step + 1, stats)
-        ckpt.commit_if_written(engine)  # an asynchronous save written since
-        if ckpt.should_save(step, last):
-            ckpt.save(step, engine, {})
-    ckpt.commit(engine)  # a checkpoint still being written
+        steps.end(step, stats, accuracy)  # LR, evaluation when due, metrics, checkpoint
+    steps.finish()
     engine.save(SaveLoadMeta(str(run.dir / "final"), weight_format="hf", tokenizer=tokenizer))
     if run.is_main:
         print(f"final model: {run.dir / 'final'}", flush=True)  # as the RL recipes say it

@@ -200,3 +200,26 @@ def test_a_lora_actors_reference_is_its_own_frozen_base(tiny_model_dir: Path) ->
         assert torch.allclose(DPOActor.response_logprobs(base, batch), original, atol=1e-5)
     finally:
         actor.destroy()
+
+
+def test_online_dpo_pairs_each_groups_best_with_its_worst() -> None:
+    from recipes.online_dpo import best_and_worst
+
+    ids = torch.arange(6 * 5).reshape(6, 5)
+    batch = TensorDict({
+        "input_ids": ids, "attention_mask": torch.ones(6, 5, dtype=torch.bool),
+        "loss_mask": torch.tensor([[0, 0, 1, 1, 1]] * 6, dtype=torch.bool),
+        "rewards": torch.tensor([0.0, 1.0, 0.5, 2.0, 2.0, 2.0]),  # group 1 tied: no pair
+        "group_id": torch.tensor([7, 7, 7, 3, 3, 3]),
+    }, batch_size=[6])
+    pairs = best_and_worst(batch, group_size=3)
+    assert pairs["input_ids"].tolist() == [ids[1].tolist(), ids[0].tolist()]
+    assert pairs["is_chosen"].tolist() == [True, False]
+    assert pairs["loss_group_id"].tolist() == [0, 0]
+    # dense rewards are summed per sequence; without group ids, runs of group_size rows
+    dense = batch.exclude("group_id")
+    dense["rewards"] = torch.tensor([[0.0, 0, 0, 0, 3], [0, 0, 0, 1, 0], [0, 0, 0, 0, 0],
+                                     [0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]])
+    pairs = best_and_worst(dense, group_size=3)
+    assert pairs["input_ids"][0::2].tolist() == [ids[0].tolist(), ids[4].tolist()]
+    assert pairs["input_ids"][1::2].tolist() == [ids[2].tolist(), ids[3].tolist()]

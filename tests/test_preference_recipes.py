@@ -1,4 +1,4 @@
-"""The reward-model stage as a user runs it: a reward model trained on pairs by torchrun ranks,
+"""The reward-model stage as a user runs it: a reward model trained on pairs under torchrun,
 written as an HF reward-model folder, evaluated by `areal-like eval`, served by `rm_server
 --model` and driving GRPO on the real SGLang fleet; bad pairs refused before anything starts.
 DPO's run: tests/test_dpo_recipe.py."""
@@ -50,7 +50,8 @@ def test_a_trained_reward_model_is_evaluated_served_and_drives_grpo(sglang_fleet
                                                                     tiny_model_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    records = _launch("rm", tiny_model_dir, tmp_path / "rm", "launcher.n_trainer_procs=2",
+    # one trainer rank (two ranks' pair sharding and gathered reference: test_dpo_recipe.py)
+    records = _launch("rm", tiny_model_dir, tmp_path / "rm",
                       "total_train_steps=100", "pairs.batch_size=16", "actor.optimizer.lr=2e-3",
                       "evaluation.freq_steps=50")
     accuracy = _evals(records, "eval/pair_accuracy")  # measured 0.56 -> 0.84 in one process

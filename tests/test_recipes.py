@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +30,9 @@ def _run_recipe(recipe: str, fleet, model_dir: Path, log_dir: Path, *extra: str,
             f"rollout.client.api_key={SGLANG_TEST_API_KEY}", f"total_train_steps={steps}",
             "evaluation.freq_steps=2", "evaluation.n_prompts=4", "valid_dataset.size=8",
             "train_dataset.size=200", "logging.tensorboard=false", *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # (the tests' own modules importable: reward.fn=reward_fns:...)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     try:
         command = [str(script)] if script else ["-m", f"recipes.{recipe}"]
         proc = subprocess.run([sys.executable, *command, *args], cwd=REPO,
@@ -58,6 +61,8 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2", 
     # the calculator agent, a program of its own per episode, through the gateway
     ("agent_program", ["gconfig.n_samples=2", "gconfig.max_new_tokens=8",
                        "valid_dataset.size=2", "evaluation.n_prompts=2"]),
+    # pairs need rewards that differ within a group: the untrained model earns no task reward
+    ("online_dpo", ["gconfig.n_samples=4", "reward.fn=reward_fns:even_length"]),
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
     if recipe == "distill":
@@ -84,6 +89,11 @@ def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_p
     if recipe == "distill":  # the teacher's log-probs reached the update as its KL reference
         assert last["actor/kl_coef"] == 1.0 and "actor/kl_ref/avg" in last  # the preset's
         assert any("distill/reverse_kl" in r for r in records)  # logged by the rollout side
+    if recipe == "online_dpo":  # a pair per group with distinct rewards; the policy starts
+        # as its reference, so the first step's DPO loss is exactly log 2
+        assert records[1]["online_dpo/pairs"] >= 1 and last["online_dpo/pairs"] >= 1
+        assert abs(records[1]["loss"] - math.log(2)) < 1e-5
+        assert "dpo/train/accuracy/avg" in last
     if recipe == "agent_program":  # every episode's program called the gateway
         assert any(r.get("program/calls", 0) >= 1 for r in records)  # logged when they ran
         assert last["rollout/failed_total"] == 0

@@ -5,6 +5,9 @@ reward-model folders whose head does not match refused naming the head."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,8 @@ from areal_like.data.preference import (
 from areal_like.rewards.rm_model import check_reward_model_folder
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _jsonl(path: Path, rows: list, blank_after_first: bool = True) -> Path:
@@ -144,17 +149,32 @@ def test_a_folder_without_a_reward_head_is_refused_naming_its_head(tiny_model_di
 def test_the_dpo_recipes_preflight_refuses_a_bad_pair_file(tiny_model_dir: Path,
                                                            tmp_path: Path) -> None:
     """The check `areal-like run dpo` runs before anything starts (the rm recipe's, through
-    the launcher: tests/test_preference_recipes.py); DPO's responses carry EOS."""
+    the launcher: below); DPO's responses carry EOS."""
     from areal_like.api.config_loader import ConfigError, load_config
     from areal_like.runtime.preflight import check_recipe_config
     from recipes.configs import DPOConfig
 
     path = _jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p " * 30, "chosen": "x", "rejected": "y"}])
     overrides = [f"model.path={tiny_model_dir}", "pairs.type=file", f"pairs.path={path}"]
-    config = load_config(DPOConfig, Path(__file__).resolve().parents[1] / "recipes/conf/dpo_addition.yaml",
-                         overrides)
+    config = load_config(DPOConfig, REPO / "recipes/conf/dpo_addition.yaml", overrides)
     check_recipe_config(config)  # fits the default max_length
     config.pairs.max_length = 32
     with pytest.raises(ConfigError, match=f"pairs {path}:1: .* tokens \\(prompt \\+ longest "
                                           "response \\+ EOS\\) exceed the limit of 32"):
         check_recipe_config(config)
+
+
+def test_a_bad_pair_file_fails_before_training_naming_its_line(tiny_model_dir, tmp_path):
+    # (through the launcher, as a user starts it; it fails in its preflight, in seconds)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1 + 1 =", "chosen": "2", "rejected": "3"}\n'
+                     '{"prompt": "2 + 2 =", "chosen": "4", "rejected": "4"}\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_like.launcher.local", "rm", f"model.path={tiny_model_dir}",
+         f"logging.log_dir={tmp_path}", "pairs.type=file", f"pairs.path={pairs}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert (f"pairs (type=file): pairs {pairs}:2: 'chosen' and 'rejected' are identical"
+            in proc.stderr), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("*/trial0/metrics.jsonl"))  # nothing started

@@ -1,7 +1,7 @@
 """The reward-model stage as a user runs it: a reward model trained on pairs under torchrun,
 written as an HF reward-model folder, evaluated by `areal-like eval`, served by `rm_server
---model` and driving GRPO on the real SGLang fleet; bad pairs refused before anything starts.
-DPO's run: tests/test_dpo_recipe.py."""
+--model` and driving GRPO on the real SGLang fleet. DPO's run: tests/test_dpo_recipe.py; bad
+pair files refused before anything starts: tests/test_preference_data.py."""
 
 from __future__ import annotations
 
@@ -105,19 +105,3 @@ def test_a_trained_reward_model_is_evaluated_served_and_drives_grpo(sglang_fleet
     assert sum(stats["batch_sizes"]) >= 2 * 2 * 4 and grpo[-1]["rollout/failed_total"] == 0
     # held-out answers scored by the task's verifier (evaluation.verifier=task): exact match
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in grpo if "eval/accuracy" in r)
-
-
-def test_a_bad_pair_file_fails_before_training_naming_its_line(tiny_model_dir, tmp_path):
-    # (the dpo recipe's preflight, the same check: tests/test_preference_data.py)
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text('{"prompt": "1 + 1 =", "chosen": "2", "rejected": "3"}\n'
-                     '{"prompt": "2 + 2 =", "chosen": "4", "rejected": "4"}\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_like.launcher.local", "rm", f"model.path={tiny_model_dir}",
-         f"logging.log_dir={tmp_path}", "pairs.type=file", f"pairs.path={pairs}"],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert (f"pairs (type=file): pairs {pairs}:2: 'chosen' and 'rejected' are identical"
-            in proc.stderr), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert not list(tmp_path.glob("*/trial0/metrics.jsonl"))  # nothing started

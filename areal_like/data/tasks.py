@@ -80,7 +80,9 @@ def load_user_task(config: DatasetConfig) -> Callable[..., Any]:
 
 
 def _needs_reward_fn(prompt: str, completion: str, **_: object) -> float:
-    raise RuntimeError("this task gave no verifier: set reward.fn=my_pkg.rewards:score")
+    raise RuntimeError("this task gave no verifier: set reward.fn=my_pkg.rewards:score (with "
+                       "evaluation.verifier=training: `task` asks held-out answers for the "
+                       "task's own verifier)")
 
 
 def _build(config: DatasetConfig) -> Task:

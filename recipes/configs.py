@@ -231,12 +231,8 @@ class SFTConfig(BaseExperimentConfig):
 
     def __post_init__(self) -> None:
         # SFT's loss is the answer tokens' cross-entropy: an algorithm setting would be unread
-        unread = _changed("algorithm", self.algorithm, AlgorithmConfig())
-        if unread:
-            raise ValueError(f"{', '.join(unread)}: the sft recipe trains on the task's "
-                             f"answers with cross-entropy and reads no algorithm setting "
-                             f"(the RL recipes do: grpo, ppo, ...); leave the algorithm "
-                             f"section unset")
+        _refuse_algorithm(self.algorithm, "the sft recipe trains on the task's answers with "
+                                          "cross-entropy")
         super().__post_init__()
 
 
@@ -256,10 +252,8 @@ class PairRecipeConfig(BaseExperimentConfig):
         split="test", size=200, shuffle=False))
 
     def __post_init__(self) -> None:
-        unread = _changed("algorithm", self.algorithm, AlgorithmConfig())
-        if unread:
-            raise ValueError(f"{', '.join(unread)}: {type(self).__name__} trains on pairs with "
-                             f"its own `loss` section and reads no algorithm setting")
+        _refuse_algorithm(self.algorithm, f"{type(self).__name__} trains on pairs with its "
+                                          f"own `loss` section")
         super().__post_init__()
 
 
@@ -298,6 +292,14 @@ class OnlineDPOConfig(GRPOConfig):
     is unread."""
 
     loss: DPOLossConfig = field(default_factory=DPOLossConfig)
+
+
+def _refuse_algorithm(algorithm: AlgorithmConfig, recipe: str) -> None:
+    """A recipe that reads no `algorithm` setting refuses one that was set."""
+    unread = _changed("algorithm", algorithm, AlgorithmConfig())
+    if unread:
+        raise ValueError(f"{', '.join(unread)}: {recipe} and reads no algorithm setting (the "
+                         f"RL recipes do: grpo, ppo, ...); leave the algorithm section unset")
 
 
 def _changed(prefix: str, value: object, default: object) -> list[str]:

@@ -17,7 +17,7 @@ from areal_like.api import SaveLoadMeta
 from areal_like.data.loader import ItemLoader
 from areal_like.data.preference import build_pair_batch
 from areal_like.data.prompt_limits import load_tokenizer
-from areal_like.rewards.rm_model import check_reward_model_base, export_reward_model
+from areal_like.rewards.rm_model import export_reward_model
 from areal_like.runtime.context import RunContext
 from areal_like.runtime.dataset_steps import DatasetSteps
 from areal_like.runtime.pair_runs import load_train_valid_pairs, local_rows
@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_recipe_args(RMConfig, "rm_addition.yaml", argv)
     run = RunContext(config, console_keys=["rm/train/accuracy/avg", "eval/pair_accuracy",
                                               "eval/reward_margin", "timeperf/startup"])
-    check_reward_model_base(config.actor.model.path)  # before training, not at the export
     tokenizer = load_tokenizer(config.model)
     train_pairs, valid_pairs = load_train_valid_pairs(config, tokenizer)
     engine = FSDPEngine(config.actor)

@@ -62,13 +62,14 @@ def make_addition_items(num_digits: int, size: int, split: str, seed: int,
     lo, hi = (0 if num_digits == 1 else 10 ** (num_digits - 1)), 10**num_digits - 1
     n_pairs = (hi - lo + 1) ** 2
     expected = n_pairs // TEST_FRACTION if split == "test" else n_pairs - n_pairs // TEST_FRACTION
-    if n_pairs <= 100_000:  # small enough to count: the split's exact number of problems
+    counted = n_pairs <= 100_000  # small enough to count the split's problems exactly
+    if counted:
         expected = sum(_split_of(a, b) == split for a in range(lo, hi + 1)
                        for b in range(lo, hi + 1))
-    if size > 0.9 * expected and not (n_pairs <= 100_000 and size <= expected):
+    if size > (expected if counted else 0.9 * expected):
         raise ValueError(
             f"addition task: size={size} is too large for {num_digits}-digit {split} split "
-            f"({expected if n_pairs <= 100_000 else f'about {expected}'} distinct problems)"
+            f"({'' if counted else 'about '}{expected} distinct problems)"
         )
     rng = random.Random(f"addition-{num_digits}-{split}-{seed}")
     seen: set[tuple[int, int]] = set()

@@ -72,15 +72,6 @@ def _check_loads_whole(folder: Path) -> None:
                            f"head otherwise)")
 
 
-def check_reward_model_base(path: str) -> None:
-    """A reward model is trained from a text causal LM (its export is a text classifier)."""
-    from transformers import AutoConfig
-
-    if getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None:
-        raise ValueError(f"actor.model.path={path!r} is a vision-language model: the rm recipe "
-                         f"trains text reward models (a sequence-classification export)")
-
-
 def check_reward_model_folder(folder: str) -> None:
     """Raise naming the folder and its head unless it is a one-output reward model."""
     config_file = Path(folder) / "config.json"

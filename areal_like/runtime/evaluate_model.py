@@ -112,8 +112,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     set_threads(config)
+    reward_model = is_reward_model_folder(str(model))
     try:
-        if is_reward_model_folder(str(model)):  # a reward model: pair accuracy, no servers
+        if reward_model:  # pair accuracy, in this process: no servers
             pairs = valid_pairs_config(config, config_path, rest)
             metrics = evaluate_reward_model(model, pairs, config.evaluation.n_prompts,
                                             config.model.chat_template_kwargs)
@@ -125,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = out or model.resolve().parent / f"{model.resolve().name}.eval.json"
     record: dict[str, Any] = {"model": str(model.resolve()), "config": str(config_path),
                               **metrics}
-    if not is_reward_model_folder(str(model)):
+    if not reward_model:
         record["valid_dataset"] = config.valid_dataset.type
     out.write_text(json.dumps(record, indent=1) + "\n")
     for key in sorted(metrics):

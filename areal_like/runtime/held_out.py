@@ -19,20 +19,16 @@ def remote_reward(config: BaseExperimentConfig) -> Optional[Callable[..., Any]]:
     return remote_reward_fn(config.reward) if config.reward.remote_rm_url else None
 
 
-def held_out_reward(config: BaseExperimentConfig) -> Optional[Callable[..., Any]]:
-    """The remote reward model that scores held-out answers too, unless evaluation asks for
-    the task's own verifier (`evaluation.verifier=task`)."""
-    return None if config.evaluation.verifier == "task" else remote_reward(config)
-
-
 def load_task(config: BaseExperimentConfig, name: str, tokenizer: PreTrainedTokenizerBase,
               reward: Optional[Callable[..., Any]] = None) -> tuple[Task, int]:
     """`config.<name>` (train_dataset / valid_dataset) built, its verifier replaced by
-    `reward` when given, prompts over its `max_prompt_len` dropped: (task, how many)."""
+    `reward` (or `reward.fn`) when given — except held-out answers with
+    `evaluation.verifier=task`, which keep the task's own — prompts over its `max_prompt_len`
+    dropped: (task, how many)."""
     dataset_config = getattr(config, name)
     task_verifier = name == "valid_dataset" and config.evaluation.verifier == "task"
     task = build_task(dataset_config, "" if task_verifier else config.reward.fn, name)
-    if reward is not None:
+    if reward is not None and not task_verifier:
         task.reward_fn = reward
     task.dataset, dropped = limit_prompt_length(task.dataset, tokenizer, dataset_config, name)
     return task, dropped
@@ -47,5 +43,5 @@ def eval_items(config: BaseExperimentConfig, dataset: Any) -> list[dict[str, Any
 def held_out_items(config: BaseExperimentConfig, tokenizer: PreTrainedTokenizerBase
                    ) -> tuple[list[dict[str, Any]], Callable[..., Any]]:
     """(the evaluated items, their verifier), as a training run's evaluation has them."""
-    task, _ = load_task(config, "valid_dataset", tokenizer, held_out_reward(config))
+    task, _ = load_task(config, "valid_dataset", tokenizer, remote_reward(config))
     return eval_items(config, task.dataset), task.reward_fn

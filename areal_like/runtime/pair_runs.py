@@ -11,6 +11,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from transformers import AutoConfig
 
+from areal_like.algorithms.actors.preference import DPOActor
 from areal_like.data.preference import PreferencePair, build_pair_batch, load_pairs
 from areal_like.runtime.context import RunContext
 from engines.fsdp.packing import shard_batch
@@ -38,8 +39,6 @@ def pair_logprobs_once(run: RunContext, model: Any, pairs: list[PreferencePair],
     """[2 * len(pairs)] response log-probs (chosen, rejected per pair) under `model` (an
     engine or a LoRA engine's frozen base view), the pairs split over the data-parallel ranks
     and the results shared: every rank ends with the whole table."""
-    from areal_like.algorithms.actors.preference import DPOActor
-
     world, rank = run.data_parallel_size, run.data_parallel_rank
     mine: list[tuple[list[int], list[float]]] = []
     step = pairs_per_forward * world

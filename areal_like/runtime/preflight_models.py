@@ -108,6 +108,11 @@ def _check_vision(config: Any, model: Optional[dict[str, Any]]) -> None:
         raise ConfigError(f"rollout.workflow={workflow_path!r} sends images, which vLLM "
                           f"servers refuse here (server.backend=vllm): use "
                           f"server.backend=sglang (docs/vision.md)")
+    if getattr(config, "pairs", None) is not None and config.actor.model.is_critic \
+            and has_tower:  # recipes.rm: its export is a text sequence classifier
+        raise ConfigError(f"model.path={config.model.path!r} is a vision-language model: the "
+                          f"rm recipe trains text reward models (a sequence-classification "
+                          f"export)")
     for section in ("actor", "critic"):
         engine = getattr(config, section, None)
         if engine is not None and engine.freeze_vision_tower and model is not None \

@@ -41,7 +41,7 @@ from areal_like.rollout.evaluation import Evaluator
 from areal_like.rollout.process import RolloutProcess, RolloutSetup
 from areal_like.runtime.checkpoint import Checkpointer
 from areal_like.runtime.context import RunContext
-from areal_like.runtime.held_out import eval_items, held_out_reward, load_task, remote_reward
+from areal_like.runtime.held_out import eval_items, load_task, remote_reward
 from areal_like.runtime.preflight_models import read_model_config
 from areal_like.runtime.preflight_models import vocab_size as model_vocab_size
 from areal_like.runtime.recover import maybe_recover, save_checkpoint
@@ -84,12 +84,9 @@ class RLSetup:
             self.rollout = RolloutProcess()  # type: ignore[abstract]
             self.rollout.spawn(config.rollout.controller.nice, config.rollout.controller.cpus)
         self.tokenizer = load_tokenizer(config.model)
-        # a remote reward model replaces the verifiers (held-out's too, unless
-        # evaluation.verifier=task)
-        self.task, n_train_long = load_task(config, "train_dataset", self.tokenizer,
-                                            remote_reward(config))
-        self.valid, n_valid_long = load_task(config, "valid_dataset", self.tokenizer,
-                                             held_out_reward(config))
+        remote = remote_reward(config)  # a remote reward model replaces both verifiers
+        self.task, n_train_long = load_task(config, "train_dataset", self.tokenizer, remote)
+        self.valid, n_valid_long = load_task(config, "valid_dataset", self.tokenizer, remote)
         self.data_stats = {"data/train_long_prompts_dropped": float(n_train_long),
                            "data/valid_long_prompts_dropped": float(n_valid_long)}
         # the trainer only checks rewards (fast, alike on every rank); they run, and are

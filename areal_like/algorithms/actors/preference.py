@@ -30,7 +30,8 @@ from areal_like.api.engine_api import LossFn, TrainEngine
 from areal_like.api.preference_config import DPOLossConfig, RewardModelLossConfig
 from areal_like.utils.packed_logprobs import next_token_logprobs
 
-PAIR_KEYS = ("input_ids", "attention_mask", "loss_mask", "loss_group_id", "is_chosen", "margin")
+PAIR_BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "loss_group_id", "is_chosen",
+                   "margin")
 
 
 def pairs_in(mb: TensorDict) -> float:
@@ -81,7 +82,7 @@ class RewardModelActor:
 
     def update(self, batch: TensorDict) -> dict[str, float]:
         """One optimizer step on the pairs' mean Bradley-Terry loss."""
-        prepared = _keep(batch, PAIR_KEYS, "RewardModelActor")
+        prepared = _keep(batch, PAIR_BATCH_KEYS, "RewardModelActor")
         with self.tracker.scope(self.scope), self.tracker.scope("train"):
             stats = self.engine.train_batch(prepared, loss_fn=self.loss_fn(),
                                             loss_weight_fn=pairs_in)
@@ -115,7 +116,7 @@ class DPOActor:
     @staticmethod
     def prepare(batch: TensorDict) -> TensorDict:
         """The pair keys, loss_mask in next-token alignment (it marks response + EOS)."""
-        keys = PAIR_KEYS + (("ref_logp",) if "ref_logp" in batch.keys() else ())
+        keys = PAIR_BATCH_KEYS + (("ref_logp",) if "ref_logp" in batch.keys() else ())
         prepared = _keep(batch, keys, "DPOActor")
         prepared["loss_mask"] = shift_to_next_token(batch["loss_mask"].bool())
         return prepared

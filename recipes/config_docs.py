@@ -28,11 +28,13 @@ from areal_like.api import algorithm_config as algo
 from areal_like.api import config as core
 from areal_like.api import rollout_config as rollout
 from areal_like.api.io_struct import GenerationHyperparameters
+from areal_like.api.launcher_config import SlurmConfig
 from areal_like.api.preference_config import (
     DPOLossConfig,
     PreferenceDataConfig,
     RewardModelLossConfig,
 )
+from areal_like.api.tracker_config import MLflowConfig, TrackioConfig, WandbConfig
 
 HEADER = """# Configuration reference
 
@@ -64,7 +66,10 @@ SECTIONS: list[tuple[str, str]] = [
     ("valid_dataset", "DatasetConfig"), ("reward", "RewardConfig"),
     ("checkpoint", "CheckpointConfig"),
     ("evaluation", "EvaluationConfig"), ("logging", "LoggingConfig"),
-    ("launcher", "LauncherConfig"), ("ref", "TrainEngineConfig (GRPO-family recipes)"),
+    ("logging.wandb", "WandbConfig"), ("logging.mlflow", "MLflowConfig"),
+    ("logging.trackio", "TrackioConfig"),
+    ("launcher", "LauncherConfig"), ("launcher.slurm", "SlurmConfig"),
+    ("ref", "TrainEngineConfig (GRPO-family recipes)"),
     ("critic", "TrainEngineConfig (ppo recipe)"), ("prm", "PRMConfig (ppo_prm recipe)"),
     ("teacher", "TeacherConfig (distill recipe)"), ("agent", "MemoryAgentConfig (agent recipe)"),
     ("pairs", "PreferenceDataConfig (rm, dpo recipes)"),
@@ -92,7 +97,8 @@ def documented_classes() -> list[type]:
         *ALGORITHM_SECTIONS,
         core.DatasetConfig,
         core.RewardConfig,
-        core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, core.LauncherConfig,
+        core.CheckpointConfig, core.EvaluationConfig, core.LoggingConfig, WandbConfig,
+        MLflowConfig, TrackioConfig, core.LauncherConfig, SlurmConfig,
         recipes.GRPOConfig, recipes.PPOConfig, recipes.PPOPRMConfig, recipes.PRMConfig,
         recipes.DistillConfig, recipes.TeacherConfig, recipes.MultiTurnConfig, recipes.AgentConfig,
         recipes.MemoryAgentConfig, recipes.SFTConfig, recipes.PairRecipeConfig,

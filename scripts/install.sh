@@ -35,11 +35,24 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# Debian's Slurm and munge: the Slurm launcher's tests run a real two-node Slurm on this
+# machine (scripts/slurm_test_cluster.sh)
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[install] slurm-wlm and munge (the Slurm launcher's tests)"
+    apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; }
+  else
+    echo "[install] slurm-wlm is missing (apt-get install slurm-wlm munge): the Slurm" \
+         "launcher's tests need it"
+  fi
+fi
+
 PIP=("$PYTHON" -m pip install --progress-bar off)
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard, tinker, google.protobuf, chz, termcolor, pylatexenc" 2>/dev/null; then
+if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard, tinker, google.protobuf, chz, termcolor, pylatexenc, wandb, mlflow, trackio" 2>/dev/null; then
   "${PIP[@]}" -e ".[dev,ray]"
 fi
 # the Tinker Cookbook, a test client of our Tinker API (tests/test_tinker_api.py): without its

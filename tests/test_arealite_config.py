@@ -71,7 +71,7 @@ def test_every_arealite_section_maps_to_ours_and_stays_readable(tmp_path, capsys
     assert (config.server.context_length, config.server.mem_fraction_static) == (1024, 0.1)
     assert (config.logging.experiment_name, config.logging.log_dir) == (
         "arealite_gsm8k_grpo", "/runs")
-    assert config.logging.wandb
+    assert config.logging.wandb.enabled and config.logging.wandb.mode == "online"
     assert (config.checkpoint.recover, config.checkpoint.freq_steps) == ("auto", 5)
     assert config.evaluation.freq_steps == 2
     # AReaL-lite's own sections, as a ported script reads them

@@ -5,7 +5,9 @@ what dies here; servers dying are test_faults'):
 
 - eta = 0: a killed-then-recovered run ends with exactly the weights and per-step metrics of an
   uninterrupted run with its seed (the two are separate processes from the start, so this
-  also checks that one seed gives one run);
+  also checks that one seed gives one run); it logs to the three experiment trackers as well
+  (W&B offline, an MLflow server, Trackio's local store), and each holds every metric of every
+  step once, in one tracker run continued by the resume;
 - eta = 2, the launch stopped by SIGTERM: no trajectory is trained twice, the buffered
   trajectories restored are exactly the checkpointed ones (by episode id) and are trained
   after the resume, the staleness bound holds across the resume, the metrics log has every
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -35,8 +38,18 @@ from sglang_helpers import (
     processes_running_module,
     reset_fleet,
 )
+from tracker_helpers import (
+    MLflowServer,
+    by_step,
+    mlflow_runs,
+    trackio_rows,
+    trackio_runs,
+    wandb_rows,
+    wandb_runs,
+)
 
 from areal_like.utils.metrics_logger import read_metrics
+from areal_like.utils.trackers.mlflow_sink import mlflow_key
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -52,7 +65,7 @@ VOLATILE = ("time", "timeperf/", "perf/", "rollout/episode_latency", "weight_syn
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
 
 
-def _args(fleet, model_dir: Path, log_dir: Path, eta: int) -> list[str]:
+def _args(fleet, model_dir: Path, log_dir: Path, eta: int, *extra: str) -> list[str]:
     # eta = 0 writes its checkpoints beside the next steps (checkpoint.async_save): a killed
     # run resumes from the last one committed, bit-identical all the same
     return [sys.executable, "-m", "areal_like.launcher.local", "grpo", *attach_args(fleet),
@@ -62,11 +75,11 @@ def _args(fleet, model_dir: Path, log_dir: Path, eta: int) -> list[str]:
             "train_dataset.batch_size=4", "train_dataset.size=400", "valid_dataset.size=16",
             "evaluation.n_prompts=16", "evaluation.freq_steps=100", "checkpoint.freq_steps=2",
             "checkpoint.recover=auto", f"checkpoint.async_save={eta == 0}",
-            "logging.tensorboard=false", "logging.plot=false"]
+            "logging.tensorboard=false", "logging.plot=false", *extra]
 
 
-def _run(fleet, model_dir: Path, log_dir: Path, eta: int) -> str:
-    proc = subprocess.run(_args(fleet, model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+def _run(fleet, model_dir: Path, log_dir: Path, eta: int, *extra: str) -> str:
+    proc = subprocess.run(_args(fleet, model_dir, log_dir, eta, *extra), cwd=REPO, env=ENV, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
@@ -92,11 +105,13 @@ def _terminate_the_launch(proc: subprocess.Popen) -> None:
 
 
 def _kill_trainer_after(fleet, model_dir: Path, log_dir: Path, eta: int, step: int,
-                        stop: Callable[[subprocess.Popen], None] = _kill_trainer) -> None:
+                        stop: Callable[[subprocess.Popen], None] = _kill_trainer,
+                        extra: tuple[str, ...] = ()) -> None:
     """Start a run, `stop` it (SIGKILL of its trainer) once metrics of `step` (after a
     checkpoint) exist."""
     run_dir = log_dir / "grpo_addition" / "trial0"
-    proc = subprocess.Popen(_args(fleet, model_dir, log_dir, eta), cwd=REPO, env=ENV, text=True,
+    proc = subprocess.Popen(_args(fleet, model_dir, log_dir, eta, *extra), cwd=REPO, env=ENV,
+                            text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -133,15 +148,49 @@ def test_eta0_a_killed_run_resumes_bit_identical_to_an_uninterrupted_one(fresh_f
                                                                          tiny_model_dir,
                                                                          tmp_path):
     a, c = tmp_path / "a", tmp_path / "c"
-    _run(fresh_fleet, tiny_model_dir, a, eta=0)
-    run = lambda root: root / "grpo_addition" / "trial0"  # noqa: E731
-    reset_fleet(fresh_fleet, tiny_model_dir)  # as new for the second run
-    _kill_trainer_after(fresh_fleet, tiny_model_dir, c, eta=0, step=random.randint(3, STEPS - 2))
-    out = _run(fresh_fleet, tiny_model_dir, c, eta=0)
-    assert "recovered from" in out
-    assert [r["step"] for r in _records(run(c))] == list(range(STEPS + 1))  # each step once
-    assert_same_records(_stable(_records(run(c))), _stable(_records(run(a))))
-    assert _weights_sha(run(c)) == _weights_sha(run(a))
+    mlflow = MLflowServer(tmp_path / "mlflow")
+    mlflow.start()  # beside the first run
+    try:
+        _run(fresh_fleet, tiny_model_dir, a, eta=0)
+        trackers = ("logging.wandb.enabled=true", "logging.mlflow.enabled=true",
+                    f"logging.mlflow.tracking_uri={mlflow.wait().uri}",
+                    "logging.trackio.enabled=true", f"logging.trackio.dir={tmp_path / 'trackio'}")
+        run = lambda root: root / "grpo_addition" / "trial0"  # noqa: E731
+        reset_fleet(fresh_fleet, tiny_model_dir)  # as new for the second run
+        _kill_trainer_after(fresh_fleet, tiny_model_dir, c, eta=0,
+                            step=random.randint(3, STEPS - 2), extra=trackers)
+        out = _run(fresh_fleet, tiny_model_dir, c, 0, *trackers)
+        assert "recovered from" in out
+        assert [r["step"] for r in _records(run(c))] == list(range(STEPS + 1))  # each step once
+        assert_same_records(_stable(_records(run(c))), _stable(_records(run(a))))
+        assert _weights_sha(run(c)) == _weights_sha(run(a))
+        _assert_trackers_hold_the_run(_records(run(c)), run(c), mlflow.uri, tmp_path / "trackio")
+    finally:
+        mlflow.kill()
+
+
+def _assert_trackers_hold_the_run(records: list[dict], run_dir: Path, mlflow_uri: str,
+                                  trackio_dir: Path) -> None:
+    """Each tracker: every (step, key) of metrics.jsonl exactly once, in one tracker run, with
+    its value there (the replayed steps' wall-clock values are the killed run's: a tracker
+    keeps what it got first)."""
+    expected = {(r["step"], k): v for r in records for k, v in r.items()
+                if k not in ("step", "time")}
+    wandb = wandb_runs(run_dir)
+    mlflow = mlflow_runs(mlflow_uri, "grpo_addition")
+    trackio = trackio_runs(trackio_dir, "grpo_addition")
+    assert len({r["id"] for r in wandb}) == 1 and len(wandb) == 2  # killed, then resumed
+    assert len(mlflow) == 1 and mlflow[0]["status"] == "FINISHED"
+    assert [r["name"] for r in trackio] == ["trial0"]
+    for name, rows, key in (("wandb", wandb_rows(wandb), str), ("mlflow", mlflow[0]["rows"],
+                            mlflow_key), ("trackio", trackio_rows(trackio[0]), str)):
+        held = by_step(rows)
+        twice = {k: v for k, v in held.items() if len(v) > 1}
+        assert not twice, f"{name} holds a step twice: {sorted(twice)[:5]}"
+        assert set(held) == {(s, key(k)) for s, k in expected}, name
+        for (step, k), value in expected.items():
+            if not k.startswith(VOLATILE) and not math.isnan(value):
+                assert held[(step, key(k))] == [value], (name, step, k)
 
 
 def test_eta2_resume_loses_and_repeats_no_trajectory(fresh_fleet, tiny_model_dir, tmp_path):

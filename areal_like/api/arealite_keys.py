@@ -255,7 +255,9 @@ def _utilities(out: dict[str, Any], notices: list[str]) -> None:
     stats = out.get("stats_logger") or {}
     wandb = stats.get("wandb") or {}
     if wandb.get("mode", "disabled") != "disabled":
-        _section(out, "logging").setdefault("wandb", True)
+        wandb_section = _section(_section(out, "logging"), "wandb")
+        wandb_section.setdefault("enabled", True)
+        wandb_section.setdefault("mode", "online" if wandb["mode"] == "online" else "offline")
 
 
 def _sglang(out: dict[str, Any], notices: list[str]) -> None:

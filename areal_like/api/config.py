@@ -35,6 +35,7 @@ from areal_like.api.parallel_config import ParallelConfig
 from areal_like.api.reward_config import RewardConfig
 from areal_like.api.rollout_config import BACKENDS, RolloutConfig
 from areal_like.api.task_keys import ADDITION_DEFAULTS, OWN_TASK_PARAMETERS, keys_for_task
+from areal_like.api.tracker_config import MLflowConfig, TrackioConfig, WandbConfig
 
 
 @dataclass
@@ -280,8 +281,14 @@ class LoggingConfig:
     console_every: int = bounded(0, bound=at_least(0, " (0: about 50 lines per run)"))
     jsonl: bool = True
     tensorboard: bool = True
-    wandb: bool = False
     plot: bool = True
+    # experiment trackers (areal_like/api/tracker_config.py): every step's metrics go to each
+    # one enabled, from a thread of its own, so a slow or dead tracker never holds training
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    trackio: TrackioConfig = field(default_factory=TrackioConfig)
+    # how long the end of a run waits for the trackers to take what is still queued
+    trackers_close_timeout_s: float = bounded(60.0, bound=above(0))
 
     def __post_init__(self) -> None:
         check_bounds(self, "LoggingConfig")

@@ -214,15 +214,20 @@ def _inside_a_dict(config_cls: type, override: str) -> bool:
     return False
 
 
+LEGACY_OVERRIDES = {f"logging.wandb={v}": f"logging.wandb.enabled={v}" for v in ("true", "false")}
+
+
 def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list[str]],
              drop_inherited: bool = True) -> tuple[Any, str]:
     """(the composed DictConfig, a description of its source for errors)."""
     path = Path(config_file).resolve()
     if not path.is_file():
         raise ConfigError(f"config file {str(config_file)!r} does not exist")
+    # `logging.wandb=true` (a switch before the trackers had sections) still switches it on
+    overrides = [LEGACY_OVERRIDES.get(o.lower(), o) for o in overrides or []]
     # a key inside a free-form dict is added or replaced without Hydra's `+`/`++`
     overrides = [f"++{o}" if o[:1] not in "+~" and _inside_a_dict(config_cls, o) else o
-                 for o in overrides or []]
+                 for o in overrides]
     source = f"{path.name} with overrides {overrides}" if overrides else path.name
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()

@@ -24,6 +24,34 @@ _RANK_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "
 
 
 @dataclass
+class SlurmConfig:
+    """The Slurm launcher (`python -m areal_like.launcher.slurm`): what it asks `sbatch` for
+    and how it places the servers and trainer ranks on the allocation's nodes."""
+
+    nodes: int = bounded(1, bound=at_least(1))
+    # nodes that run the inference servers (the first ones); 0: none of their own (with one
+    # node, or to share), else the trainer gets the rest
+    server_nodes: int = bounded(0, bound=at_least(0))
+    partition: str = ""
+    account: str = ""
+    time_limit: str = ""  # sbatch --time (e.g. 04:00:00); "": the partition's default
+    cpus_per_task: int = bounded(1, bound=at_least(1))  # per node: servers and ranks share them
+    gpus_per_node: int = bounded(0, bound=at_least(0))
+    sbatch_args: List[str] = field(default_factory=list)  # more `#SBATCH` options, as written
+    # a failed trainer (or fleet) requeues the job this many times; it resumes from its last
+    # checkpoint (checkpoint.recover=auto). 0: a failure ends the job
+    max_requeues: int = bounded(0, bound=at_least(0))
+    # submit and follow the job until it ends (its exit code is the launcher's); false:
+    # submit, print the job id and where its logs go, and return
+    wait: bool = True
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "SlurmConfig")
+        _check("SlurmConfig", "server_nodes", self.server_nodes < self.nodes, self.server_nodes,
+               f"fewer than nodes={self.nodes} (the trainer ranks need a node)")
+
+
+@dataclass
 class LauncherConfig:
     """How a launcher allocates the machines: servers x trainer processes. The `ray_*` keys,
     `*_per_server`/`*_per_trainer` resources and `shared_dir` are read by the Ray launcher."""
@@ -64,6 +92,7 @@ class LauncherConfig:
     # Environment variables for every trainer rank, both launchers (Ray actors do not see the
     # driver's environment): `launcher.trainer_env.HF_HOME=/data/hf`
     trainer_env: Dict[str, str] = field(default_factory=dict)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
         name = "LauncherConfig"

@@ -25,6 +25,7 @@ from areal_like.api.config import (
     TrainEngineConfig,
 )
 from areal_like.api.seeding import derive_seed
+from areal_like.api.tracker_config import WandbConfig
 from areal_like.arealite.config import (
     EvaluatorConfig,
     PPOActorConfig,
@@ -168,7 +169,9 @@ class StatsLogger:
 def _as_logging(config: StatsLoggerConfig | LoggingConfig) -> LoggingConfig:
     if isinstance(config, LoggingConfig):
         return config
-    wandb = config.wandb.get("mode", "disabled") != "disabled"
+    mode = config.wandb.get("mode", "disabled")
+    wandb = WandbConfig(enabled=mode != "disabled",
+                        mode="online" if mode == "online" else "offline")
     return LoggingConfig(experiment_name=config.experiment_name or "default",
                          trial_name=config.trial_name or "trial0",
                          log_dir=config.fileroot or "runs", wandb=wandb)

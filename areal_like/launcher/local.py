@@ -76,7 +76,7 @@ def _stream(prefix: str, pipe, log_path: Path, mute: threading.Event,  # noqa: A
     return thread
 
 
-def _follow(prefix: str, path: Path, stop: threading.Event) -> threading.Thread:
+def follow_log(prefix: str, path: Path, stop: threading.Event) -> threading.Thread:
     """Stream a growing log file (SGLang servers write their own logs)."""
     def pump() -> None:
         while not path.exists() and not stop.is_set():
@@ -245,7 +245,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
             overrides.append(f"rollout.client.setup_timeout={setup_timeout}")
             if not quiet_servers:
                 for i, path in enumerate(fleet.log_paths):
-                    _follow(f"server {i}", path, stop_follow)
+                    follow_log(f"server {i}", path, stop_follow)
 
         teacher = getattr(config, "teacher", None)  # on-policy distillation's second fleet
         if needs_fleet and teacher is not None and not teacher.server_addrs:

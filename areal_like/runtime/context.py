@@ -4,6 +4,7 @@ metrics sinks, timing, and moving a rollout batch from rank 0 to every trainer r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -72,7 +73,8 @@ class RunContext:
             keep = int(latest.name.removeprefix("step")) + 1 if latest else None
             self.metrics = MetricsLogger(config.logging, console_keys=console_keys,
                                          fresh=latest is None, keep_through=keep,
-                                         total_steps=config.total_train_steps)
+                                         total_steps=config.total_train_steps,
+                                         run_config=dataclasses.asdict(config))
             # which episodes each step trained on (ids), continued like the metrics
             self.episodes_log = self.dir / "episodes.jsonl"
             if latest is None:

@@ -20,6 +20,7 @@ from areal_like.data.preference import load_pairs, pair_rows
 from areal_like.data.tasks import build_task, load_user_task
 from areal_like.runtime.preflight_models import check_model_folders
 from areal_like.utils.imports import load_object
+from areal_like.utils.trackers import check_trackers
 
 DATASETS = ("train_dataset", "valid_dataset")
 PAIR_SECTIONS = ("pairs", "valid_pairs")  # preference pairs (recipes.rm, recipes.dpo)
@@ -49,6 +50,11 @@ def check_recipe_config(config: Any) -> None:
             except TypeError as e:
                 raise ConfigError(f"{name}: {e}") from None
     check_model_folders(config)  # LoRA targets, vision tower, the teacher's tokenizer
+    if getattr(config, "logging", None) is not None:
+        try:  # trackers installed, an MLflow server answering
+            check_trackers(config.logging)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     for name in PAIR_SECTIONS:
         if getattr(config, name, None) is not None:
             _check_pairs(config, name)

@@ -1,4 +1,5 @@
-"""Sinks for exported statistics: console, JSONL, tensorboard, and wandb when installed."""
+"""Sinks for exported statistics: console, JSONL, tensorboard, and the experiment trackers
+(W&B, MLflow, Trackio: areal_like/utils/trackers/) a run enables."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from areal_like.api.config import LoggingConfig
 from areal_like.utils.atomic_file import write_atomic
+from areal_like.utils.trackers import Trackers
 
 
 def run_dir(config: LoggingConfig) -> Path:
@@ -43,6 +45,7 @@ class MetricsLogger:
     `fresh=True` starts new files (a new run); `fresh=False` appends (a recovered run), first
     dropping the records after step `keep_through` (those of the killed run's steps past its
     checkpoint, which the recovered run logs again), so no step appears twice.
+    `run_config` (the run's whole config) goes to the trackers as their run's config.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class MetricsLogger:
         fresh: bool = True,
         keep_through: Optional[int] = None,
         total_steps: Optional[int] = None,
+        run_config: Optional[dict[str, Any]] = None,
     ) -> None:
         self.config = config
         self.console_every = console_interval(config.console_every, total_steps)
@@ -74,22 +78,19 @@ class MetricsLogger:
 
             purge = None if fresh or keep_through is None else keep_through + 1
             self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
-        self._wandb = None
-        if config.wandb:
-            try:
-                import wandb
-            except ImportError as e:
-                raise ImportError(
-                    "logging.wandb=true but wandb is not installed: pip install 'areal-like[wandb]'"
-                ) from e
-            self._wandb = wandb.init(
-                project=config.experiment_name, name=config.trial_name, dir=str(self.dir)
-            )
+        # last: a tracker that cannot start fails the run here, with the reason
+        self.trackers = Trackers(config, self.dir, run_config or {}, fresh=fresh)
+        if not fresh and self.trackers.enabled and self.jsonl_path.exists():
+            # what a tracker lacks of the records kept (a kill took what it had queued, or it
+            # was enabled only now) goes to it first; what it holds is skipped
+            for kept in read_jsonl(self.jsonl_path):
+                self.trackers.log(kept["step"], {k: v for k, v in kept.items()
+                                                 if k not in ("step", "time")})
         self._start = time.time()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": round(time.time() - self._start, 3)}
-        record.update({k: float(v) for k, v in metrics.items()})
+        record.update(record_values(metrics))
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
             self._jsonl.flush()
@@ -98,8 +99,7 @@ class MetricsLogger:
                 if math.isfinite(float(value)):
                     self._tb.add_scalar(key, float(value), global_step=step)
             self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(dict(metrics), step=step)
+        self.trackers.log(step, record_values(metrics))
         if self.config.console and self._shows(step, metrics):
             keys = self.console_keys if self.console_keys is not None else sorted(metrics)
             shown = " ".join(
@@ -123,9 +123,11 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        self.trackers.close()
+
+
+def record_values(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}
 
 
 def truncate_jsonl(path: Path, keep_through: int) -> None:

@@ -70,32 +70,39 @@ def main(argv: Optional[list[str]] = None) -> int:
         max_restarts=args.max_restarts, fork_children=args.fork_children,
         extra_args=extra,
     )
+    fleet = InferenceFleet(args.model_path, config, host=args.host, base_port=args.port,
+                           api_key=args.api_key, log_dir=args.log_dir)
+    return run_fleet(fleet, args.min_servers, args.addrs_file, args.join, args.drain_timeout)
+
+
+def run_fleet(fleet: InferenceFleet, min_servers: int, addrs_file: Optional[str] = None,
+              join: Optional[str] = None, drain_timeout: float = 600.0) -> int:
+    """Start `fleet`, write its addresses to `addrs_file` (and `join` a job's), then restart
+    any server that dies until Ctrl-C / SIGTERM (0) or fewer than `min_servers` are left (1)."""
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds start-up or the watch loop; `finally` stops the fleet
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    fleet = InferenceFleet(args.model_path, config, host=args.host, base_port=args.port,
-                           api_key=args.api_key, log_dir=args.log_dir)
     joined: list[str] = []
     try:
         fleet.start()
         print(f"{fleet.kind} servers ready (logs in {fleet.log_dir}):", flush=True)
         for addr in fleet.addresses:
             print(addr, flush=True)
-        if args.addrs_file:
-            write_atomic(args.addrs_file, "".join(f"{a}\n" for a in fleet.addresses))
-        if args.join:
-            joined = join_job(args.join, fleet.addresses)
+        if addrs_file:
+            write_atomic(addrs_file, "".join(f"{a}\n" for a in fleet.addresses))
+        if join:
+            joined = join_job(join, fleet.addresses)
         # a dead server is restarted; the others keep serving
-        supervisor = FleetSupervisor(fleet, config.max_restarts, args.min_servers,
+        supervisor = FleetSupervisor(fleet, fleet.config.max_restarts, min_servers,
                                      prefix="[serve]")
         while True:
             time.sleep(1.0)
             supervisor.check()
     except KeyboardInterrupt:
-        if joined:
-            leave_job(args.join, joined, args.drain_timeout)
+        if joined and join:
+            leave_job(join, joined, drain_timeout)
         return 0
     except (ServerStartError, FleetDownError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

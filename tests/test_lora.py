@@ -34,6 +34,9 @@ from areal_like.api.lora_config import DECODER_LINEAR_MODULES, LoRAConfig
 from areal_like.runtime.weight_sync import push_weights
 from engines import FSDPEngine
 
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.beside_serial]
+
 PROMPTS = [[5, 17, 33, 60], [70, 81, 99, 120, 7], [11, 12], [200, 3, 44]]
 
 

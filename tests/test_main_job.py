@@ -25,6 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_like.utils.metrics_logger import read_metrics
 
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.beside_serial]
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 

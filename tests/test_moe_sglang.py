@@ -29,7 +29,8 @@ from engines.fleet.client import RemoteInferenceEngine
 from engines.fleet.launch import InferenceFleet
 from workflows.common import TrajectoryBuilder
 
-pytestmark = [pytest.mark.e2e, pytest.mark.sglang]
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.beside_serial]
 PROMPTS = [[11, 22, 33, 44, 55], [7, 300, 12, 9, 450, 31, 8, 77, 5]]
 N_LAYERS, TOP_K = 4, 2
 ROUTER_NOISE = 0.003  # N(0, 1) x this on every router weight (initialised with std 0.02)

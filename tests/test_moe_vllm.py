@@ -20,7 +20,8 @@ from areal_like.api.config import ModelConfig, OptimizerConfig, ServerConfig, Tr
 from engines import FSDPEngine
 from engines.fleet.launch import InferenceFleet
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.beside_serial]
 
 
 @pytest.fixture(scope="module")

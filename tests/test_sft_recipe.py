@@ -19,6 +19,9 @@ from areal_like.data.prompt_limits import limit_prompt_length, prompt_lengths
 from areal_like.data.sft import build_sft_batch
 from areal_like.utils.metrics_logger import read_jsonl
 
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.beside_serial]
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 LIBRARY_BARS = ("Writing model shards", "Loading weights", "Map:", "Generating train split")

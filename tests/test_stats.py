@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from areal_like.api.config import LoggingConfig
-from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl
+from areal_like.utils.metrics_logger import MetricsLogger, read_jsonl, truncate_jsonl
 from areal_like.utils.network import find_free_port
 from areal_like.utils.stats_tracker import StatsTracker
 
@@ -109,6 +109,14 @@ def test_read_jsonl_names_bad_line(tmp_path):
     path.write_text('{"step": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"m\.jsonl:2"):
         read_jsonl(path)
+
+
+def test_a_record_still_being_written_is_not_read_and_a_resume_drops_it(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "loss": 0.')  # a writer mid-record, or killed there
+    assert read_jsonl(path) == [{"step": 1}]
+    truncate_jsonl(path, keep_through=5)  # what a resumed run does before it appends
+    assert path.read_text() == '{"step": 1}\n'
 
 
 def test_fresh_run_starts_new_files_and_recovered_run_appends(tmp_path):

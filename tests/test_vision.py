@@ -30,6 +30,9 @@ from areal_like.models.vision import (
     load_image,
 )
 
+# servers and torchrun jobs of its own only (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.beside_serial]
+
 
 @pytest.fixture(scope="module")
 def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -139,11 +139,13 @@ def truncate_jsonl(path: Path, keep_through: int) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a metrics file written by `MetricsLogger`, naming the file and line on a bad record."""
+    """Read a metrics file written by `MetricsLogger`, naming the file and line on a bad record.
+    A last line without its newline is a record still being written (or cut by a kill): it
+    is not a record yet, and is left out."""
     records = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
-            if not line.strip():
+            if not line.strip() or not line.endswith("\n"):
                 continue
             try:
                 records.append(json.loads(line))

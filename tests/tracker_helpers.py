@@ -82,17 +82,19 @@ def by_step(rows: list[tuple[int, str, float]]) -> dict[tuple[int, str], list[fl
 
 def wandb_runs(run_dir: Path) -> list[dict[str, Any]]:
     """Each offline W&B run folder under `run_dir/wandb` (oldest first): its run id, config
-    and history rows, as `wandb leet inspect --json` prints them."""
+    (None where W&B wrote no record) and history rows, as `wandb leet inspect --json` prints
+    them."""
     runs = []
     for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
         out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json",
                               str(folder)], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-        run = next(r["run"] for r in records if r["type"] == "run")
+        # a run killed (-9) before W&B wrote its first block left the header alone
+        run = next((r["run"] for r in records if r["type"] == "run"), None)
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
-        runs.append({"id": run["run_id"], "config": run["config"]["update"],
-                     "history": history})
+        runs.append({"id": run["run_id"] if run else folder.name.rsplit("-", 1)[1],
+                     "config": run["config"]["update"] if run else None, "history": history})
     return runs
 
 

@@ -89,8 +89,8 @@ class MetricsLogger:
         self._start = time.time()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, "time": round(time.time() - self._start, 3)}
-        record.update(record_values(metrics))
+        values = {k: float(v) for k, v in metrics.items()}
+        record = {"step": step, "time": round(time.time() - self._start, 3), **values}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record, allow_nan=True) + "\n")
             self._jsonl.flush()
@@ -99,7 +99,7 @@ class MetricsLogger:
                 if math.isfinite(float(value)):
                     self._tb.add_scalar(key, float(value), global_step=step)
             self._tb.flush()
-        self.trackers.log(step, record_values(metrics))
+        self.trackers.log(step, values)
         if self.config.console and self._shows(step, metrics):
             keys = self.console_keys if self.console_keys is not None else sorted(metrics)
             shown = " ".join(
@@ -124,10 +124,6 @@ class MetricsLogger:
             self._tb.close()
             self._tb = None
         self.trackers.close()
-
-
-def record_values(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items()}
 
 
 def truncate_jsonl(path: Path, keep_through: int) -> None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import queue
 import sys
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from areal_like.api.config import LoggingConfig
 from areal_like.utils.atomic_file import write_atomic
-from areal_like.utils.trackers.base import TrackerSink
+from areal_like.utils.trackers.base import TrackerSink, install_hint
 
 STATE_FILE = "trackers.json"
 
@@ -54,10 +55,6 @@ def build_sinks(config: LoggingConfig, run_dir: Path,
 def check_trackers(config: LoggingConfig) -> None:
     """Before any process starts: every enabled tracker installed, and an MLflow tracking
     server answering (a ValueError naming the key otherwise)."""
-    import importlib.util
-
-    from areal_like.utils.trackers.base import install_hint
-
     for name in ("wandb", "mlflow", "trackio"):
         if getattr(config, name).enabled and importlib.util.find_spec(name) is None:
             raise ValueError(install_hint(name))

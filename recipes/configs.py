@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from areal_like.api.config import (
     AlgorithmConfig,
@@ -40,13 +40,22 @@ class GRPOConfig(BaseExperimentConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # a schema may make the section optional (AReaL-lite's `ref`: absent or null, no
+        # reference model)
+        ref: Optional[TrainEngineConfig] = self.ref
         check("GRPOConfig", "algorithm.kl.coef",
               self.algorithm.kl.coef == 0 or self.use_ref_model, self.algorithm.kl.coef,
-              "0 without a reference model (KL to it needs one: set use_ref_model=true)")
-        check("GRPOConfig", "ref.lora.rank", not self.ref.lora.enabled, self.ref.lora.rank,
+              "0 without a reference model (KL to it needs one: set use_ref_model=true)"
+              if ref is not None else "0 without a reference model (KL to it needs one: add "
+              "a `ref` section, e.g. `ref: {path: ${actor.path}}` in an AReaL-lite config)")
+        check("GRPOConfig", "use_ref_model", ref is not None or not self.use_ref_model,
+              self.use_ref_model, "false without a `ref` section (the reference model's)")
+        if ref is None:
+            return
+        check("GRPOConfig", "ref.lora.rank", not ref.lora.enabled, ref.lora.rank,
               "0: the reference is frozen (with actor.lora it is the actor's own base)")
         if self.use_ref_model and not self.actor.lora.enabled:  # (LoRA: the actor's own base)
-            same_layout("GRPOConfig", "ref", self.ref, self.actor)
+            same_layout("GRPOConfig", "ref", ref, self.actor)
 
 
 @dataclass

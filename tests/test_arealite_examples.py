@@ -80,6 +80,38 @@ def test_grpo_script_runs_asynchronously_with_evaluation_beside_it(tiny_model_di
     assert (run / "checkpoints" / "weight_update" / "model.safetensors").is_file()
     assert "config (AReaL-lite): sglang.random_seed" in proc.stdout  # a differing meaning
 
+
+@pytest.mark.sglang
+@pytest.mark.e2e
+@pytest.mark.parametrize("ref_form", ["missing", "null"])
+def test_grpo_script_trains_without_a_reference_section(tiny_model_dir, tmp_path, fresh_fleet,
+                                                        ref_form):
+    """The same script and YAML as AReaL-lite users write it to train without a KL reference:
+    no `ref` section, or `ref: null` (regression: the config check read `ref.lora` and the
+    trainer crashed at load). One step of 12 prompts (the full form runs above)."""
+    import yaml
+
+    from areal_like.utils.metrics_logger import read_metrics
+
+    raw = yaml.safe_load((REPO / "examples/arealite/gsm8k_grpo.yaml").read_text())
+    if ref_form == "missing":
+        del raw["ref"]
+    else:
+        raw["ref"] = None
+    config = tmp_path / "gsm8k_grpo_no_ref.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_like.launcher.local", "examples/arealite/gsm8k_grpo.py",
+         "--config", str(config), f"model.path={tiny_model_dir}", *attach_args(fresh_fleet),
+         f"cluster.fileroot={tmp_path}", "train_dataset.batch_size=12"],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    records = read_metrics(tmp_path / "arealite_gsm8k_grpo" / "trial0" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1]
+    assert records[0]["grpo_actor/actor/update/update_successful"] == 1.0
+    assert not any(k.startswith("ref_logp") or "/ref_logp" in k for k in records[0])
+
 sys.path.insert(0, str(REPO / "examples" / "arealite"))
 
 

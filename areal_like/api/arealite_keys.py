@@ -191,7 +191,7 @@ def _engine(out: dict[str, Any], section: str, notices: list[str]) -> None:
     for theirs, ours in ACTOR_ALGORITHM_RENAMED.items():
         if node.get(theirs) is not None:
             _set_default(algorithm, ours, node[theirs])
-    if "ref" in out and float(node.get("kl_ctl") or 0.0) > 0:
+    if out.get("ref") is not None and float(node.get("kl_ctl") or 0.0) > 0:
         out.setdefault("use_ref_model", True)  # AReaL-lite builds the reference when kl_ctl > 0
 
 

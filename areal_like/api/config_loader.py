@@ -172,6 +172,11 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str,
     parent, _, leaf = key.rpartition(".")
     leaf = re.sub(r"\[.*\]$", "", leaf)
     valid = _fields_at(config_cls, parent) or []
+    section = _class_at(config_cls, key)
+    if leaf in valid and section is not None and "is not Optional" in message:
+        return ConfigError(f"{source}: config key '{key}' is a section ({section.__name__}) "
+                           f"and cannot be null here: leave it out for its defaults, or set "
+                           f"its keys")
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
     moved = moved_key_message(_class_at(config_cls, parent), parent, leaf)

@@ -53,5 +53,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 2
 
 
+def console() -> None:
+    """The installed `areal-like` command: `main`, then the process ends without the
+    interpreter's teardown of what the command imported (areal_like.utils.fast_exit)."""
+    from areal_like.utils.fast_exit import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -139,11 +139,13 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=6)
     parser.add_argument("--worked-fraction", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=1)
+    # 0: torch's default (every core this process may use), as TRL's users run it
+    parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     events = Events(args.out)
-    events.write("launched", unix_launch=LAUNCHED)
+    events.write("launched", unix_launch=LAUNCHED, threads=torch.get_num_threads())
     set_seed(args.seed)
     # the main job's items: train 6000 (seed 1), held-out the first 200 of the test split
     train = make_addition_items(2, 6000, "train", 1, args.worked_fraction)

@@ -2,8 +2,8 @@
 
     python benchmarks/vs_trl.py [--seeds 1 2] [--steps 200] [--eval-every 25]
                                 [--trl-seeds 1 2] [--skip-ours] [--skip-trl]
-                                [--size 1m|10m] [--max-new-tokens 6] [--worked-fraction 0]
-                                [-- OVERRIDES...]
+                                [--trl-one-thread] [--size 1m|10m] [--max-new-tokens 6]
+                                [--worked-fraction 0] [-- OVERRIDES...]
 
 Both start from the main job's SFT warm start (`scripts/warm_start.sh`, built if missing) on
 2-digit addition: 16 prompts x 8 samples a step, answers of at most 6 tokens, temperature 1,
@@ -15,7 +15,12 @@ the same 200 test items at step 0 and every `--eval-every` steps.
   Hydra overrides after `--`); its `metrics.jsonl` is watched as the run writes it, so every
   time here is wall clock seen from outside (launch = the command starts).
 - **TRL**: `benchmarks/trl_addition_grpo.py` in TRL's own environment (`.venv-trl`, made by
-  `scripts/install_trl.sh` here if missing; never the project's).
+  `scripts/install_trl.sh` here if missing; never the project's), as its users run it: torch's
+  default thread count, one per core this process may use (`OMP_NUM_THREADS` unset).
+  `--trl-one-thread` adds TRL pinned to one thread as a labelled extra row (how this benchmark
+  ran it before 2026-12-07: not a fair comparison, ours had every core).
+
+Both sides get the same cores: every core this process may use (printed at the start).
 
 Other workloads, both sides alike: `--size 10m` (the 10m tiny model and its own SFT warm
 start), and long answers, `--worked-fraction 0.1 --max-new-tokens 64` (a tenth of the items
@@ -149,20 +154,27 @@ def run_ours(seed: int, steps: int, every: int, overrides: list[str], out: Path,
     return run
 
 
-def run_trl(seed: int, steps: int, every: int, out: Path, work: Workload) -> Run:
-    events_path = out / f"trl_{seed}.jsonl"
+def run_trl(seed: int, steps: int, every: int, out: Path, work: Workload,
+            one_thread: bool = False) -> Run:
+    name = f"trl_{seed}" + ("_one_thread" if one_thread else "")
+    events_path = out / f"{name}.jsonl"
     cmd = [str(TRL_PYTHON), "benchmarks/trl_addition_grpo.py", "--model", str(work.warm),
            "--out", str(events_path), "--seed", str(seed), "--steps", str(steps),
            "--eval-every", str(every), "--max-new-tokens", str(work.max_new_tokens),
-           "--worked-fraction", str(work.worked_fraction)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+           "--worked-fraction", str(work.worked_fraction), "--threads", "1" if one_thread else "0"]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
+    env.pop("OMP_NUM_THREADS", None)  # torch's default: a thread per core, as users run it
+    if one_thread:
+        env["OMP_NUM_THREADS"] = "1"
     launched_unix = time.time()
-    with open(out / f"trl_{seed}.log", "w") as log:
+    with open(out / f"{name}.log", "w") as log:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     exited_unix = time.time()
     events = [json.loads(line) for line in events_path.read_text().splitlines()]
-    run = Run(f"TRL, seed {seed}", launch_to_exit=exited_unix - launched_unix)
+    threads = next(e.get("threads") for e in events if e["event"] == "launched")
+    label = f"TRL, seed {seed}, {threads} thread(s)" + (" (extra: pinned)" if one_thread else "")
+    run = Run(label, launch_to_exit=exited_unix - launched_unix)
     evals = {e["step"]: e for e in events if e["event"] == "eval"}
     begin = next(e["unix"] for e in events if e["event"] == "train_begin")
     run.startup = begin - launched_unix - evals[0]["eval_s"]
@@ -220,6 +232,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--trl-one-thread", action="store_true",
+                        help="also run TRL pinned to one thread (a labelled extra row)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' files here")
     parser.add_argument("--size", default="1m", choices=["1m", "10m"])
     parser.add_argument("--max-new-tokens", type=int, default=6)
@@ -229,6 +243,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="vs_trl_"))
     out.mkdir(parents=True, exist_ok=True)
     ensure_ready(work)
+    print(f"[vs_trl] cores for each side: {len(os.sched_getaffinity(0))} "
+          f"({sorted(os.sched_getaffinity(0))}), runs one after the other", flush=True)
     if not args.skip_trl:
         subprocess.run(["bash", "scripts/install_trl.sh"], cwd=REPO, check=True)
     runs: list[Run] = []
@@ -239,6 +255,10 @@ def main() -> None:
     if not args.skip_trl:
         for seed in args.trl_seeds:
             runs.append(run_trl(seed, args.steps, args.eval_every, out, work))
+            print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
+        if args.trl_one_thread:
+            runs.append(run_trl(args.trl_seeds[0], args.steps, args.eval_every, out, work,
+                                one_thread=True))
             print(f"[vs_trl] {runs[-1].name}: {runs[-1].launch_to_exit:.0f} s", flush=True)
     print(table(runs, args.steps, args.eval_every, args.target))
     print("\nmedian seconds per step (after step 5):")

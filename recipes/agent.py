@@ -14,6 +14,7 @@ from areal_like.algorithms import PPOActor
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
 from areal_like.utils import stats_tracker
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import AgentConfig
 from workflows import MemoryAgentWorkflow
 
@@ -46,3 +47,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from areal_like.algorithms import PPOActor, dynamic_sampling_filter
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import ProgramRecipeConfig
 from workflows.program import ProgramWorkflow
 
@@ -48,3 +49,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

@@ -28,6 +28,7 @@ from areal_like.algorithms.functional import shift_to_next_token
 from areal_like.api.config import RolloutConfig
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
+from areal_like.utils.fast_exit import exit_now
 from engines.fleet.client import RemoteInferenceEngine
 from engines.server.errors import InferenceServerError
 from recipes.configs import DistillConfig
@@ -96,3 +97,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

@@ -29,6 +29,7 @@ from areal_like.runtime.pair_runs import (
 )
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import start_engine
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import DPOConfig
 
 
@@ -82,3 +83,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

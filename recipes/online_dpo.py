@@ -19,6 +19,7 @@ from areal_like.algorithms.actors.preference import DPOActor
 from areal_like.algorithms.functional import group_index_from_ids
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import OnlineDPOConfig
 from workflows import RLVRWorkflow
 
@@ -66,3 +67,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from areal_like.algorithms import CriticActor, PPOActor
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import PPOConfig
 from workflows import RLVRWorkflow
 
@@ -33,3 +34,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

@@ -16,6 +16,7 @@ from areal_like.rewards.prm_client import PRMClient
 from areal_like.rewards.prm_server import PRMService
 from areal_like.runtime.recipe_args import parse_recipe_args
 from areal_like.runtime.rl_setup import RLSetup, start_engine
+from areal_like.utils.fast_exit import exit_now
 from recipes.configs import PPOPRMConfig
 from workflows.prm import PRMWorkflow
 
@@ -49,3 +50,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now()  # the run is over: skip the teardown of its imports (areal_like.utils.fast_exit)

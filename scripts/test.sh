@@ -2,8 +2,17 @@
 # The test command: install what is missing, lint (ruff, import layers, mypy), run the whole suite (real SGLang + torchrun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
 PYTHON="${PYTHON:-python3}"
+# every start (servers, trainers, Ray nodes, Slurm, this install) appends a line here; the
+# suite's summary sums them by kind (areal_like/utils/start_costs.py, tests/conftest.py)
+if [ -z "${AREAL_LIKE_START_LOG:-}" ]; then
+  AREAL_LIKE_START_LOG="$(mktemp --suffix=.starts.jsonl)"
+  OWN_START_LOG="$AREAL_LIKE_START_LOG"
+fi
+export AREAL_LIKE_START_LOG
+INSTALL_BEGAN="$(date +%s.%N)"
+bash scripts/install.sh
+"$PYTHON" -c "import json, sys, time; print(json.dumps({'kind': 'install', 'what': 'scripts/install.sh', 'seconds': round(time.time() - float(sys.argv[1]), 1)}))" "$INSTALL_BEGAN" >>"$AREAL_LIKE_START_LOG"
 "$PYTHON" -m ruff check .
 "$PYTHON" -c "from importlinter.cli import lint_imports_command as c; c(['--no-logo'])"  # layers
 # types: areal_like, engines, workflows, recipes ([tool.mypy] in pyproject.toml). mypy (~40 s
@@ -12,7 +21,7 @@ PYTHON="${PYTHON:-python3}"
 MYPY_LOG="$(mktemp)"
 "$PYTHON" -m mypy >"$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
-trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG"' EXIT
+trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG" ${OWN_START_LOG:+"$OWN_START_LOG"}' EXIT
 # two lanes (pytest-xdist, tests/conftest.py): the tests of servers, torchrun jobs and Ray in
 # one worker, in order; the in-process tests in the other, beside them. TEST_LANES=1: one process.
 LANES=(-n 2 --dist loadgroup)

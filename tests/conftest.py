@@ -76,12 +76,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 
 
 _slow_in_quick_tier: list[tuple[str, float]] = []
+_seconds_by_file: dict[str, float] = {}  # setup + call + teardown of its tests
+COST_TABLE_FILES = 25  # the files shown in the cost table, most seconds first
+COST_TABLE_MIN_FILES = 4  # fewer files run: no table
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     slow = report.duration > QUICK_TIER_LIMIT_S
     if report.when == "call" and slow and "e2e" not in report.keywords:
         _slow_in_quick_tier.append((report.nodeid, report.duration))
+    path = report.nodeid.split("::", 1)[0]
+    _seconds_by_file[path] = _seconds_by_file.get(path, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's own type)
@@ -89,6 +94,36 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's
         terminalreporter.section("quick-tier tests over the limit (mark them e2e?)")
         for nodeid, seconds in _slow_in_quick_tier:
             terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+    _cost_table(terminalreporter)
+
+
+def _cost_table(terminalreporter) -> None:  # noqa: ANN001 (pytest's own type)
+    """Where the suite's time went: seconds per test file (its tests' setup, call and
+    teardown: a session fixture counts in the first file that uses it), and per kind of start
+    (servers, trainers, Ray nodes, Slurm, the install: `areal_like.utils.start_costs`, written
+    by every process the tests start). Process-seconds: starts overlap in time, across the
+    two lanes too. docs/contributing.md keeps the budget per area."""
+    from areal_like.utils.start_costs import START_LOG_ENV, summarize
+
+    if len(_seconds_by_file) < COST_TABLE_MIN_FILES:  # one file's run: its durations say it
+        return
+    terminalreporter.section("where the time went: test files (s), most first")
+    ranked = sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])
+    for path, seconds in ranked[:COST_TABLE_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    rest = ranked[COST_TABLE_FILES:]
+    if rest:
+        terminalreporter.write_line(f"{sum(s for _, s in rest):8.1f}  ({len(rest)} other files)")
+    terminalreporter.write_line(f"{sum(_seconds_by_file.values()):8.1f}  all "
+                                f"{len(_seconds_by_file)} files (both lanes, summed)")
+    log = os.environ.get(START_LOG_ENV)
+    kinds = summarize(log) if log else []
+    if kinds:
+        terminalreporter.section("where the time went: starts by kind (process-seconds)")
+        terminalreporter.write_line(f"{'kind':32} {'starts':>6} {'seconds':>9} {'mean':>7}")
+        for kind in kinds:
+            terminalreporter.write_line(f"{kind.kind:32} {kind.count:6d} {kind.seconds:9.1f} "
+                                        f"{kind.seconds / kind.count:7.1f}")
 
 
 @pytest.fixture(scope="session")

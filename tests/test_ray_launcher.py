@@ -25,6 +25,7 @@ from sglang_helpers import assert_same_records, attach_args
 
 from areal_like.utils.metrics_logger import read_metrics
 from areal_like.utils.network import find_free_port
+from areal_like.utils.start_costs import record_start
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
@@ -69,11 +70,13 @@ def _start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
                                  f"--dashboard-agent-listen-port={_free_port()}", *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=ENV | NODE_HEALTH,
                                 start_new_session=True)
-    deadline = time.monotonic() + 300
+    started = time.monotonic()
+    deadline = started + 300
     while b"will now block" not in log.read_bytes():
         assert node.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, f"the Ray node did not start within 300 s: {args}"
         time.sleep(0.2)
+    record_start("ray node", time.monotonic() - started, "head" if "--head" in args else "worker")
     return node
 
 

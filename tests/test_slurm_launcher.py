@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from areal_like.utils.metrics_logger import read_metrics
+from areal_like.utils.start_costs import record_start
 
 REPO = Path(__file__).resolve().parents[1]
 # servers of its own only (started by Slurm): beside the serial lane
@@ -34,9 +35,11 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("a test Slurm needs root (slurmd, munged)")
     where = tmp_path_factory.mktemp("slurm")
     script = REPO / "scripts" / "slurm_test_cluster.sh"
+    started = time.monotonic()
     out = subprocess.run(["bash", str(script), "start", str(where)], capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    record_start("slurm cluster", time.monotonic() - started, "munged, slurmctld, 2 slurmd")
     env = dict(os.environ, SLURM_CONF=str(where / "slurm.conf"), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     yield env

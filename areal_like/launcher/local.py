@@ -23,6 +23,7 @@ the same way (or `server.cpus`, `launcher.trainer_cpus`, `rollout.controller.cpu
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import os
 import signal
@@ -42,6 +43,8 @@ from areal_like.launcher.target import (
     trainer_error,
 )
 from areal_like.utils.cpus import check_cpus, split_cores
+from areal_like.utils.fast_exit import exit_now
+from areal_like.utils.launch_clock import mark_launch, stamp
 from areal_like.utils.metrics_logger import run_dir
 from areal_like.utils.network import bindable, find_free_port
 from areal_like.utils.progress import LIVE_BAR_ENV
@@ -204,12 +207,13 @@ def _supervise_once_started(fleet: Any, config: Any, mute: threading.Event,
         mute.set()
         raise LaunchError(f"{e}\n(trainer stopped; its output is in "
                           f"{log_dir / 'trainer.log'})") from e
-    CONSOLE.line(f"[launcher] servers ready: {fleet.addresses}")
+    CONSOLE.line(f"[launcher] servers ready: {fleet.addresses} ({stamp()} after launch)")
     return FleetSupervisor(fleet, config.server.max_restarts, config.rollout.health.min_servers)
 
 
 def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int:
     """Run a recipe or a training script with its fleet; returns the trainer's exit code."""
+    mark_launch()  # the trainer's start-up phases count from this process's start
     target = resolve_target(target_name, argv)  # fails fast on a typo
     config, overrides, needs_fleet = target.config, target.overrides, target.needs_fleet
     check_model_path(config)
@@ -230,7 +234,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
 
             CONSOLE.line(f"[launcher] starting {config.server.n_servers} "
                          f"{config.server.backend} server(s) on {config.model.path}; the "
-                         f"trainer starts beside them")
+                         f"trainer starts beside them ({stamp()} after launch)")
             fleet = InferenceFleet(config.model.path, server_config,
                                    api_key=config.rollout.client.api_key,
                                    log_dir=log_dir / "servers")
@@ -278,7 +282,8 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
         pump = _stream("trainer", trainer.stdout, log_dir / "trainer.log", mute, last_lines)
         supervisor = None
         while trainer.poll() is None:
-            time.sleep(1.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # returns when it exits
+                trainer.wait(timeout=1.0)
             if fleet is not None and supervisor is None:
                 supervisor = _supervise_once_started(fleet, config, mute, log_dir)
             if supervisor is not None:
@@ -317,4 +322,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # servers stopped, trainer gone: skip the teardown of the imports

@@ -26,9 +26,11 @@ from areal_like.runtime.main_rank import run_on_main
 from areal_like.runtime.preflight_models import read_model_config
 from areal_like.utils import stats_tracker
 from areal_like.utils.distributed import ensure_process_group, resolve_device_and_backend
+from areal_like.utils.launch_clock import process_started_at
 from areal_like.utils.launcher_state import launcher_metrics
 from areal_like.utils.metrics_logger import MetricsLogger, read_metrics, run_dir, truncate_jsonl
 from areal_like.utils.quiet import silence_library_progress_bars
+from areal_like.utils.start_costs import record_start
 from engines.fsdp.packing import attention_width, shard_rows
 
 logger = logging.getLogger("areal_like")
@@ -135,6 +137,9 @@ class RunContext:
         # step 0 is logged before training: its time is the start-up's
         metrics["timeperf/startup" if step == 0 else "timeperf/step"] = now - self._step_start
         self._step_start = now
+        if step == 0 and self.is_main:  # from this rank's start (the test command's table)
+            record_start("trainer (torchrun rank)", time.time() - process_started_at(),
+                         type(self.config).__name__)
         if self.metrics is not None:
             metrics.update(launcher_metrics())  # restart counts, under the Ray launcher
             self.metrics.log(step, metrics)

@@ -49,6 +49,7 @@ from areal_like.runtime.weight_broadcast import WeightBroadcaster
 from areal_like.runtime.weight_delta import WeightDeltaPusher
 from areal_like.runtime.weight_sync import FleetLoadBesideTraining, WeightPusher, push_weights
 from areal_like.utils.imports import load_object
+from areal_like.utils.launch_clock import Phases
 from areal_like.utils.plotting import plot_run
 from areal_like.utils.progress import progress
 from engines import FSDPEngine
@@ -74,7 +75,11 @@ class RLSetup:
         """`eval_workflow(rl)` builds the workflow of held-out evaluation (default: greedy
         RLVR on the valid dataset's reward)."""
         self.config = config
+        # start-up phases on the launcher's clock, said at step 0 (where the seconds go)
+        self.phases = Phases("trainer process")
+        self.phases.mark("imports")
         self.run = RunContext(config, console_keys=CONSOLE)
+        self.phases.mark("process group")
         cpus = sorted(os.sched_getaffinity(0))
         if self.run.is_main and len(cpus) < (os.cpu_count() or 0):  # pinned: say where
             print(f"trainer rank 0 runs on CPUs {cpus} (launcher.trainer_cpus)", flush=True)
@@ -93,7 +98,9 @@ class RLSetup:
         # loaded in worker processes, inside the rollout controller
         self.rewards = RewardExecutor(dataclasses.replace(config.reward, use_processes=False))
         self.check_rewards()  # before anything slow starts: a broken reward fails the run now
+        self.phases.mark("data")
         self.actor_engine = start_engine(config.actor)
+        self.phases.mark("actor engine")
         group_statistics = uses_group_statistics(config.algorithm)
         # ranks get whole groups; without group statistics a group may be short of its
         # failed samples, so any split is right
@@ -104,6 +111,7 @@ class RLSetup:
             self.rollout.start(self.rollout_setup(workflow, group_statistics))
         # the other ranks wait (with heartbeats) and fail alike if it cannot start
         self.run.on_main(self._wait_rollout_ready, "starting the rollout controller")
+        self.phases.mark("rollout controller and servers ready")
         self.loader = ItemLoader(self.task.dataset, config.train_dataset.batch_size, config.seed,
                                  shuffle=config.train_dataset.shuffle)
         self.ckpt = Checkpointer(config.checkpoint, self.run.dir, self.run.rank)
@@ -231,6 +239,9 @@ class RLSetup:
                                       in_memory=self.adapter_in_memory)
             self.run.log_step(0, stats)
             self.start_evaluation(0)
+            self.phases.mark("step 0")
+            if self.run.is_main:
+                print(f"start-up, seconds after launch: {self.phases.summary()}", flush=True)
         elif self.rollout is not None:
             self.run.log_episodes(start, restored=self.rollout.buffered_episode_ids())
         total = self.config.total_train_steps
@@ -347,10 +358,13 @@ class RLSetup:
     def finish(self) -> None:
         """Write the final policy to `<run dir>/final`, print accuracy before -> after, write
         the curves PNG, release everything."""
+        ending = Phases("last step", from_process_start=False)
         self.wait_for_fleet()
         self.ckpt.commit(self.actor_engine)  # a checkpoint still being written
         self.save_final()
+        ending.mark("final model")
         self.log_evaluations(wait=True)
+        ending.mark("evaluations")
         self.run.summarize("eval/accuracy")
         plot: Optional[concurrent.futures.Future[Path]] = None
         if self.run.metrics is not None and self.config.logging.plot:
@@ -366,6 +380,11 @@ class RLSetup:
         if self.broadcaster is not None:
             self.broadcaster.close()
         self.rewards.shutdown()
+        ending.mark("rollout controller and reward workers stopped")
         if plot is not None:
             print(f"curves: {plot.result(timeout=PLOT_TIMEOUT_S)}", flush=True)
+            ending.mark("curves")
         self.run.close()
+        ending.mark("metric sinks closed")
+        if self.run.is_main:
+            print(f"shut-down, seconds after launch: {ending.summary()}", flush=True)

@@ -35,6 +35,7 @@ from typing import Callable, Optional, Sequence, Union
 from areal_like.api.config import ServerConfig
 from areal_like.utils.cpus import check_cpus
 from areal_like.utils.network import find_free_port, is_loopback
+from areal_like.utils.start_costs import record_start
 from engines.fleet.zygote import ForkedServer, ServerZygote
 from engines.server.errors import ServerStartError
 from engines.sglang.command import build_server_command
@@ -194,6 +195,9 @@ class InferenceFleet:
         self._lock = threading.Lock()
         self._started_at = 0.0  # when `spawn` started the servers
         self._starting: set[int] = set()  # not yet healthy, by index (`check_started`)
+        # when each server's latest start began, and which were restarts (start costs)
+        self._spawned_at: dict[int, float] = {}
+        self._restarted: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> InferenceFleet:
@@ -247,6 +251,8 @@ class InferenceFleet:
         return self._zygote.process.pid if self._zygote and self._zygote.alive() else None
 
     def _spawn(self, index: int, port: int, mode: str) -> ServerProcess:
+        self._spawned_at[index] = time.monotonic()
+        self._restarted.discard(index)
         if self.config.backend == "vllm":
             cmd = build_vllm_command(self._python, self.model_path, port, self.config,
                                      self.host, self.api_key)
@@ -312,6 +318,7 @@ class InferenceFleet:
                     os.killpg(pid, signal.SIGKILL)
             port = int(self.addresses[index].rpartition(":")[2])
             self.processes[index] = self._spawn(index, port, "ab")
+            self._restarted.add(index)
 
     def describe_death(self, index: int, n_lines: int = 15) -> str:
         """'SGLang server i (addr) died: killed by SIGKILL' plus the last lines of its log."""
@@ -355,6 +362,10 @@ class InferenceFleet:
                 )
             if health_ok(self.addresses[i]):
                 pending.discard(i)
+                if i in self._spawned_at:  # once per start (the test command's cost table)
+                    record_start(f"{self.config.backend} server"
+                                 + (" restart" if i in self._restarted else ""),
+                                 time.monotonic() - self._spawned_at.pop(i), self.model_path)
             elif _bind_failed(self.log_paths[i]):  # the process may linger: fail now
                 raise ServerStartError(
                     f"{self.kind} server {i} could not bind {self.addresses[i]} (address "

@@ -167,3 +167,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # every server is killed and nothing is left to save: skip the interpreter's teardown of
+    # all of SGLang and torch (~2 s of a fleet's stop, at the end of every run)
+    sys.stderr.flush()
+    os._exit(0)

@@ -52,15 +52,21 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1
 fi
 
 PIP=("$PYTHON" -m pip install --progress-bar off)
-if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+# what is there is looked up, not imported (importing torch, ray, mlflow, wandb, ... only to
+# learn that they are installed took seconds of every warm run); torch's version from its
+# metadata
+installed() {  # module names: found without importing them
+  "$PYTHON" -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in sys.argv[1:]) else 1)" "$@" 2>/dev/null
+}
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('torch').startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! "$PYTHON" -c "import areal_like, ruff, pytest_asyncio, pebble, importlinter, ray, openai, colorama, random_order, xdist, torchdata, mypy, peft, anthropic, gymnasium, zstandard, tinker, google.protobuf, chz, termcolor, pylatexenc, wandb, mlflow, trackio" 2>/dev/null; then
+if ! installed areal_like ruff pytest_asyncio pebble importlinter ray openai colorama random_order xdist torchdata mypy peft anthropic gymnasium zstandard tinker google.protobuf chz termcolor pylatexenc wandb mlflow trackio; then
   "${PIP[@]}" -e ".[dev,ray]"
 fi
 # the Tinker Cookbook, a test client of our Tinker API (tests/test_tinker_api.py): without its
 # pins (tml-renderers>=0.4.1 is not on the index); what its recipes import comes with [dev]
-if ! "$PYTHON" -c "import tinker_cookbook.recipes.sl_loop, tinker_cookbook.recipes.rl_basic" 2>/dev/null; then
+if ! installed tinker_cookbook.recipes.sl_loop tinker_cookbook.recipes.rl_basic; then
   "${PIP[@]}" --no-deps "tinker-cookbook==0.6.1"
 fi
 
@@ -69,13 +75,15 @@ for i in "${!PIDS[@]}"; do
   name="${NAMES[$i]}"
   log="$LOGS/$name.log"
   # never silent for long: the server environments take minutes on a fresh machine
+  # (a look every 0.2 s: an environment already up to date ends in a second, and a 5-s sleep
+  # made every warm install wait 5 s for it)
   ticks=0
   while kill -0 "${PIDS[$i]}" 2>/dev/null; do
-    if [ $((ticks % 12)) -eq 0 ]; then
+    if [ $((ticks % 300)) -eq 0 ]; then
       echo "[install] waiting for $name: $(grep '^\[install_' "$log" | tail -n 1)"
     fi
     ticks=$((ticks + 1))
-    sleep 5
+    sleep 0.2
   done
   if wait "${PIDS[$i]}"; then
     grep '^\[install_' "$log" || true

@@ -12,7 +12,7 @@ fi
 export AREAL_LIKE_START_LOG
 INSTALL_BEGAN="$(date +%s.%N)"
 bash scripts/install.sh
-"$PYTHON" -c "import json, sys, time; print(json.dumps({'kind': 'install', 'what': 'scripts/install.sh', 'seconds': round(time.time() - float(sys.argv[1]), 1)}))" "$INSTALL_BEGAN" >>"$AREAL_LIKE_START_LOG"
+"$PYTHON" -c "import sys, time; from areal_like.utils.start_costs import record_start; record_start('install', time.time() - float(sys.argv[1]), 'scripts/install.sh')" "$INSTALL_BEGAN"
 "$PYTHON" -m ruff check .
 "$PYTHON" -c "from importlinter.cli import lint_imports_command as c; c(['--no-logo'])"  # layers
 # types: areal_like, engines, workflows, recipes ([tool.mypy] in pyproject.toml). mypy (~40 s

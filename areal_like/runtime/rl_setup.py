@@ -77,7 +77,7 @@ class RLSetup:
         self.config = config
         # start-up phases on the launcher's clock, said at step 0 (where the seconds go)
         self.phases = Phases("trainer process")
-        self.phases.mark("imports")
+        self.phases.mark("imports and config")
         self.run = RunContext(config, console_keys=CONSOLE)
         self.phases.mark("process group")
         cpus = sorted(os.sched_getaffinity(0))

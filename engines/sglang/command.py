@@ -41,8 +41,8 @@ def build_server_command(
     if config.device == "cpu":
         # torch_native: the CPU engine's dense path that needs no sgl_kernel (see the shim).
         # --sleep-on-idle: an idle scheduler otherwise busy-polls a whole core.
-        # --skip-server-warmup: its warm-up generation only delays /health (a fleet of two
-        # healthy ~1.3 s sooner on this CPU, the first requests as fast; docs/benchmarks.md)
+        # --skip-server-warmup: its warm-up generation only delays /health (~1.3 s of a
+        # server's start on this CPU, the first requests as fast; docs/benchmarks.md)
         cmd += ["--device", "cpu", "--attention-backend", "torch_native", "--sleep-on-idle",
                 "--skip-server-warmup"]
     elif config.gpus_per_server > 1:

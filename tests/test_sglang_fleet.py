@@ -265,3 +265,27 @@ def test_servers_die_with_the_process_that_started_them(tiny_model_dir, tmp_path
         time.sleep(0.2)
     assert _live_pids_in_group(server_pid) == [], "server outlived its parent (PR_SET_PDEATHSIG)"
     assert _live_pids_in_group(zygote_pid) == [], "the zygote outlived its parent"
+
+
+def test_the_zygote_imports_only_the_model_modules_of_the_served_architectures(tmp_path):
+    """Which of SGLang's model modules the zygote skips (SGLANG_DISABLED_MODEL_ARCHS): those
+    whose EntryClass names none of the served architectures; none when no module names one
+    (the real fleets of the suite serve Qwen2, Qwen3-MoE and Qwen2-VL through it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines/sglang/shim"))
+    try:
+        from areal_like_sglang_zygote import unserved_model_modules
+    finally:
+        sys.path.pop(0)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "qwen2.py").write_text("class Qwen2ForCausalLM: ...\nEntryClass = Qwen2ForCausalLM\n")
+    (models / "llava.py").write_text("EntryClass = [\n    LlavaLlamaForCausalLM,\n"
+                                     "    LlavaQwenForCausalLM,\n]\n")
+    (models / "qwen2_vl.py").write_text("EntryClass = [Qwen2VLForConditionalGeneration]\n")
+    (models / "utils.py").write_text("def helper(): ...\n")  # no model class
+    (models / "__init__.py").write_text("")
+    assert unserved_model_modules(str(models), ["Qwen2ForCausalLM"]) == ["llava", "qwen2_vl"]
+    assert unserved_model_modules(str(models), ["LlavaQwenForCausalLM"]) == ["qwen2", "qwen2_vl"]
+    assert unserved_model_modules(str(models), ["Qwen2ForCausalLM", "Qwen2VLForConditional"
+                                                "Generation"]) == ["llava"]
+    assert unserved_model_modules(str(models), ["NoSuchArchitecture"]) == []

@@ -89,11 +89,25 @@ def _missing_config(exc: BaseException, path: Path) -> Optional[str]:
             f"registered schema of that name); {hint}configs there: {options}")
 
 
+# registered schemas not yet in Hydra's store: storing one builds its whole OmegaConf tree
+# (~0.1 s a schema), so every process that imports the recipes' configs would pay for all of
+# them; they are stored when a config is first composed
+_UNSTORED_SCHEMAS: dict[str, type] = {}
+
+
 def register_schema(name: str, config_cls: type) -> None:
     """Make `config_cls` available to YAML defaults lists as `name`."""
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"register_schema({name!r}): {config_cls!r} is not a dataclass")
-    ConfigStore.instance().store(name=name, node=config_cls)
+    _UNSTORED_SCHEMAS[name] = config_cls
+
+
+def _store_schemas(names: Optional[list[str]] = None) -> None:
+    """Put registered schemas (`names`, or all) into Hydra's store before a compose reads it."""
+    for name in list(_UNSTORED_SCHEMAS) if names is None else names:
+        config_cls = _UNSTORED_SCHEMAS.pop(name, None)
+        if config_cls is not None:
+            ConfigStore.instance().store(name=name, node=config_cls)
 
 
 def _class_at(config_cls: type, dotted_parent: str) -> Optional[type]:
@@ -120,6 +134,7 @@ def _section_types(path: Path, overrides: list[str]) -> dict[str, Any]:
     `section.type=` overrides): what a typo's hint depends on. Best effort: {} on any failure."""
     types: dict[str, Any] = {}
     try:
+        _store_schemas()
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
             composed = compose(config_name=path.stem, overrides=[
                 f"hydra.searchpath=[{','.join(f'file://{d}' for d in _SEARCH_DIRS)}]"])
@@ -238,6 +253,10 @@ def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list
         GlobalHydra.instance().clear()
     search = [f"file://{d}" for d in _SEARCH_DIRS if d != path.parent]
     hydra_overrides = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
+    try:  # the schemas its defaults lists name (a YAML fault: every schema, Hydra names it)
+        _store_schemas(check_yaml_tree(path, _SEARCH_DIRS))
+    except YAMLFileError:
+        _store_schemas()
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
             composed = compose(config_name=path.stem, overrides=[*hydra_overrides, *overrides])

@@ -107,12 +107,14 @@ def _included(entry: Any) -> list[str]:
             if isinstance(o, str) and o not in ("???", "null") and "${" not in o]
 
 
-def check_yaml_tree(path: Path, search_dirs: Sequence[Path]) -> None:
+def check_yaml_tree(path: Path, search_dirs: Sequence[Path]) -> list[str]:
     """Read the YAML at `path` and, recursively, every YAML file its defaults list names (found
-    in the including file's folder, `path`'s folder or `search_dirs`; a name with no file is a
-    registered schema, or Hydra's error); raise `YAMLFileError` at the first fault."""
+    in the including file's folder, `path`'s folder or `search_dirs`); raise `YAMLFileError`
+    at the first fault. Returns the names with no file: registered schemas (or Hydra's
+    error)."""
     roots = [path.parent, *search_dirs]
     seen: set[Path] = set()
+    without_file: list[str] = []
 
     def visit(file: Path, named_by: Optional[Path]) -> None:
         seen.add(file.resolve())
@@ -132,5 +134,8 @@ def check_yaml_tree(path: Path, search_dirs: Sequence[Path]) -> None:
                         if candidate.resolve() not in seen:
                             visit(candidate, file)
                         break
+                else:
+                    without_file.append(name.lstrip("/"))
 
     visit(path, None)
+    return without_file

@@ -15,15 +15,15 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
-
-import torch
-from tensordict import TensorDict
+from typing import TYPE_CHECKING, Any, Optional
 
 from areal_like.api.preference_config import PreferenceDataConfig
 from areal_like.data.addition import make_addition_items
-from areal_like.utils.batching import concat_padded
 from areal_like.utils.chat import render_chat
+
+if TYPE_CHECKING:  # the batch builder's; the launcher's check of pair files needs no torch
+    import torch
+    from tensordict import TensorDict
 
 logger = logging.getLogger(__name__)
 PAIR_KEYS = ("prompt", "chosen", "rejected")
@@ -229,6 +229,11 @@ def load_pairs(config: PreferenceDataConfig, tokenizer: Any, model_config: Any, 
 def build_pair_batch(pairs: list[PreferencePair], device: Optional[torch.device] = None
                      ) -> TensorDict:
     """Two rows per pair, chosen then rejected (see module docstring)."""
+    import torch
+    from tensordict import TensorDict
+
+    from areal_like.utils.batching import concat_padded
+
     rows = []
     for index, pair in enumerate(pairs):
         for chosen, response in ((True, pair.chosen_ids), (False, pair.rejected_ids)):

@@ -37,6 +37,7 @@ import torch.multiprocessing  # noqa: F401  (registers shared-memory reductions 
 
 from areal_like.api.rollout_api import RolloutAPI, remote_calls
 from areal_like.rollout.service import RolloutProcessError, RolloutSetup, _Ref, serve
+from areal_like.utils.spawn_main import children_skip_the_program
 
 logger = logging.getLogger(__name__)
 CALL_MARGIN_S = 60.0  # on top of a call's own timeout: the controller enforces that one
@@ -79,9 +80,11 @@ class RolloutProcess(RolloutAPI):
             return
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(target=serve, args=(child_conn, nice, list(cpus)),
-                                    name="rollout-controller", daemon=False)
-        self._process.start()
+        with children_skip_the_program() as program:  # imported there only if it needs it
+            self._process = ctx.Process(target=serve,
+                                        args=(child_conn, nice, list(cpus), program),
+                                        name="rollout-controller", daemon=False)
+            self._process.start()
         child_conn.close()
         # an exception that ends the trainer must end the controller too: multiprocessing's
         # own exit hook would otherwise wait for it forever (it waits for the trainer)

@@ -25,6 +25,7 @@ from areal_like.rollout.controller import RolloutController
 from areal_like.rollout.evaluation import Evaluator
 from areal_like.utils.cpus import pin_to_cpus
 from areal_like.utils.quiet import silence_library_progress_bars
+from areal_like.utils.spawn_main import ParentProgram, import_program_on_first_use
 from engines import RemoteInferenceEngine
 
 logger = logging.getLogger(__name__)
@@ -114,12 +115,16 @@ class RolloutService:
         return self._objects[value.token]
 
 
-def serve(conn: Any, nice: int, cpus: list[int]) -> None:
+def serve(conn: Any, nice: int, cpus: list[int],
+          program: Optional[ParentProgram] = None) -> None:
     """The controller process: place itself (`nice`, `cpus`), wait for its set-up, build the
     service, then answer calls until told to stop or until the trainer's end of the pipe
     closes (the trainer died). It is started before the trainer knows the set-up, so that its
     imports overlap the trainer's own start-up (`RolloutProcess.spawn`). The set-up arrives
-    pickled; the service builds the reward executor every episode gets from it."""
+    pickled; the service builds the reward executor every episode gets from it. `program`: the
+    trainer's, imported here only when something sent names an object it defines."""
+    if program is not None:
+        import_program_on_first_use(program)
     _stop_with_parent()
     if nice:  # before the reward workers start: they inherit it
         os.nice(nice)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import signal
@@ -150,6 +151,16 @@ def _bind_failed(log_path: Path) -> bool:
             return b"error while attempting to bind" in f.read()
     except OSError:
         return False
+
+
+def model_architectures(model_path: str) -> list[str]:
+    """`architectures` of the model folder's config.json ([] if it has none or cannot be read:
+    the server then names the fault)."""
+    try:
+        found = json.loads((Path(model_path) / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [a for a in found if isinstance(a, str)] if isinstance(found, list) else []
 
 
 def health_ok(address: str, timeout: float = 2.0) -> bool:
@@ -289,9 +300,11 @@ class InferenceFleet:
         if self._zygote is None or not self._zygote.alive():
             # the SGLang shim reads its switches at import: the zygote imports with the
             # servers' environment (on the CPU every server's is the same)
+            zygote_env = dict(env, AREAL_LIKE_SGLANG_ARCHITECTURES=",".join(
+                model_architectures(self.model_path)))  # it imports only their model modules
             self._zygote = ServerZygote(
-                self._python, env, die_with_parent(os.getpid(), self.config.nice,
-                                                   self.config.cpus))
+                self._python, zygote_env, die_with_parent(os.getpid(), self.config.nice,
+                                                          self.config.cpus))
             if self.config.nice:
                 _nice_session(self._zygote.process.pid, self.config.nice)
         log_path = self.log_dir / f"server_{index}.log"

@@ -156,7 +156,7 @@ class FleetMembership:
                     f"{self.api.name} server {addr} not healthy within {timeout:.0f} s "
                     f"(rollout.client.setup_timeout); last answer: {last}"
                 )
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.2)  # a starting server's first batch waits on this
 
     # ---- service ------------------------------------------------------------------------
     def take_out(self, addr: str, reason: str) -> None:

@@ -189,7 +189,7 @@ def test_the_anthropic_sdk_is_recorded_token_in_token_out(gateway, tokenizer):
     controller.run_coroutine(gw.close_session(session.key), timeout=WAIT_S)
     with pytest.raises(anthropic.ConflictError, match="ended at"):
         sdk.messages.create(model="policy", max_tokens=8, messages=messages)
-    with pytest.raises(anthropic.NotFoundError, match="no agent session 's-nobody'"):
+    with pytest.raises(anthropic.AuthenticationError, match="no agent session 's-nobody'"):
         anthropic.Anthropic(base_url=f"{gw.url}/s/s-nobody", api_key="unused").messages.create(
             model="policy", max_tokens=8, messages=messages)
     with pytest.raises(anthropic.BadRequestError, match="top_k: not supported"):
@@ -221,11 +221,58 @@ def test_a_malformed_request_is_refused_naming_its_field(gateway, body, status, 
     assert session.client.completions == []  # nothing was generated or recorded
 
 
-def test_an_unknown_session_is_named(gateway):
+def test_the_door_names_unknown_keys_paths_and_bodies_past_the_limit(gateway):
+    """An unknown or missing session key is 401 (models included), a path the gateway does
+    not serve 404, a body past its limit 413: each in the API's JSON error shape, not
+    retried; the gateway serves the next call."""
+    import urllib.error
+    import urllib.request
+
     gw, _ = gateway
-    with pytest.raises(openai.NotFoundError, match="no agent session 's-nobody'"):
+    with pytest.raises(openai.AuthenticationError, match="no agent session 's-nobody'"):
         _sdk(f"{gw.url}/s/s-nobody/v1").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError, match="no agent session"):
+        _sdk(f"{gw.url}/v1", api_key="s-nobody").models.list()
+    session = gw.open_session()
+
+    def refused(path: str, data: bytes) -> tuple[int, dict, str]:
+        request = urllib.request.Request(f"{gw.session_root(session)}{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=WAIT_S)
+        return e.value.code, json.loads(e.value.read()), e.value.headers["x-should-retry"]
+
+    code, body, retry = refused("/v1/embeddings", b"{}")
+    assert (code, body["error"]["type"], retry) == (404, "not_found_error", "false")
+    big = json.dumps({"model": "policy", "messages": [
+        {"role": "user", "content": "x" * (gw.max_body_bytes + 1)}]}).encode()
+    for path, shape in (("/v1/chat/completions", lambda b: b["error"]["message"]),
+                        ("/v1/messages", lambda b: b["error"]["message"])):
+        code, body, retry = refused(path, big)
+        assert code == 413 and retry == "false", body
+        assert f"over this gateway's limit of {gw.max_body_bytes} bytes" in shape(body)
+    ok = _sdk(gw.session_url(session)).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
+def test_a_failed_follow_up_keeps_the_answered_turn(gateway):
+    """A call that continues an answered one and fails (here: a prompt past the served
+    context) leaves the answered call a conversation of its own in the export."""
+    gw, controller = gateway
+    session = gw.open_session()
+    sdk = _sdk(gw.session_url(session))
+    messages = [{"role": "user", "content": "1 + 1 ="}]
+    first = sdk.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    too_long = [*messages, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": " ".join(["12 + 30"] * 2000)}]
+    with pytest.raises(openai.APIStatusError):
+        sdk.chat.completions.create(model="policy", messages=too_long, max_tokens=4)
+    client = controller.run_coroutine(gw.close_session(session.key), timeout=WAIT_S)
+    assert len(client.completions) == 1 and not client.completions[0].extended
+    client.set_final_reward(1.0)
+    assert client.export_batch("concat")["rewards"].tolist() == [1.0]
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -139,3 +139,55 @@ def test_the_python_tool_answers_a_registry_call_and_survives_a_fork_bomb(sandbo
     assert not bomb.ok and "still ran after 2 s and was killed" in bomb.content
     again = asyncio.run(registry.call(ToolCall("python", {"code": "print('next')"})))
     assert again.ok and again.content["stdout"] == "next\n"
+
+
+def test_the_whole_run_is_bounded_not_each_process(sandbox):
+    """Memory is counted for every process of a run together (its cgroup), RAM-backed files
+    of /tmp and /work included; each tmpfs is disk_mb."""
+    box = Sandbox(SandboxLimits(wall_s=60, cpu_s=30, memory_mb=512, processes=16, disk_mb=16))
+    children = _python(box, "import os, sys, time\npids = []\nfor _ in range(5):\n"
+                            "    pid = os.fork()\n    if pid == 0:\n"
+                            "        x = b'x' * (300 * 2 ** 20)\n        time.sleep(3)\n"
+                            "        os._exit(0)\n    pids.append(pid)\n"
+                            "codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) "
+                            "for p in pids]\nprint(codes)")
+    # five children of 300 MB each fit RLIMIT_AS one by one, not 512 MB together
+    assert children.memory_limit_hit, (children.stdout, children.stderr)
+    assert children.stdout.strip() != "[0, 0, 0, 0, 0]", children.stdout
+    for folder in ("/tmp", "/work"):  # files of 10 MB (under file_mb) until the tmpfs is full
+        full = _python(box, f"for i in range(4):\n"
+                            f"    open('{folder}/f%d' % i, 'wb').write(b'x' * (10 * 2 ** 20))")
+        assert full.exit_code == 1 and "No space left on device" in full.stderr, full.stderr
+    assert _python(box, "print('next run')").stdout == "next run\n"
+
+
+def test_no_caller_path_leaves_work_and_nothing_of_the_caller_is_seen(sandbox, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("AREAL_LIKE_TEST_SECRET", "s3cret")
+    for name in ("../x", "/etc/x", "a/../../x", "", "sub/\0x"):
+        with pytest.raises(ValueError, match="expected a relative path inside /work"):
+            asyncio.run(sandbox.run(["/usr/bin/true"], files={name: "escape"}))
+    assert not (tmp_path.parent / "x").exists()
+    nested = asyncio.run(sandbox.run(
+        ["/usr/bin/python3", "pkg/main.py"],
+        files={"pkg/main.py": "import os, mod\nprint(mod.VALUE, "
+                              "'s3cret' in str(os.environ), len([p for p in os.listdir('/proc')"
+                              " if p.isdigit()]))\n",
+               "pkg/__init__.py": "", "pkg/mod.py": "VALUE = 7\n"}))
+    value, leaked, processes = nested.stdout.split()
+    assert value == "7" and leaked == "False", nested.stderr
+    assert int(processes) <= 3  # its own pid namespace: bubblewrap and itself
+    link = _python(sandbox, "import os\nos.symlink('/etc/passwd', 'p')\nprint(open('p').read())")
+    assert link.exit_code == 1 and "No such file or directory" in link.stderr
+
+
+def test_a_machine_that_cannot_bound_the_whole_run_is_refused(monkeypatch, tmp_path):
+    from areal_like.utils import sandbox_cgroup
+
+    monkeypatch.setattr(sandbox_cgroup, "ROOT", tmp_path)  # no cgroup controllers there
+    if not Path("/usr/bin/bwrap").exists() and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("bubblewrap is missing")
+    with pytest.raises(SandboxUnavailableError, match="cannot bound the memory and processes "
+                                                      "of a whole run here"):
+        Sandbox().check()
+    Sandbox(SandboxLimits(whole_sandbox=False)).check()  # per-process limits, accepted

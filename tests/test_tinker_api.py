@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +52,10 @@ class Server:
         return self.storage / model_id.replace(":", "_") / kind / name
 
     def client(self) -> Any:
-        return tinker.ServiceClient(base_url=self.url, api_key=API_KEY)
+        return self.client_with_key(API_KEY)
+
+    def client_with_key(self, api_key: str) -> Any:
+        return tinker.ServiceClient(base_url=self.url, api_key=api_key)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
              "--model-path", str(tiny_model_dir), "--model-name", MODEL_NAME,
              "--port", str(port),
              "--storage-dir", str(root / "storage"), "--log-dir", str(root / "logs"),
-             "--trainer-ranks", "2", "--max-lora-rank", "8", "--api-key", API_KEY,
+             "--trainer-ranks", "2", "--max-lora-rank", "8",  # (any tml- key: two callers)
              "--session-timeout", str(SESSION_TIMEOUT_S), "--poll-wait", "5",
              "--fork-children"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -243,6 +247,44 @@ def test_errors_reach_the_sdk_as_its_own_exceptions(server: Server, client: Any)
         [datum], lambda data, logprobs: (-2.0 * sum(lp.sum() for lp in logprobs), {}))
     assert custom.result().metrics["loss:sum"] == pytest.approx(2 * nll, rel=1e-5)
     assert server.stats()["pending_futures"] == 0
+
+
+def test_the_door_holds_poison_requests_bad_datums_and_other_keys(server: Server,
+                                                                   client: Any) -> None:
+    """A prompt token id past the vocabulary (it would crash the SGLang server: IndexError in
+    the embedding) is the SDK's BadRequestError and the server samples the next request; a
+    datum without tokens fails its own future and uses its seq_id (the model's next call runs
+    without waiting for the seq_id gap); another key's client finds neither the model nor its
+    seq_ids; a call without a key gets 401 with a JSON message."""
+    training = client.create_lora_training_client(base_model=MODEL_NAME, rank=4).result()
+    sampler = client.create_sampling_client(base_model=MODEL_NAME).result()
+    params = types.SamplingParams(max_tokens=4, temperature=0.0)
+    for prompt in ([1, 2, 10**6], [-1, 2, 3]):
+        with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
+            sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result()
+    assert sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result().sequences
+    empty = types.Datum(model_input=types.ModelInput.from_ints([]),
+                        loss_fn_inputs={"target_tokens": []})
+    with pytest.raises(tinker.RequestFailedError, match="has no tokens"):
+        training.forward_backward([empty], "cross_entropy").result()
+    datum = _datum([1, 2, 3, 4], [1.0] * 4)
+    nll = training.forward([datum], "cross_entropy").result().metrics["loss:sum"]
+    assert "never arrived" not in server.log.read_text()  # (the gap was not waited out)
+
+    with server.client_with_key("tml-someone-else") as other:
+        stranger = tinker.TrainingClient(other.holder, model_seq_id=0,
+                                         model_id=training.model_id, info=training.get_info())
+        with pytest.raises(tinker.NotFoundError, match="no model"):
+            stranger.forward([datum], "cross_entropy").result()
+    assert training.forward([datum], "cross_entropy").result().metrics["loss:sum"] == \
+        pytest.approx(nll, rel=1e-6)  # its own seq_ids go on as before
+    request = urllib.request.Request(f"{server.url}/api/v1/create_session", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401
+    assert json.loads(refused.value.read())["detail"] == "missing or wrong X-API-Key"
+    assert server.process.poll() is None and server.stats()["pending_futures"] == 0
 
 
 _DROPPED_CLIENT = """

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from areal_like.tinker.errors import Conflict, NotFound
 from areal_like.tinker.futures import FutureStore
-from areal_like.tinker.service import ServiceConfig, TinkerService
+from areal_like.tinker.service import CALLER, ServiceConfig, TinkerService, key_fingerprint
 
 
 class RecordingRanks:
@@ -86,3 +87,71 @@ async def test_a_seq_id_that_never_comes_is_skipped(tmp_path) -> None:
     assert (await _results(service.futures, [later]))[0]["type"] == "optim_step"
     with pytest.raises(Exception, match="seq_id 1 was used already"):
         service.optim_step(_optim(model, 1))
+
+
+async def test_another_request_under_a_used_seq_id_is_refused_not_answered(tmp_path) -> None:
+    """Only the same request again (an SDK retry) gets the first one's future: a different
+    one under that seq_id (another client using this model's id) is a conflict."""
+    service, ranks = _service(tmp_path)
+    model = await _model(service)
+    first = service.optim_step(_optim(model, 1, lr=1.0))
+    assert service.optim_step(_optim(model, 1, lr=1.0)) == first
+    with pytest.raises(Conflict, match="seq_id 1 was used by another request"):
+        service.optim_step(_optim(model, 1, lr=5.0))
+    await _results(service.futures, [first])
+
+
+async def test_a_forward_backward_whose_data_is_refused_uses_its_seq_id(tmp_path) -> None:
+    """A datum the wire could not decode (e.g. no tokens) fails its own future in its turn:
+    the model's next call runs at once instead of waiting for the seq_id gap."""
+    from areal_like.tinker.wire import ForwardBackwardCall
+
+    service, ranks = _service(tmp_path)
+    model = await _model(service)
+    refused = ForwardBackwardCall(model, 1, "cross_entropy", {}, False, [],
+                                  refused="datum 0: model_input has no tokens")
+    ids = [service.forward_backward(refused, "digest-1"), service.optim_step(_optim(model, 2))]
+    results = await _results(service.futures, ids)
+    assert "datum 0: model_input has no tokens" in results[0]
+    assert results[1]["type"] == "optim_step" and service.futures.pending() == 0
+
+
+async def test_sessions_models_and_samplers_belong_to_the_key_that_made_them(tmp_path) -> None:
+    service, _ = _service(tmp_path)
+    owner, stranger = key_fingerprint("tml-owner"), key_fingerprint("tml-stranger")
+    CALLER.set(owner)
+    model = await _model(service)
+    session = model.rsplit(":train:", 1)[0]
+    sampler = service.create_sampling_session({"session_id": session})
+    CALLER.set(stranger)
+    for call in (lambda: service.session(session), lambda: service.model(model),
+                 lambda: service.optim_step(_optim(model, 1)),
+                 lambda: service.sampler_info(sampler),
+                 lambda: service.create_sampling_session({"session_id": session})):
+        with pytest.raises(NotFound):
+            call()
+    CALLER.set(owner)
+    assert service.sampler_info(sampler)["sampler_id"] == sampler
+    done = await _results(service.futures, [service.optim_step(_optim(model, 1))])
+    assert done[0]["type"] == "optim_step"
+
+
+def test_tinker_serve_refuses_bad_flags_before_anything_starts(tmp_path, capsys,
+                                                               monkeypatch) -> None:
+    import socket
+    import subprocess
+
+    from areal_like.tinker.serve import main
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process started"))
+    base = ["--model-path", str(tmp_path)]
+    for flags, message in ((["--max-models", "0"], "--max-models 0: must be >= 1"),
+                           (["--port", "70000"], "--port 70000: a TCP port is 1..65535")):
+        assert main([*base, *flags]) == 2
+        assert message in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main([*base, "--port", str(port)]) == 2
+    assert f"--port {port} on 127.0.0.1 is in use" in capsys.readouterr().err

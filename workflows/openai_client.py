@@ -16,10 +16,12 @@ and `apply_reward_discount`), and `export_batch` turns the recorded calls into t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -50,6 +52,8 @@ from areal_like.utils.batching import concat_padded
 from areal_like.utils.chat import decode_text, render_chat
 from workflows.common import TrajectoryBuilder, with_eos_stop
 from workflows.tools import TOOL_CALL_RE, parse_tool_calls
+
+_TOKENIZER_LOCK = threading.Lock()  # prompts are tokenized in worker threads (see _create)
 
 _UNSUPPORTED = {"stream": False, "n": 1, "logprobs": None, "top_logprobs": None, "seed": None,
                 "response_format": None, "functions": None, "function_call": None,
@@ -203,17 +207,22 @@ class ArealOpenAI:
                 reply = head[len(asked):]
                 eos_text = decode_text(self.tokenizer, [eos]) if eos is not None else ""
                 tail = reply[reply.rfind(eos_text) + len(eos_text):] if eos_text in reply else ""
-                builder.add_context(self.tokenizer.encode(tail + full[len(head):],
-                                                          add_special_tokens=False))
-                parent.extended = True
+                builder.add_context(self._encode(tail + full[len(head):]))
                 return builder, parent
             self.n_rerendered += 1
-        return TrajectoryBuilder(self.tokenizer.encode(full, add_special_tokens=False)), None
+        return TrajectoryBuilder(self._encode(full)), None
+
+    def _encode(self, text: str) -> list[int]:
+        with _TOKENIZER_LOCK:  # a fast tokenizer is not to be used by two threads at once
+            ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
 
     async def _create(self, messages: list[dict[str, Any]], model: str,
                       tools: Optional[list[dict[str, Any]]],
                       gconfig: GenerationHyperparameters) -> ChatCompletion:
-        builder, parent = self._prompt(messages, tools)
+        # rendered and tokenized beside the event loop: a long prompt (the gateway's callers
+        # send what they like) does not hold up the other episodes' calls
+        builder, parent = await asyncio.to_thread(self._prompt, messages, tools)
         prompt_len = len(builder)
         resp = await self.engine.agenerate(ModelRequest(input_ids=list(builder.input_ids),
                                                         gconfig=gconfig, rid=self.rid))
@@ -236,6 +245,8 @@ class ArealOpenAI:
                                   total_tokens=prompt_len + resp.output_len))
         self.completions.append(RecordedCompletion(
             completion.id, messages, _message_dict(message), builder, prompt_len, resp, parent))
+        if parent is not None:  # only now: a call that failed continued nothing, and its
+            parent.extended = True  # parent stays a conversation of its own in the export
         return completion
 
     # ---- rewards ------------------------------------------------------------------------

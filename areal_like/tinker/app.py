@@ -16,7 +16,7 @@ from aiohttp import web
 from areal_like.tinker import runs
 from areal_like.tinker.errors import TinkerError, UserError
 from areal_like.tinker.sampling import SamplingParams
-from areal_like.tinker.service import TinkerService
+from areal_like.tinker.service import CALLER, TinkerService, key_fingerprint, request_digest
 from areal_like.tinker.wire import decode_forward_backward
 
 logger = logging.getLogger(__name__)
@@ -85,9 +85,9 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
         if request.content_type != PROTO:
             raise UserError(f"forward_backward takes {PROTO} (tinker SDK >= 0.38), got "
                             f"{request.content_type}")
-        call = decode_forward_backward(await request.read(),
-                                       request.headers.get("Content-Encoding", ""))
-        return future(s.forward_backward(call), model_id=call.model_id)
+        raw = await request.read()
+        call = decode_forward_backward(raw, request.headers.get("Content-Encoding", ""))
+        return future(s.forward_backward(call, request_digest(raw)), model_id=call.model_id)
 
     def json_call(method: Callable[[dict[str, Any]], str]) -> Handler:
         async def handle(request: web.Request) -> web.Response:
@@ -223,6 +223,7 @@ def _auth(api_key: Optional[str]) -> Any:
             given = request.headers.get("X-API-Key", "")
             if not given or (api_key is not None and given != api_key):
                 return web.json_response({"detail": "missing or wrong X-API-Key"}, status=401)
+            CALLER.set(key_fingerprint(given))  # whose sessions, models and samplers
         return await handler(request)
     return check
 

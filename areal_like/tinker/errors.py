@@ -34,3 +34,11 @@ class Gone(TinkerError):
 class Conflict(TinkerError):
     status = 409
     category = "user"
+
+
+class Forbidden(TinkerError):
+    """Another key's session, model or sampler (answered as 404 where saying that it exists
+    would tell a caller about another's work)."""
+
+    status = 403
+    category = "user"

@@ -23,7 +23,7 @@ import time
 from typing import Optional
 
 from areal_like.api.config import ServerConfig
-from areal_like.utils.network import find_free_port
+from areal_like.utils.network import bindable, find_free_port
 
 logger = logging.getLogger("areal_like.tinker")
 MIN_SESSION_TIMEOUT_S = 20.0  # the SDK heartbeats every 10 s
@@ -72,8 +72,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         from areal_like.tinker.rank_main import run_rank
 
         return run_rank(args)
-    if args.trainer_ranks < 1 or args.max_lora_rank < 1:
-        print("error: --trainer-ranks and --max-lora-rank must be >= 1", file=sys.stderr)
+    for flag, value in (("--trainer-ranks", args.trainer_ranks),
+                        ("--max-lora-rank", args.max_lora_rank),
+                        ("--max-models", args.max_models), ("--n-servers", args.n_servers),
+                        ("--max-tokens-per-mb", args.max_tokens_per_mb),
+                        ("--context-length", args.context_length)):
+        if value < 1:
+            print(f"error: {flag} {value}: must be >= 1", file=sys.stderr)
+            return 2
+    if not 0 < args.port < 65536:
+        print(f"error: --port {args.port}: a TCP port is 1..65535", file=sys.stderr)
+        return 2
+    if not bindable(args.host, args.port, reuse_addr=True):  # before the servers start
+        print(f"error: --port {args.port} on {args.host} is in use or cannot be bound",
+              file=sys.stderr)
         return 2
     if args.session_timeout < MIN_SESSION_TIMEOUT_S:
         print(f"error: --session-timeout {args.session_timeout} is below "

@@ -5,7 +5,9 @@ disk, and sampling sessions. `areal_like.tinker.app` maps the routes onto this."
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
+import hashlib
 import itertools
 import json
 import logging
@@ -25,6 +27,18 @@ from areal_like.tinker.wire import ForwardBackwardCall, encode_forward_backward_
 
 logger = logging.getLogger(__name__)
 WEIGHTS, SAMPLER_WEIGHTS = "weights", "sampler_weights"
+# who is calling: a fingerprint of the request's X-API-Key, set by the app's auth middleware.
+# A session, and the models and samplers it made, belong to the key that made it.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_caller", default="")
+
+
+def key_fingerprint(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def request_digest(body: bytes) -> str:
+    """What tells a retry (the same request again under its seq_id) from another call."""
+    return hashlib.sha256(body).hexdigest()
 
 
 @dataclass
@@ -44,6 +58,7 @@ class ServiceConfig:
 class Session:
     id: str
     last_seen: float
+    owner: str = ""  # the fingerprint of the key that created it
     models: set[str] = field(default_factory=set)
     samplers: set[str] = field(default_factory=set)
 
@@ -58,6 +73,7 @@ class Model:
     waiting: dict[int, tuple[str, Callable[[], Awaitable[Result]], float]] = field(
         default_factory=dict)  # seq_id -> (request id, the call, when it arrived)
     request_ids: dict[int, str] = field(default_factory=dict)  # seq_id -> request id
+    digests: dict[int, str] = field(default_factory=dict)  # seq_id -> its request's digest
     last_request: float = field(default_factory=time.time)
 
 
@@ -75,13 +91,14 @@ class TinkerService:
 
     # ---- sessions -----------------------------------------------------------------------
     def create_session(self) -> str:
-        session_id = f"session-{next(self._ids)}-{os.urandom(3).hex()}"
-        self.sessions[session_id] = Session(session_id, time.monotonic())
+        session_id = f"session-{next(self._ids)}-{os.urandom(8).hex()}"
+        self.sessions[session_id] = Session(session_id, time.monotonic(), CALLER.get())
         return session_id
 
     def session(self, session_id: str) -> Session:
+        """The caller's session `session_id` (another key's is answered as unknown)."""
         session = self.sessions.get(session_id)
-        if session is None:
+        if session is None or session.owner != CALLER.get():
             if session_id in self.finished:
                 raise Gone(f"session {session_id!r} has finished")
             raise NotFound(f"no session {session_id!r}")
@@ -174,8 +191,10 @@ class TinkerService:
         return {"model_id": model_id, "type": "create_model"}
 
     def model(self, model_id: str) -> Model:
+        """The caller's model `model_id` (another key's is answered as unknown)."""
         model = self.models.get(model_id)
-        if model is None:
+        session = self.sessions.get(model.session_id) if model is not None else None
+        if model is None or (session is not None and session.owner != CALLER.get()):
             raise NotFound(f"no model {model_id!r} (create_model first; a model lives as "
                            f"long as its session)")
         self.session(model.session_id)
@@ -190,18 +209,24 @@ class TinkerService:
 
     # ---- ordered training calls ---------------------------------------------------------
     def enqueue(self, model_id: str, seq_id: int, kind: str,
-                call: Callable[[], Awaitable[Result]]) -> str:
+                call: Callable[[], Awaitable[Result]], digest: str) -> str:
         """The call's future; it runs once every earlier seq_id of the model has been
-        started (a repeated seq_id, an SDK retry, gets the first one's future)."""
+        started. The same request again under its seq_id (`digest` equal: an SDK retry) gets
+        the first one's future; another request under a used seq_id is refused."""
         model = self.model(model_id)
         model.last_request = time.time()
         if seq_id in model.request_ids:
-            return model.request_ids[seq_id]
+            if model.digests.get(seq_id) == digest:
+                return model.request_ids[seq_id]
+            raise Conflict(f"model {model_id}: seq_id {seq_id} was used by another request "
+                           f"(a retry repeats the same request; next seq_id is "
+                           f"{max(model.request_ids) + 1})")
         if seq_id < model.next_seq:
             raise UserError(f"model {model_id}: seq_id {seq_id} was used already (next is "
                             f"{model.next_seq})")
         request_id = self.futures.create(kind)
         model.request_ids[seq_id] = request_id
+        model.digests[seq_id] = digest
         model.waiting[seq_id] = (request_id, call, time.monotonic())
         self._start_ready(model)
         return request_id
@@ -220,8 +245,10 @@ class TinkerService:
                 continue
             self.futures.watch(ready_id, work)
 
-    def forward_backward(self, call: ForwardBackwardCall) -> str:
+    def forward_backward(self, call: ForwardBackwardCall, digest: str) -> str:
         def run() -> Awaitable[Result]:
+            if call.refused is not None:  # (a bad datum: refused in its turn, seq_id used)
+                raise UserError(call.refused)
             config = losses.check_loss(call.loss_fn, call.config)
             check_data(call.data, call.loss_fn, self.config.vocab_size,
                        self.config.max_tokens_per_datum)
@@ -233,7 +260,7 @@ class TinkerService:
                 return encode_forward_backward_output(outputs, metrics)
             return encode()
         kind = "Forward" if call.forward_only else "ForwardBackward"
-        return self.enqueue(call.model_id, call.seq_id, kind, run)
+        return self.enqueue(call.model_id, call.seq_id, kind, run, digest)
 
     def optim_step(self, body: dict[str, Any]) -> str:
         model_id = str(body.get("model_id"))
@@ -244,7 +271,7 @@ class TinkerService:
             async def result() -> Result:
                 return {"metrics": await done, "type": "optim_step"}
             return result()
-        return self.enqueue(model_id, int(body["seq_id"]), "OptimStep", run)
+        return self.enqueue(model_id, seq_id_of(body), "OptimStep", run, json_digest(body))
 
     # ---- checkpoints ----------------------------------------------------------------------
     def folder(self, model_id: str, kind: str, name: str) -> str:
@@ -278,7 +305,7 @@ class TinkerService:
                 self._write_meta(model, folder, await done)
                 return {"path": f"tinker://{model_id}/{WEIGHTS}/{name}", "type": "save_weights"}
             return result()
-        return self.enqueue(model_id, int(body["seq_id"]), "SaveWeights", run)
+        return self.enqueue(model_id, seq_id_of(body), "SaveWeights", run, json_digest(body))
 
     def save_weights_for_sampler(self, body: dict[str, Any]) -> str:
         model_id = str(body.get("model_id"))
@@ -299,7 +326,8 @@ class TinkerService:
                     return {"sampling_session_id": sampler_id}
                 return {"path": path, "type": "save_weights_for_sampler"}
             return result()
-        return self.enqueue(model_id, int(body["seq_id"]), "SaveWeightsForSampler", run)
+        return self.enqueue(model_id, seq_id_of(body), "SaveWeightsForSampler", run,
+                            json_digest(body))
 
     def load_weights(self, body: dict[str, Any]) -> str:
         with_optimizer = bool(body.get("optimizer", False))
@@ -309,7 +337,8 @@ class TinkerService:
             def run() -> Awaitable[Result]:
                 folder = self.folder(*self.parse_path(str(body.get("path"))))
                 return self._load(model_id, folder, with_optimizer)
-            return self.enqueue(model_id, int(body["seq_id"]), "LoadWeights", run)
+            return self.enqueue(model_id, seq_id_of(body), "LoadWeights", run,
+                                json_digest(body))
         # a new model from the checkpoint (ServiceClient.create_training_client_from_state)
         folder = self.folder(*self.parse_path(str(body.get("path"))))
         meta = self._read_meta(folder)
@@ -407,19 +436,25 @@ class TinkerService:
         self.sessions[session_id].samplers.add(sampler_id)
         return sampler_id
 
-    def sampler_info(self, sampler_id: str) -> dict[str, Any]:
-        if sampler_id not in self.sampling_sessions:
+    def sampling_session(self, sampler_id: str) -> tuple[str, Optional[str]]:
+        """(its session, the checkpoint it samples) of the caller's sampling session (another
+        key's is answered as unknown); a request keeps its session alive, as a heartbeat."""
+        found = self.sampling_sessions.get(sampler_id)
+        session = self.sessions.get(found[0]) if found else None
+        if found is None or session is None or session.owner != CALLER.get():
             raise NotFound(f"no sampling session {sampler_id!r}")
+        self.session(found[0])
+        return found
+
+    def sampler_info(self, sampler_id: str) -> dict[str, Any]:
+        self.sampling_session(sampler_id)
         return {"sampler_id": sampler_id, "base_model": self.config.model_name,
                 "model_path": self.sampling_sessions[sampler_id][1]}
 
     def asample(self, body: dict[str, Any], params: Any, prompt: list[int]) -> str:
         sampler_id = body.get("sampling_session_id")
         if sampler_id:
-            if sampler_id not in self.sampling_sessions:
-                raise NotFound(f"no sampling session {sampler_id!r}")
-            session_id, path = self.sampling_sessions[str(sampler_id)]
-            self.session(session_id)  # a request keeps its session alive, as a heartbeat
+            _, path = self.sampling_session(str(sampler_id))
         elif body.get("model_path"):
             path = str(body["model_path"])
             self._sampler_path(path)
@@ -429,6 +464,12 @@ class TinkerService:
         n = int(body.get("num_samples", 1))
         if n < 1:
             raise UserError(f"num_samples={n}: expected >= 1")
+        vocab = self.config.vocab_size  # an id past the embedding would crash the server
+        for where, ids in (("prompt", prompt), ("sampling_params.stop", params.stop_tokens)):
+            bad = [t for t in ids if not 0 <= t < vocab] if vocab else []
+            if bad:
+                raise UserError(f"asample: {where} holds token id {bad[0]}, outside the "
+                                f"vocabulary [0, {vocab})")
         for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise UserError(f"{key}={body[key]} is not supported by this server")
@@ -440,6 +481,17 @@ class TinkerService:
             path, prompt, n, params, bool(body.get("prompt_logprobs")),
             int(body.get("topk_prompt_logprobs") or 0)))
         return request_id
+
+
+def seq_id_of(body: dict[str, Any]) -> int:
+    try:
+        return int(body["seq_id"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"seq_id={body.get('seq_id')!r}: expected an integer") from None
+
+
+def json_digest(body: dict[str, Any]) -> str:
+    return request_digest(json.dumps(body, sort_keys=True, default=str).encode())
 
 
 def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:

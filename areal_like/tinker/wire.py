@@ -33,6 +33,9 @@ class ForwardBackwardCall:
     config: dict[str, ConfigValue]
     forward_only: bool
     data: list[Datum]
+    # why its data cannot be trained on: refused in its turn, so its seq_id is used and the
+    # model's next call does not wait for it
+    refused: Optional[str] = None
 
 
 def decode_forward_backward(body: bytes, content_encoding: str = "") -> ForwardBackwardCall:
@@ -50,9 +53,12 @@ def decode_forward_backward(body: bytes, content_encoding: str = "") -> ForwardB
     config: dict[str, ConfigValue] = {k: float(v) for k, v in request.loss_fn_config.items()}
     for key, value in request.loss_fn_config_v2.items():  # preferred: numbers and strings
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
-    data = [_decode_datum(d, i) for i, d in enumerate(request.data)]
+    try:
+        data, refused = [_decode_datum(d, i) for i, d in enumerate(request.data)], None
+    except UserError as e:
+        data, refused = [], str(e)
     return ForwardBackwardCall(request.model_id, int(request.seq_id), request.loss_fn, config,
-                               bool(request.forward_only), data)
+                               bool(request.forward_only), data, refused)
 
 
 def _decode_datum(datum: Any, index: int) -> Datum:

@@ -18,7 +18,11 @@ token or `x-api-key`):
   top_p, stream;
 - `GET /v1/models`.
 Errors come in each API's own shape with `x-should-retry: false` (409 after the session's
-close, 404 for an unknown key, 400 for a malformed request naming the field).
+close, 401 for a missing or unknown key, 400 for a malformed request naming the field, 413 for
+a body past the gateway's limit, 404 for a path it does not serve). The limit follows the
+model's context (`body_limit`): a body that could not fit a prompt is refused before it is
+read, and the prompt is rendered and tokenized beside the event loop, so no call stalls the
+other sessions' calls.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from aiohttp import web
@@ -48,6 +53,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 NO_RETRY = {"x-should-retry": "false"}  # a refused call is not sent again by the SDKs
+BYTES_PER_POSITION = 64  # a body's bytes per context position: JSON and escapes included
+MIN_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = 64 << 20  # where the model's context is not known
+
+
+def body_limit(tokenizer: Any) -> int:
+    """The largest request body taken: `BYTES_PER_POSITION` per position of the model's
+    context (its config.json beside the tokenizer), at least 1 MiB; 64 MiB unknown."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    try:
+        positions = json.loads((folder / "config.json").read_text()).get(
+            "max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        positions = None
+    if not isinstance(positions, int) or positions <= 0:
+        return MAX_BODY_BYTES
+    return min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BYTES_PER_POSITION * positions))
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,29 @@ ANTHROPIC = Dialect(
     events=_anthropic_events, error=anthropic_api.error_body, done=b"")
 
 
+def _dialect(request: web.Request) -> Dialect:
+    return ANTHROPIC if request.path.endswith("/v1/messages") else OPENAI
+
+
+@web.middleware
+async def _errors_in_the_apis_shape(request: web.Request,
+                                    handler: Callable[[web.Request],
+                                                      Awaitable[web.StreamResponse]]
+                                    ) -> web.StreamResponse:
+    """aiohttp's own refusals (no such path, wrong method, a body past the limit) in the
+    API's JSON error shape instead of plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        kind = {404: "not_found_error", 405: "invalid_request_error",
+                413: "request_too_large"}.get(e.status, "api_error")
+        message = f"{request.method} {request.path}: {e.reason}"
+        return web.json_response(_dialect(request).error(message, kind, None),
+                                 status=e.status, headers=NO_RETRY)
+
+
 def _session_key(request: web.Request) -> str:
     """The session: in the URL (`/s/<key>/...`), else the bearer token or `x-api-key`."""
     auth = request.headers.get("Authorization", "")
@@ -106,13 +151,15 @@ class AgentGateway:
         self.engine, self.tokenizer, self.gconfig = engine, tokenizer, gconfig
         self.host, self.port, self.model_name = host, port, model_name
         self.sessions = SessionTable()
+        self.max_body_bytes = body_limit(tokenizer)
         self._in_flight: dict[str, int] = {}
         self._idle: dict[str, asyncio.Event] = {}
         self._runner: Optional[web.AppRunner] = None
 
     # ---- lifecycle ----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.max_body_bytes,
+                              middlewares=[_errors_in_the_apis_shape])
         chat, messages = self._endpoint(OPENAI), self._endpoint(ANTHROPIC)
         app.add_routes([web.post("/s/{key}/v1/chat/completions", chat),
                         web.post("/v1/chat/completions", chat),
@@ -172,6 +219,14 @@ class AgentGateway:
 
     # ---- endpoints ----------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
+        key = _session_key(request)
+        try:
+            self.sessions.get(key)
+        except UnknownSessionError as e:
+            return web.json_response(_dialect(request).error(
+                str(e.args[0]), "authentication_error", None), status=401, headers=NO_RETRY)
+        except SessionClosedError:
+            pass  # (listing what it served is harmless)
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "areal-like"}]})
 
@@ -191,7 +246,7 @@ class AgentGateway:
         try:
             session = self.sessions.get(key)
         except UnknownSessionError as e:
-            return error(404, str(e.args[0]), "not_found_error")
+            return error(401, str(e.args[0]), "authentication_error")
         except SessionClosedError as e:
             return error(409, str(e), "invalid_request_error")
         counts = self.sessions.counts
@@ -203,6 +258,11 @@ class AgentGateway:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             counts["bad_requests"] += 1
             return error(400, f"the request body is not JSON: {e}", "invalid_request_error")
+        except web.HTTPRequestEntityTooLarge:
+            counts["bad_requests"] += 1
+            return error(413, f"the request body is over this gateway's limit of "
+                         f"{self.max_body_bytes} bytes (the model's context cannot hold it)",
+                         "request_too_large")
         except BadRequest as e:
             counts["bad_requests"] += 1
             return error(400, str(e), "invalid_request_error", e.param)

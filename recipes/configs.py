@@ -302,6 +302,13 @@ class OnlineDPOConfig(GRPOConfig):
 
     loss: DPOLossConfig = field(default_factory=DPOLossConfig)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.algorithm.group_size < 2:  # no pair in a group of one: nothing would train
+            raise ValueError(f"algorithm.group_size={self.algorithm.group_size}: online DPO "
+                             f"pairs a prompt's best sample with its worst, so it needs at "
+                             f"least 2 samples per prompt")
+
 
 def _refuse_algorithm(algorithm: AlgorithmConfig, recipe: str) -> None:
     """A recipe that reads no `algorithm` setting refuses one that was set."""

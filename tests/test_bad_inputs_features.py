@@ -182,6 +182,16 @@ CASES = [
      ["launcher.n_trainer_procs=2", "actor.parallel.sequence_parallel_size=2"],
      "PPOConfig.critic.parallel=ParallelConfig(sequence_parallel_size=1, tensor_parallel_size=1)"
      " is invalid: expected the actor's layout"),
+    # keys that mean something only for some models
+    ("routed-experts-of-a-dense-model", "grpo", ["rollout.return_routed_experts=true"],
+     "rollout.return_routed_experts=true, but model.path="),
+    ("checkpointing-stride-past-the-layers", "grpo",
+     ["actor.gradient_checkpointing=true", "actor.gradient_checkpointing_every=9"],
+     "actor.gradient_checkpointing_every=9 is past the model's 4 decoder layers"),
+    ("online-dpo-one-sample", "online_dpo", ["algorithm.group_size=1"],
+     "algorithm.group_size=1: online DPO pairs a prompt's best sample with its worst"),
+    ("log-dir-is-a-file", "grpo", ["logging.log_dir={student}/config.json"],
+     "config.json is a file, not a folder"),
     # presets on recipes that cannot use them
     ("preset-on-sft", "sft", ["algorithm.preset=dapo"],
      "algorithm.preset='dapo', algorithm.loss.eps_clip_high=0.28, "

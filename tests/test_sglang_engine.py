@@ -175,8 +175,8 @@ async def test_agenerate_n_fans_out_on_one_server(engine, tiny_model_dir):
 async def test_requests_merged_in_a_window_sample_what_separate_ones_do(sglang_fleet):
     """`rollout.client.batch_window_ms`: prompts asked for together with the same sampling
     parameters go as one request (groups and single samples alike), and every sample's tokens
-    and log-probs are those of the separate requests (seeded sampling, batch-invariant
-    kernels). Sampled and greedy requests are asked for apart: sharing one scheduler batch,
+    are those of the separate requests (seeded sampling), their log-probs too within float32
+    rounding. Sampled and greedy requests are asked for apart: sharing one scheduler batch,
     a greedy row changes what SGLang's sampler draws for the sampled ones, merged or not."""
     sampled = GenerationHyperparameters(max_new_tokens=6, temperature=1.0, n_samples=3)
     greedy = GenerationHyperparameters(max_new_tokens=6, greedy=True)
@@ -200,7 +200,13 @@ async def test_requests_merged_in_a_window_sample_what_separate_ones_do(sglang_f
                 assert coalescer is None
         finally:
             client.destroy()
-    assert results[200.0] == results[0.0]
+    # the same tokens; log-probs within float32 rounding: which requests share a scheduler
+    # batch is timing's choice when they are sent apart, and on some CPUs a batch's row count
+    # changes a reduction in its last bit (this fleet runs without batch-invariant kernels)
+    for merged, apart in zip(results[200.0], results[0.0], strict=True):
+        for (merged_ids, merged_lp), (apart_ids, apart_lp) in zip(merged, apart, strict=True):
+            assert merged_ids == apart_ids
+            assert merged_lp == pytest.approx(apart_lp, abs=1e-5, rel=0)
     assert len({tuple(t) for g in results[0.0][:-1] for t, _ in g}) > 1  # really sampled
 
 

@@ -49,7 +49,10 @@ class MLflowServer:
                  "--port", str(self.port), "--backend-store-uri", self.store,
                  "--default-artifact-root", str(self.root / "artifacts"), "--workers", "1"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env=dict(os.environ, OMP_NUM_THREADS="1"))
+                # without its job runner: five huey consumers, each importing MLflow (~20 s
+                # of CPU at every start), for server-side jobs the tracker never submits
+                env=dict(os.environ, OMP_NUM_THREADS="1",
+                         MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
 
     def wait(self) -> MLflowServer:
         assert self.proc is not None

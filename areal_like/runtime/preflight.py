@@ -51,6 +51,7 @@ def check_recipe_config(config: Any) -> None:
                 raise ConfigError(f"{name}: {e}") from None
     check_model_folders(config)  # LoRA targets, vision tower, the teacher's tokenizer
     if getattr(config, "logging", None) is not None:
+        _check_log_dir(config.logging.log_dir)
         try:  # trackers installed, an MLflow server answering
             check_trackers(config.logging)
         except ValueError as e:
@@ -123,6 +124,21 @@ def _check_data_file(key: str, path: str) -> None:
         load_gsm8k(str(file), 0)  # every row checked, errors name file:line
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
+
+
+def _check_log_dir(log_dir: str) -> None:
+    """The run folder can be made: no file in its way, its nearest existing folder
+    writable."""
+    path = Path(log_dir).absolute()
+    for folder in (path, *path.parents):
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            raise ConfigError(f"logging.log_dir={log_dir!r}: {folder} is a file, not a "
+                              f"folder; choose another log_dir")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"logging.log_dir={log_dir!r}: {folder} is not writable")
+        return
 
 
 def _check_registered(key: str, name: str, names: list[str]) -> None:

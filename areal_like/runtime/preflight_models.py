@@ -29,6 +29,8 @@ def check_model_folders(config: Any) -> None:
     model = read_model_config(config.model.path)
     _check_vision(config, model)
     _check_parallel(config, model)
+    if model is not None:
+        _check_shape_dependent_keys(config, model)
     actor = getattr(config, "actor", None)
     if actor is not None and actor.lora.enabled and model is not None:
         _check_lora_targets(actor.lora.target_modules, config.model.path)
@@ -60,6 +62,30 @@ def _check_parallel(config: Any, model: Optional[dict[str, Any]]) -> None:
                 check_model_fits_mesh(parallel, text, path, name, getattr(config, name).lora.rank)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def _check_shape_dependent_keys(config: Any, model: dict[str, Any]) -> None:
+    """Keys that mean something only for some models: routed experts of a mixture of experts
+    (a dense model's server crashes at start when asked for them), a checkpointing stride
+    within the decoder's layers."""
+    text = {**model, **(model.get("text_config") or {})}
+    experts = text.get("num_experts") or text.get("num_local_experts")
+    rollout = getattr(config, "rollout", None)
+    if rollout is not None and rollout.return_routed_experts and not experts:
+        raise ConfigError(
+            f"rollout.return_routed_experts=true, but model.path={config.model.path!r} is not a "
+            f"mixture of experts (its config.json names no num_experts; model_type="
+            f"{model.get('model_type')!r}): leave it false (docs/algorithms.md)")
+    layers = text.get("num_hidden_layers")
+    for name in ("actor", "critic", "ref"):
+        engine = getattr(config, name, None)
+        every = getattr(engine, "gradient_checkpointing_every", 1) if engine else 1
+        if engine is not None and engine.gradient_checkpointing and isinstance(layers, int) \
+                and every > layers:
+            raise ConfigError(
+                f"{name}.gradient_checkpointing_every={every} is past the model's "
+                f"{layers} decoder layers (model.path={config.model.path!r}): at most "
+                f"{layers} (every N-th layer is checkpointed)")
 
 
 def read_model_config(path: str) -> Optional[dict[str, Any]]:

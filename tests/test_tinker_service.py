@@ -130,6 +130,8 @@ async def test_sessions_models_and_samplers_belong_to_the_key_that_made_them(tmp
                  lambda: service.create_sampling_session({"session_id": session})):
         with pytest.raises(NotFound):
             call()
+    with pytest.raises(NotFound):  # nor end it
+        await service.finish_callers_session(session)
     CALLER.set(owner)
     assert service.sampler_info(sampler)["sampler_id"] == sampler
     done = await _results(service.futures, [service.optim_step(_optim(model, 1))])

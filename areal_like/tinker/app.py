@@ -66,7 +66,7 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish(request: web.Request) -> web.Response:
-        await s.finish_session(request.match_info["session_id"], "finished by the client")
+        await s.finish_callers_session(request.match_info["session_id"])
         return web.json_response({})
 
     async def telemetry(request: web.Request) -> web.Response:

@@ -105,6 +105,14 @@ class TinkerService:
         session.last_seen = time.monotonic()
         return session
 
+    async def finish_callers_session(self, session_id: str) -> None:
+        """The client's close: its own session only (another key's is unknown to it); one
+        that has already ended is fine."""
+        session = self.sessions.get(session_id)
+        if session is not None and session.owner != CALLER.get():
+            raise NotFound(f"no session {session_id!r}")
+        await self.finish_session(session_id, "finished by the client")
+
     async def finish_session(self, session_id: str, why: str) -> None:
         session = self.sessions.pop(session_id, None)
         if session is None:

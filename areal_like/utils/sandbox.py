@@ -184,8 +184,14 @@ class Sandbox:
                 os.lseek(fd, 0, os.SEEK_SET)
             uid = (self.uid if self.uid is not None else fresh_uid()) if self.as_root else None
             if self.limits.whole_sandbox:
-                cgroup = RunCgroup(f"{os.getpid()}_{uid or next(_runs)}",
-                                   self.limits.memory_mb * 2**20, self.limits.processes)
+                try:  # a name of its own: runs at once (even as one uid) never share one
+                    cgroup = RunCgroup(f"{os.getpid()}_{next(_runs)}",
+                                       self.limits.memory_mb * 2**20, self.limits.processes)
+                except OSError as e:
+                    raise SandboxUnavailableError(
+                        f"the code sandbox cannot make this run's cgroup ({e}); "
+                        f"SandboxLimits(whole_sandbox=False) accepts per-process limits "
+                        f"only") from e
             result = await self._run(self.command(argv, descriptors, uid), cgroup,
                                      tuple(descriptors.values()))
             result.uid = uid

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from areal_like.tinker.callers import CALLER, key_fingerprint
 from areal_like.tinker.errors import Conflict, NotFound
 from areal_like.tinker.futures import FutureStore
-from areal_like.tinker.service import CALLER, ServiceConfig, TinkerService, key_fingerprint
+from areal_like.tinker.service import ServiceConfig, TinkerService
 
 
 class RecordingRanks:

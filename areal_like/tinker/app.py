@@ -14,9 +14,10 @@ from typing import Any, Callable, Optional
 from aiohttp import web
 
 from areal_like.tinker import runs
+from areal_like.tinker.callers import CALLER, key_fingerprint, request_digest
 from areal_like.tinker.errors import TinkerError, UserError
 from areal_like.tinker.sampling import SamplingParams
-from areal_like.tinker.service import CALLER, TinkerService, key_fingerprint, request_digest
+from areal_like.tinker.service import TinkerService
 from areal_like.tinker.wire import decode_forward_backward
 
 logger = logging.getLogger(__name__)

@@ -5,9 +5,7 @@ disk, and sampling sessions. `areal_like.tinker.app` maps the routes onto this."
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import datetime
-import hashlib
 import itertools
 import json
 import logging
@@ -17,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 from areal_like.tinker import losses, runs
+from areal_like.tinker.callers import CALLER, json_digest, seq_id_of
 from areal_like.tinker.errors import Conflict, Gone, NotFound, UserError
 from areal_like.tinker.futures import FutureStore, Result
 from areal_like.tinker.lora_shape import LoRAShape
@@ -27,20 +26,6 @@ from areal_like.tinker.wire import ForwardBackwardCall, encode_forward_backward_
 
 logger = logging.getLogger(__name__)
 WEIGHTS, SAMPLER_WEIGHTS = "weights", "sampler_weights"
-# who is calling: a fingerprint of the request's X-API-Key, set by the app's auth middleware.
-# A session, and the models and samplers it made, belong to the key that made it.
-CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_caller", default="")
-
-
-def key_fingerprint(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()[:16]
-
-
-def request_digest(body: bytes) -> str:
-    """What tells a retry (the same request again under its seq_id) from another call."""
-    return hashlib.sha256(body).hexdigest()
-
-
 @dataclass
 class ServiceConfig:
     model_name: str  # what clients call the base model (also accepted: its path)
@@ -489,17 +474,6 @@ class TinkerService:
             path, prompt, n, params, bool(body.get("prompt_logprobs")),
             int(body.get("topk_prompt_logprobs") or 0)))
         return request_id
-
-
-def seq_id_of(body: dict[str, Any]) -> int:
-    try:
-        return int(body["seq_id"])
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"seq_id={body.get('seq_id')!r}: expected an integer") from None
-
-
-def json_digest(body: dict[str, Any]) -> str:
-    return request_digest(json.dumps(body, sort_keys=True, default=str).encode())
 
 
 def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:

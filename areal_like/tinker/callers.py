@@ -1,0 +1,35 @@
+"""Who is calling and which request it is: a session, and the models and samplers it made,
+belong to the X-API-Key that made it (`CALLER`, set by the app's auth middleware); a
+`seq_id` sent again is a retry only when its request's digest is the same."""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+from typing import Any
+
+from areal_like.tinker.errors import UserError
+
+# a fingerprint of the request's X-API-Key ("" outside a request)
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_caller", default="")
+
+
+def key_fingerprint(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def request_digest(body: bytes) -> str:
+    """What tells a retry (the same request again under its seq_id) from another call."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def seq_id_of(body: dict[str, Any]) -> int:
+    try:
+        return int(body["seq_id"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"seq_id={body.get('seq_id')!r}: expected an integer") from None
+
+
+def json_digest(body: dict[str, Any]) -> str:
+    return request_digest(json.dumps(body, sort_keys=True, default=str).encode())

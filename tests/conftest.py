@@ -77,6 +77,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 
 _slow_in_quick_tier: list[tuple[str, float]] = []
 _seconds_by_file: dict[str, float] = {}  # setup + call + teardown of its tests
+# per xdist worker: its tests' seconds, and the first start and last end it reported (its
+# wall time); the slower lane is the suite's critical path
+_seconds_by_lane: dict[str, float] = {}
+_span_by_lane: dict[str, tuple[float, float]] = {}
 COST_TABLE_FILES = 25  # the files shown in the cost table, most seconds first
 COST_TABLE_MIN_FILES = 4  # fewer files run: no table
 
@@ -87,6 +91,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _slow_in_quick_tier.append((report.nodeid, report.duration))
     path = report.nodeid.split("::", 1)[0]
     _seconds_by_file[path] = _seconds_by_file.get(path, 0.0) + report.duration
+    node = getattr(report, "node", None)  # xdist's controller sets the worker that ran it
+    if node is not None:
+        lane = node.gateway.id
+        _seconds_by_lane[lane] = _seconds_by_lane.get(lane, 0.0) + report.duration
+        began, ended = _span_by_lane.get(lane, (report.start, report.stop))
+        _span_by_lane[lane] = (min(began, report.start), max(ended, report.stop))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest's own type)
@@ -116,6 +126,10 @@ def _cost_table(terminalreporter) -> None:  # noqa: ANN001 (pytest's own type)
         terminalreporter.write_line(f"{sum(s for _, s in rest):8.1f}  ({len(rest)} other files)")
     terminalreporter.write_line(f"{sum(_seconds_by_file.values()):8.1f}  all "
                                 f"{len(_seconds_by_file)} files (both lanes, summed)")
+    for lane, seconds in sorted(_seconds_by_lane.items()):
+        began, ended = _span_by_lane[lane]
+        terminalreporter.write_line(f"{seconds:8.1f}  lane {lane}'s tests, over "
+                                    f"{ended - began:.0f} s from its first to its last")
     log = os.environ.get(START_LOG_ENV)
     kinds = summarize(log) if log else []
     if kinds:

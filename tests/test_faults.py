@@ -539,3 +539,43 @@ def test_serve_join_adds_its_server_to_a_running_fleet_and_leaves_it_drained(
     assert f"[serve] drained: {joined}" in out
     assert addrs_file.read_text() == f"{first}\n"
     assert Path(f"{addrs_file}.drained").read_text() == f"{joined}\n"
+
+
+@pytest.mark.e2e
+@pytest.mark.beside_serial  # a server of its own, no session fleet
+def test_serve_join_refuses_a_missing_folder_and_a_second_signal_skips_the_drain(
+        tiny_model_dir, tmp_path):
+    """`serve --join` into a folder that does not exist is refused before any server starts
+    (exit 2, naming it); joined to a job that never drains it (no client reads the file), the
+    first SIGTERM takes its line out and waits, a second stops it at once: exit 0, no
+    traceback, the line gone."""
+    serve = [sys.executable, "-m", "areal_like.cli", "serve", "--model-path", str(tiny_model_dir),
+             "--n-servers", "1", "--log-dir", str(tmp_path / "logs"), "--fork-children"]
+    missing = tmp_path / "no_such_job" / "servers.txt"
+    refused = subprocess.run([*serve, "--join", str(missing)], cwd=REPO, capture_output=True,
+                             text=True, timeout=BOUND_S)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"--join {missing}: no folder {missing.parent}" in refused.stderr
+    assert "servers ready" not in refused.stdout
+    addrs_file = tmp_path / "servers.txt"
+    addrs_file.write_text("127.0.0.1:1\n")  # a job's line that must stay
+    out_path = tmp_path / "serve.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([*serve, "--join", str(addrs_file)], cwd=REPO,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        _until(lambda: "[serve] joined the job" in out_path.read_text(), "the join")
+        assert len(addrs_file.read_text().splitlines()) == 2
+        proc.send_signal(signal.SIGTERM)
+        _until(lambda: "waiting for it to drain" in out_path.read_text(), "the drain wait")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    text = out_path.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "stopping without waiting for the drain" in text and "Traceback" not in text, text
+    assert addrs_file.read_text() == "127.0.0.1:1\n"

@@ -2,8 +2,9 @@
 two real SGLang servers, one of which is killed (SIGKILL) mid-run: the launcher restarts it,
 the trainer takes it out of service and back with the current weights, no episode is lost, and
 held-out greedy accuracy and training reward still rise. Every socket of the running job
-listens on 127.0.0.1 only. 30 steps: from the 0.715 warm start the main job's GRPO reaches
-0.96-0.98 in 30 steps (docs/benchmarks.md); the test needs +0.1."""
+listens on 127.0.0.1 only. 50 steps: from its 0.715-0.75 warm start GRPO reaches 0.84-0.94 in
+30 steps and 0.90-0.98 in 50 (docs/benchmarks.md; 0.75 -> 0.84 once in CI at 30): the test
+needs +0.1."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     with open(out_path, "w") as out_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "areal_like.launcher.local", "grpo", f"model.path={warm}",
-             f"logging.log_dir={logs}", "server.n_servers=2", "total_train_steps=30",
-             "evaluation.freq_steps=30", "evaluation.n_prompts=100", "checkpoint.freq_steps=0",
+             f"logging.log_dir={logs}", "server.n_servers=2", "total_train_steps=50",
+             "evaluation.freq_steps=50", "evaluation.n_prompts=100", "checkpoint.freq_steps=0",
              "logging.tensorboard=false",
              "server.fork_children=true"],  # ~13 s less per server start, the restart too
             cwd=REPO, env=ENV, stdout=out_file, stderr=subprocess.STDOUT)
@@ -89,7 +90,7 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     assert len(zygotes) == 1, zygotes
     assert "eval/accuracy:" in out and "curves:" in out
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(31))  # training went on, every step
+    assert [r["step"] for r in records] == list(range(51))  # training went on, every step
     assert records[-1]["fleet/taken_out_total"] >= 1
     assert records[-1]["fleet/readmitted_total"] >= 1  # back with the current weights
     assert records[-1]["fleet/in_service"] == 2
@@ -103,7 +104,7 @@ def test_async_grpo_after_sft_raises_accuracy(tiny_model_dir, tmp_path):
     # the trained model: an HF folder with the fleet's last weights, tokenizer, chat template
     final = run_dir / "final"
     assert f"final model: {final}" in out
-    _assert_same_weights(final, run_dir / "weights" / "v30")
+    _assert_same_weights(final, run_dir / "weights" / "v50")
     assert AutoTokenizer.from_pretrained(final).chat_template
     assert AutoModelForCausalLM.from_pretrained(final).num_parameters() > 0
     # evaluated on its own (docs/quickstart.md's `areal-like eval`, the run folder's config,

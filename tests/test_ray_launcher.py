@@ -21,14 +21,15 @@ from typing import Callable
 
 import pytest
 from bad_run_helpers import FAULTS, failing_run_args, run_until_exit
-from sglang_helpers import assert_same_records, attach_args
+from sglang_helpers import assert_same_records
 
 from areal_like.utils.metrics_logger import read_metrics
 from areal_like.utils.network import find_free_port
 from areal_like.utils.start_costs import record_start
 
 pytest.importorskip("ray")
-pytestmark = [pytest.mark.sglang, pytest.mark.e2e]
+# a Ray cluster and servers of its own (no session fleet): beside the serial lane
+pytestmark = [pytest.mark.sglang, pytest.mark.e2e, pytest.mark.beside_serial]
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"  # loopback; Ray turns 127.0.0.1 into the machine's public address
@@ -170,15 +171,14 @@ def test_a_missing_cluster_is_named_with_the_command_that_starts_one(tiny_model_
     assert "ray start --head" in out
 
 
-def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path,
-                                               fresh_fleet):
+def test_grpo_on_ray_equals_the_local_launcher(ray_address, tiny_model_dir, tmp_path):
     """1 server + 2 trainer ranks as Ray actors, the ranks on different nodes and the weights
-    sent over process groups, vs the local launcher's torchrun with disk weights on the
-    session fleet (as new), eta = 0."""
+    sent over process groups, vs the local launcher's torchrun with disk weights on a
+    server it starts, eta = 0."""
     on_ray = [f"launcher.ray_address={ray_address}", "launcher.placement_strategy=STRICT_SPREAD",
               "rollout.weights.transport=distributed", "server.n_servers=1", FORK]
     runs = {}
-    for launcher, extra in (("ray", on_ray), ("local", attach_args(fresh_fleet))):
+    for launcher, extra in (("ray", on_ray), ("local", ["server.n_servers=1", FORK])):
         log_dir = tmp_path / launcher
         proc = _run(launcher, ["grpo", *_common(tiny_model_dir, log_dir, 3), *extra])
         out, _ = proc.communicate(timeout=900)
@@ -316,12 +316,13 @@ RAY_FAULTS = [f for f in FAULTS if f[0] in ("actor", "step")]  # at start-up; in
 
 @pytest.mark.parametrize("where,overrides,needle", RAY_FAULTS, ids=[f[0] for f in RAY_FAULTS])
 def test_an_exception_in_the_trainer_ends_the_job_with_it_last_on_screen(
-        ray_address, fresh_fleet, tiny_model_dir, tmp_path, where, overrides, needle):
+        ray_address, tiny_model_dir, tmp_path, where, overrides, needle):
     """As test_bad_runs.py for the local launcher: within a bound of the exception's line,
-    the job exits 1 with it last on screen, and no actor or process is left."""
+    the job exits 1 with it last on screen, and no actor or process is left (its server's
+    included)."""
     cmd = [sys.executable, "-m", "areal_like.launcher.ray", *failing_run_args(
         where, tiny_model_dir, tmp_path, [f"launcher.ray_address={ray_address}",
-                                          *attach_args(fresh_fleet), *overrides])]
+                                          "server.n_servers=1", FORK, *overrides])]
     code, lines = run_until_exit(cmd, ENV, needle)
     last = [line for line in lines if line.strip()][-1]
     assert code == 1 and "trainer_0 exited with code 1" in last and needle in last, last

@@ -254,8 +254,8 @@ def test_the_door_holds_poison_requests_bad_datums_and_other_keys(server: Server
     """A prompt token id past the vocabulary (it would crash the SGLang server: IndexError in
     the embedding) is the SDK's BadRequestError and the server samples the next request; a
     datum without tokens fails its own future and uses its seq_id (the model's next call runs
-    without waiting for the seq_id gap); another key's client finds neither the model nor its
-    seq_ids; a call without a key gets 401 with a JSON message."""
+    without waiting for the seq_id gap); another key's client finds neither the model, its
+    seq_ids nor its training run; a call without a key gets 401 with a JSON message."""
     training = client.create_lora_training_client(base_model=MODEL_NAME, rank=4).result()
     sampler = client.create_sampling_client(base_model=MODEL_NAME).result()
     params = types.SamplingParams(max_tokens=4, temperature=0.0)
@@ -276,6 +276,14 @@ def test_the_door_holds_poison_requests_bad_datums_and_other_keys(server: Server
                                          model_id=training.model_id, info=training.get_info())
         with pytest.raises(tinker.NotFoundError, match="no model"):
             stranger.forward([datum], "cross_entropy").result()
+        rest = tinker.RestClient(base_url=server.url, api_key="tml-someone-else")  # nor its run
+        listed = rest.list_training_runs().result().training_runs
+        assert training.model_id not in [run.training_run_id for run in listed]
+        with pytest.raises(tinker.NotFoundError, match="no training run"):
+            rest.get_training_run(training.model_id).result()
+    owners = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+    assert owners.get_training_run(training.model_id).result().training_run_id == \
+        training.model_id
     assert training.forward([datum], "cross_entropy").result().metrics["loss:sum"] == \
         pytest.approx(nll, rel=1e-6)  # its own seq_ids go on as before
     request = urllib.request.Request(f"{server.url}/api/v1/create_session", data=b"{}",

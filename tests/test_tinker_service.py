@@ -6,6 +6,7 @@ seq_id that never comes."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ class RecordingRanks:
 
     def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
         self.calls.append((method, args))
+        if method in ("save_state", "save_adapter"):  # (model id, folder): the folder exists
+            os.makedirs(args[1])
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result({"grad_norm:mean": 1.0} if method == "optim_step" else 0)
         return future
@@ -137,6 +140,37 @@ async def test_sessions_models_and_samplers_belong_to_the_key_that_made_them(tmp
     assert service.sampler_info(sampler)["sampler_id"] == sampler
     done = await _results(service.futures, [service.optim_step(_optim(model, 1))])
     assert done[0]["type"] == "optim_step"
+
+
+async def test_a_training_run_and_its_checkpoints_are_listed_and_loaded_by_its_key_only(
+        tmp_path) -> None:
+    service, _ = _service(tmp_path)
+    owner, stranger = key_fingerprint("tml-owner"), key_fingerprint("tml-stranger")
+    CALLER.set(owner)
+    model = await _model(service)
+    saved = await _results(service.futures, [
+        service.save_weights({"model_id": model, "seq_id": 1, "path": "first"})])
+    path = saved[0]["path"]
+    assert path == f"tinker://{model}/weights/first"
+    assert [r["training_run_id"] for r in service.training_runs(20, 0)["training_runs"]] == \
+        [model]
+    for live in (True, False):  # the model alive, then only its checkpoint on disk
+        CALLER.set(stranger)
+        assert service.training_runs(20, 0) == {
+            "training_runs": [], "cursor": {"offset": 0, "limit": 20, "total_count": 0}}
+        for call in (lambda: service.training_run(model),
+                     lambda: service.weights_info(path),
+                     lambda: service.load_weights({"session_id": service.create_session(),
+                                                   "path": path})):
+            with pytest.raises(NotFound):
+                call()
+        with pytest.raises(NotFound):
+            await service.delete_checkpoint(model, "weights/first")
+        CALLER.set(owner)
+        assert service.training_run(model)["last_checkpoint"]["tinker_path"] == path
+        assert service.weights_info(path)["lora_rank"] == 4
+        if live:
+            service.models.pop(model)
 
 
 def test_tinker_serve_refuses_bad_flags_before_anything_starts(tmp_path, capsys,

@@ -1,5 +1,6 @@
 """Who is calling and which request it is: a session, and the models and samplers it made,
-belong to the X-API-Key that made it (`CALLER`, set by the app's auth middleware); a
+belong to the X-API-Key that made it (`CALLER`, set by the app's auth middleware), and so do
+its training runs and their checkpoints (the key's fingerprint in each checkpoint); a
 `seq_id` sent again is a retry only when its request's digest is the same."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
-from typing import Any
+from typing import Any, Optional
 
 from areal_like.tinker.errors import UserError
 
@@ -17,6 +18,12 @@ CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_caller", de
 
 def key_fingerprint(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def callers(owner: Optional[str]) -> bool:
+    """Whether the caller may see what `owner` (a key fingerprint) made; None: a checkpoint
+    saved before owners were recorded, anyone's."""
+    return owner is None or owner == CALLER.get()
 
 
 def request_digest(body: bytes) -> str:

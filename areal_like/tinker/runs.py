@@ -69,6 +69,24 @@ def run_ids(storage_dir: str, alive: list[str]) -> list[str]:
     return sorted(ids)
 
 
+def checkpoint_owner(folder: str) -> Optional[str]:
+    """The key fingerprint a checkpoint records (None: none recorded, or being written)."""
+    meta_path = os.path.join(folder, META_FILE)
+    if not os.path.isfile(meta_path):
+        return None
+    with open(meta_path) as f:
+        owner = json.load(f).get("owner")
+    return str(owner) if owner is not None else None
+
+
+def run_owner(storage_dir: str, run_id: str) -> Optional[str]:
+    """The key fingerprint that made run `run_id`, as its newest checkpoint records it."""
+    model_dir = run_id.replace(":", "_")
+    saved = checkpoints(storage_dir, model_dir)
+    return checkpoint_owner(os.path.join(storage_dir, model_dir, saved[-1]["checkpoint_id"])) \
+        if saved else None
+
+
 def delete_checkpoint(storage_dir: str, run_id: str, checkpoint_id: str) -> None:
     kind, _, name = checkpoint_id.partition("/")
     if kind not in CHECKPOINT_TYPES or not name or "/" in name or name in (".", ".."):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 from areal_like.tinker import losses, runs
-from areal_like.tinker.callers import CALLER, json_digest, seq_id_of
+from areal_like.tinker.callers import CALLER, callers, json_digest, seq_id_of
 from areal_like.tinker.errors import Conflict, Gone, NotFound, UserError
 from areal_like.tinker.futures import FutureStore, Result
 from areal_like.tinker.lora_shape import LoRAShape
@@ -280,9 +280,17 @@ class TinkerService:
             raise UserError(f"checkpoint path {path!r}: expected tinker://<model id>/"
                             f"<weights|sampler_weights>/<name>")
         folder = self.folder(*parts)
-        if not os.path.isdir(folder):
+        if not os.path.isdir(folder) or not callers(runs.checkpoint_owner(folder)):
             raise NotFound(f"no checkpoint {path!r} on this server")
         return parts[0], parts[1], parts[2]
+
+    def _run_owner(self, run_id: str) -> Optional[str]:
+        """The key fingerprint that made training run `run_id`: its live model's session's,
+        else the one its newest checkpoint records."""
+        model = self.models.get(run_id)
+        session = self.sessions.get(model.session_id) if model is not None else None
+        return session.owner if session is not None else runs.run_owner(
+            self.config.storage_dir, run_id)
 
     def save_weights(self, body: dict[str, Any]) -> str:
         model_id, name = str(body.get("model_id")), str(body.get("path") or "")
@@ -370,12 +378,13 @@ class TinkerService:
         meta = {"base_model": self.config.model_name, "lora_rank": model.lora.rank, "step": step,
                 "train_attn": model.lora.train_attn, "train_mlp": model.lora.train_mlp,
                 "train_unembed": model.lora.train_unembed, "model_id": model_id, "time": runs.now(),
-                "user_metadata": model.user_metadata}
-        with open(os.path.join(folder, "tinker_checkpoint.json"), "w") as f:
+                "user_metadata": model.user_metadata,
+                "owner": self.sessions[model.session_id].owner}  # who may list and load it
+        with open(os.path.join(folder, runs.META_FILE), "w") as f:
             json.dump(meta, f)
 
     def _read_meta(self, folder: str) -> dict[str, Any]:
-        with open(os.path.join(folder, "tinker_checkpoint.json")) as f:
+        with open(os.path.join(folder, runs.META_FILE)) as f:
             meta: dict[str, Any] = json.load(f)
         return meta
 
@@ -387,6 +396,9 @@ class TinkerService:
 
     # ---- training runs (REST) -------------------------------------------------------------
     def training_run(self, run_id: str) -> dict[str, Any]:
+        """The caller's training run `run_id` (another key's is answered as unknown)."""
+        if not callers(self._run_owner(run_id)):
+            raise NotFound(f"no training run {run_id!r} (no live model, no checkpoints)")
         model = self.models.get(run_id)
         alive = None if model is None else {
             "lora_rank": model.lora.rank, "user_metadata": model.user_metadata,
@@ -396,11 +408,13 @@ class TinkerService:
                                  self.config.model_name)
 
     def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
-        ids = runs.run_ids(self.config.storage_dir, list(self.models))
+        ids = [i for i in runs.run_ids(self.config.storage_dir, list(self.models))
+               if callers(self._run_owner(i))]
         return {"training_runs": [self.training_run(i) for i in ids[offset:offset + limit]],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     async def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        self.training_run(run_id)  # the caller's, else NotFound
         runs.delete_checkpoint(self.config.storage_dir, run_id, checkpoint_id)
         await self.sampler.forget(f"tinker://{run_id}/{checkpoint_id}")
 

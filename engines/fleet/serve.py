@@ -63,6 +63,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="CPU: fork the scheduler and detokenizer instead of spawning them "
                              "(~13 s less per start; default: off)")
     args, extra = parser.parse_known_args(argv)
+    if args.join and not Path(args.join).resolve().parent.is_dir():  # before any server starts
+        parser.error(f"--join {args.join}: no folder {Path(args.join).resolve().parent} (the "
+                     f"job's rollout.server_addrs_file, on this machine: is the job running?)")
     config = ServerConfig(
         backend=args.backend, n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
@@ -102,7 +105,14 @@ def run_fleet(fleet: InferenceFleet, min_servers: int, addrs_file: Optional[str]
             supervisor.check()
     except KeyboardInterrupt:
         if joined and join:
-            leave_job(join, joined, drain_timeout)
+            try:
+                leave_job(join, joined, drain_timeout)
+            except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: the user will not wait
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a third: no traceback either)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                print("[serve] stopping without waiting for the drain (a second signal): the "
+                      "job's requests still on these servers are retried on the others",
+                      file=sys.stderr, flush=True)
         return 0
     except (ServerStartError, FleetDownError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

@@ -61,7 +61,7 @@ installed() {  # module names: found without importing them
 if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('torch').startswith('2.13.0') else 1)" 2>/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
-if ! installed areal_like ruff pytest_asyncio pebble importlinter ray openai colorama random_order xdist torchdata mypy peft anthropic gymnasium zstandard tinker google.protobuf chz termcolor pylatexenc wandb mlflow trackio; then
+if ! installed areal_like ruff pytest_asyncio pebble importlinter ray openai colorama random_order xdist torchdata mypy peft anthropic gymnasium zstandard tinker google.protobuf chz termcolor pylatexenc wandb mlflow trackio hypothesis; then
   "${PIP[@]}" -e ".[dev,ray]"
 fi
 # the Tinker Cookbook, a test client of our Tinker API (tests/test_tinker_api.py): without its

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import openai
@@ -416,3 +417,75 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def _gateway_calls(key: str) -> Any:
+    """(path, body) of hostile calls to one session: Chat Completions and Messages bodies as
+    the SDKs send them with a field or two left out or given any hostile value, or noise."""
+    from door_fuzz import JSON_VALUES, bodies, json_bytes, near, raw_bodies
+    from hypothesis import strategies as st
+
+    text = st.text(max_size=20) | st.sampled_from(["12 + 30 =", "", "☃" * 30])
+    parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}),
+                     min_size=1, max_size=2)
+    user = st.fixed_dictionaries({"role": st.just("user"), "content": text | parts})
+    turn = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                  "content": text | parts})
+    conversation = st.builds(lambda first, rest: [first, *rest], user,
+                             st.lists(turn, max_size=2))
+    required = {"model": st.just("policy"), "messages": conversation,
+                "max_tokens": st.integers(1, 4)}
+    optional = {"temperature": st.floats(0, 2), "stream": st.booleans()}
+    chat = {**optional, "tools": st.just(TOOLS), "stop": st.lists(text, max_size=2),
+            "logprobs": st.booleans(), "tool_choice": st.sampled_from(["auto", "none"])}
+    messages = {**optional, "system": text | parts, "stop_sequences": st.lists(text, max_size=2),
+                "thinking": st.fixed_dictionaries({"type": st.just("enabled"),
+                                                   "budget_tokens": st.integers(0, 2048)})}
+    chat["max_completion_tokens"] = st.sampled_from([0, -1, 2, 10**9])
+    root = f"/s/{key}/v1"
+    json_calls = st.one_of(
+        st.tuples(st.just(f"{root}/chat/completions"),
+                  near(required, chat) | bodies({**required, **chat})),
+        st.tuples(st.just(f"{root}/messages"),
+                  near(required, messages) | bodies({**required, **messages})),
+    ).map(lambda call: (call[0], json_bytes(call[1])))
+    noise = st.tuples(st.sampled_from([f"{root}/chat/completions", f"{root}/messages",
+                                       f"{root}/models", f"{root}/responses"]), raw_bodies())
+    return st.one_of(json_calls, json_calls, json_calls, noise, st.tuples(
+        st.sampled_from([f"{root}/chat/completions", "/v1/messages"]),
+        JSON_VALUES.map(json_bytes)))
+
+
+def test_hostile_calls_are_refused_in_the_apis_shape_and_reach_no_other_session(gateway):
+    """A standing test of the door (hypothesis, derandomized, 150 calls on one session):
+    every reply is 2xx or a 4xx whose JSON says why under `error.message` (both APIs' shape),
+    never a 5xx or a dropped connection; afterwards another session's calls are served and
+    recorded as before, and none of the hostile session's calls is in its record."""
+    from door_fuzz import FUZZ_SETTINGS, assert_refused_or_served, send
+    from hypothesis import given
+
+    gw, controller = gateway
+    bystander = gw.open_session()
+    sdk = _sdk(gw.session_url(bystander))
+    sdk.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1 + 1 ="}],
+                                max_tokens=2)
+    hostile = gw.open_session()
+    seen: dict[str, int] = {}
+
+    @FUZZ_SETTINGS
+    @given(call=_gateway_calls(hostile.key))
+    def one(call: tuple[str, bytes]) -> None:
+        path, data = call
+        reply = send("POST", gw.url + path, data, {"Content-Type": "application/json"})
+        assert_refused_or_served(reply, f"POST {path} {data[:300]!r}", "error.message")
+        kind = f"{reply.status // 100}xx"
+        seen[kind] = seen.get(kind, 0) + 1
+
+    one()
+    print(f"hostile calls: {seen}")
+    assert seen.get("4xx", 0) >= 20 and seen.get("2xx", 0) >= 10, seen  # both kinds reached
+    after = sdk.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "2 + 2 ="}], max_tokens=2)
+    assert after.choices[0].message.content is not None
+    record = controller.run_coroutine(gw.close_session(bystander.key), timeout=WAIT_S)
+    assert [c.id for c in record.completions][-1] == after.id and len(record.completions) == 2

@@ -52,10 +52,7 @@ def _args(model_dir: Path, log_dir: Path, *extra: str) -> list[str]:
             "rollout.staleness.consumer_batch_size=2", "train_dataset.batch_size=2",
             "train_dataset.size=100", "valid_dataset.size=4", "evaluation.n_prompts=4",
             "checkpoint.freq_steps=2", "checkpoint.recover=auto", "logging.tensorboard=false",
-            "launcher.slurm.nodes=2",
-            # SGLang's CPU memory profile fails a server when this busy machine's free memory
-            # moves by more than the fraction while it loads (seen at 0.1 beside the suite)
-            "server.mem_fraction_static=0.3", *extra]
+            "launcher.slurm.nodes=2", *extra]
 
 
 def _job_processes(job_id: str) -> dict[int, dict[str, str]]:

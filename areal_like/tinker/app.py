@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 
 from aiohttp import web
 
-from areal_like.tinker import runs
-from areal_like.tinker.callers import CALLER, key_fingerprint, request_digest
+from areal_like.tinker import fields, runs
+from areal_like.tinker.callers import CALLER, key_fingerprint, model_seq_id, request_digest
 from areal_like.tinker.errors import TinkerError, UserError
 from areal_like.tinker.sampling import SamplingParams
 from areal_like.tinker.service import TinkerService
@@ -35,7 +35,7 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
     async def body(request: web.Request) -> dict[str, Any]:
         try:
             data = await request.json()
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
             raise UserError(f"{request.path}: the body is not JSON ({e})") from e
         if not isinstance(data, dict):
             raise UserError(f"{request.path}: the body is not a JSON object")
@@ -76,7 +76,7 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
     async def create_model(request: web.Request) -> web.Response:
         data = await body(request)
         request_id = s.create_model(data)
-        model_id = f"{data.get('session_id')}:train:{int(data.get('model_seq_id', 0))}"
+        model_id = f"{data.get('session_id')}:train:{model_seq_id(data)}"
         return future(request_id, model_id=model_id)
 
     async def get_info(request: web.Request) -> web.Response:
@@ -104,9 +104,15 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
 
     async def asample(request: web.Request) -> web.Response:
         data = await body(request)
-        params = SamplingParams.parse(data.get("sampling_params") or {}, default_max_tokens)
-        request_id = s.asample(data, params, _prompt_tokens(data.get("prompt")))
-        n = int(data.get("num_samples", 1))
+        params = SamplingParams.parse(fields.mapping(data, "sampling_params"),
+                                      default_max_tokens, context_length)
+        prompt = _prompt_tokens(data.get("prompt"))
+        if len(prompt) + params.max_tokens > context_length:
+            raise UserError(f"asample: the prompt ({len(prompt)} tokens) and max_tokens="
+                            f"{params.max_tokens} exceed the model's context of "
+                            f"{context_length} positions")
+        request_id = s.asample(data, params, prompt)
+        n = fields.integer(data, "num_samples", 1)
         return future(request_id, sample_sequence_ids=[f"{request_id}-{i}" for i in range(n)])
 
     async def retrieve(request: web.Request) -> web.Response:
@@ -134,6 +140,9 @@ def build_app(service: TinkerService, api_key: Optional[str] = None,
             offset = int(request.query.get("offset", 0))
         except ValueError as e:
             raise UserError(f"training_runs: limit and offset must be integers ({e})") from e
+        if not (1 <= limit <= 1000 and offset >= 0):
+            raise UserError(f"training_runs: limit={limit}, offset={offset}: expected a limit "
+                            f"in 1..1000 and an offset >= 0")
         return web.json_response(s.training_runs(limit, offset))
 
     async def run_checkpoints(request: web.Request) -> web.Response:
@@ -198,7 +207,11 @@ def _prompt_tokens(prompt: Any) -> list[int]:
             kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
             raise UserError(f"asample: prompt chunk {i} is {kind!r}; this server samples text "
                             f"(encoded_text chunks) only")
-        tokens += [int(t) for t in chunk.get("tokens", [])]
+        ids = chunk.get("tokens", [])
+        if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise UserError(f"asample: prompt chunk {i}'s tokens must be a list of token ids")
+        tokens += ids
     if not tokens:
         raise UserError("asample: the prompt has no tokens")
     return tokens
@@ -210,8 +223,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except TinkerError as e:
         return web.json_response({"detail": str(e), "category": e.category}, status=e.status)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as e:  # aiohttp's own (no such path, wrong method): as JSON too
+        if e.status < 400:
+            raise
+        return web.json_response({"detail": f"{request.method} {request.path}: {e.reason}",
+                                  "category": "user"}, status=e.status)
     except Exception as e:  # answered with its reason, and logged with its trace
         logger.exception("%s %s failed", request.method, request.path)
         return web.json_response({"detail": f"{type(e).__name__}: {e}"}, status=500)

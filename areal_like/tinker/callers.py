@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any, Optional
 
-from areal_like.tinker.errors import UserError
+from areal_like.tinker import fields
 
 # a fingerprint of the request's X-API-Key ("" outside a request)
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_caller", default="")
@@ -32,10 +32,12 @@ def request_digest(body: bytes) -> str:
 
 
 def seq_id_of(body: dict[str, Any]) -> int:
-    try:
-        return int(body["seq_id"])
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"seq_id={body.get('seq_id')!r}: expected an integer") from None
+    return fields.integer(body, "seq_id")
+
+
+def model_seq_id(body: dict[str, Any]) -> int:
+    """The model's number in its session (`<session>:train:<n>`)."""
+    return fields.integer(body, "model_seq_id", 0, low=0)
 
 
 def json_digest(body: dict[str, Any]) -> str:

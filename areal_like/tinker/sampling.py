@@ -19,10 +19,11 @@ import numpy as np
 
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest
 from areal_like.api.rollout_config import RolloutConfig
+from areal_like.tinker import fields
 from areal_like.tinker.errors import UserError
 from areal_like.tinker.wire import SampledSequence, encode_sample_response
 from engines.fleet.client import RemoteInferenceEngine
-from engines.server.errors import InferenceServerError
+from engines.server.errors import InferenceServerError, RequestRejectedError
 from engines.server.http import post_json
 from engines.sglang.lora_api import loaded_adapters
 
@@ -43,18 +44,26 @@ class SamplingParams:
     seed: Optional[int]
 
     @classmethod
-    def parse(cls, raw: dict[str, Any], default_max_tokens: int) -> SamplingParams:
+    def parse(cls, raw: dict[str, Any], default_max_tokens: int,
+              context_length: int) -> SamplingParams:
         stop = raw.get("stop")
-        items = [] if stop is None else ([stop] if isinstance(stop, (str, int)) else list(stop))
+        items = [] if stop is None else ([stop] if isinstance(stop, (str, int)) else stop)
+        if not isinstance(items, list):
+            raise UserError(f"sampling_params.stop={stop!r}: expected strings or token ids")
         strings = [s for s in items if isinstance(s, str)]
         tokens = [t for t in items if isinstance(t, int) and not isinstance(t, bool)]
         if len(strings) + len(tokens) != len(items):
             raise UserError(f"sampling_params.stop={stop!r}: expected strings or token ids")
-        max_tokens = raw.get("max_tokens")
-        params = cls(max_tokens=default_max_tokens if max_tokens is None else int(max_tokens),
-                     temperature=float(raw.get("temperature", 1.0)),
-                     top_p=float(raw.get("top_p", 1.0)), top_k=int(raw.get("top_k", -1)),
-                     stop_strings=strings, stop_tokens=tokens, seed=raw.get("seed"))
+        seed = raw.get("seed")
+        params = cls(
+            max_tokens=fields.integer(raw, "sampling_params.max_tokens", default_max_tokens,
+                                      low=1, high=context_length),
+            temperature=fields.number(raw, "sampling_params.temperature", 1.0),
+            top_p=fields.number(raw, "sampling_params.top_p", 1.0),
+            top_k=fields.integer(raw, "sampling_params.top_k", -1),
+            stop_strings=strings, stop_tokens=tokens,
+            seed=None if seed is None else fields.integer(raw, "sampling_params.seed",
+                                                           low=-2**63, high=2**63 - 1))
         try:
             params.gconfig(1)
         except ValueError as e:
@@ -130,6 +139,8 @@ class FleetSampler:
             try:
                 replies = await self.engine.agenerate_n(request)
             except InferenceServerError as e:
+                if isinstance(e, RequestRejectedError) and not (name and _lost_adapter(str(e))):
+                    raise UserError(f"the inference server refused this sample: {e}") from e
                 if not name or not _lost_adapter(str(e)):
                     raise
                 # a server restarted since the adapters were loaded: load them again

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
-from areal_like.tinker import losses, runs
-from areal_like.tinker.callers import CALLER, callers, json_digest, seq_id_of
+from areal_like.tinker import fields, losses, runs
+from areal_like.tinker.callers import CALLER, callers, json_digest, model_seq_id, seq_id_of
 from areal_like.tinker.errors import Conflict, Gone, NotFound, UserError
 from areal_like.tinker.futures import FutureStore, Result
 from areal_like.tinker.lora_shape import LoRAShape
@@ -26,6 +26,9 @@ from areal_like.tinker.wire import ForwardBackwardCall, encode_forward_backward_
 
 logger = logging.getLogger(__name__)
 WEIGHTS, SAMPLER_WEIGHTS = "weights", "sampler_weights"
+MAX_NUM_SAMPLES = 128  # one asample's num_samples: more is a caller's mistake, not a job
+
+
 @dataclass
 class ServiceConfig:
     model_name: str  # what clients call the base model (also accepted: its path)
@@ -146,21 +149,20 @@ class TinkerService:
     def create_model(self, body: dict[str, Any]) -> str:
         session = self.session(str(body.get("session_id")))
         self.check_base_model(body.get("base_model"))
-        lora = body.get("lora_config") or {}
-        rank = int(lora.get("rank", 32))
+        lora = fields.mapping(body, "lora_config")
+        rank = fields.integer(lora, "lora_config.rank", 32)
         if not 1 <= rank <= self.config.max_lora_rank:
             raise UserError(f"lora_config.rank={rank}: this server serves LoRA ranks 1.."
                             f"{self.config.max_lora_rank} (tinker-serve --max-lora-rank)")
-        optimizer = body.get("optimizer_config") or {"type": "adamw"}
+        optimizer = fields.mapping(body, "optimizer_config")
         if optimizer.get("type", "adamw") != "adamw":
             raise UserError(f"optimizer_config.type={optimizer.get('type')!r}: only adamw")
-        shape = LoRAShape(rank, bool(lora.get("train_attn", True)),
-                          bool(lora.get("train_mlp", True)),
-                          bool(lora.get("train_unembed", True)))
-        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        shape = LoRAShape(rank, *(fields.flag(lora, f"lora_config.train_{part}", True)
+                                  for part in ("attn", "mlp", "unembed")))
+        model_id = f"{session.id}:train:{model_seq_id(body)}"
         request_id = self.futures.create("CreateModel")
         self.futures.watch(request_id, self._add_model(session, model_id, shape,
-                                                       body.get("user_metadata") or {}))
+                                                       fields.mapping(body, "user_metadata")))
         return request_id
 
     async def _add_model(self, session: Session, model_id: str, shape: LoRAShape,
@@ -268,8 +270,10 @@ class TinkerService:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def folder(self, model_id: str, kind: str, name: str) -> str:
-        if not name or "/" in name or name in (".", ".."):
-            raise UserError(f"checkpoint name {name!r}: a non-empty name without '/'")
+        if not name or "/" in name or "\x00" in name or name in (".", "..") \
+                or len(name.encode()) > 200:
+            raise UserError(f"checkpoint name {name[:80]!r}: a name of 1-200 bytes without "
+                            f"'/' (nor '.' or '..')")
         return os.path.join(self.config.storage_dir, model_id.replace(":", "_"), kind, name)
 
     def parse_path(self, path: str) -> tuple[str, str, str]:
@@ -331,7 +335,7 @@ class TinkerService:
                             json_digest(body))
 
     def load_weights(self, body: dict[str, Any]) -> str:
-        with_optimizer = bool(body.get("optimizer", False))
+        with_optimizer = fields.flag(body, "optimizer", False)
         if "model_id" in body:  # onto an existing model, in its order
             model_id = str(body["model_id"])
 
@@ -345,13 +349,14 @@ class TinkerService:
         meta = self._read_meta(folder)
         self._load_check(folder)
         session = self.session(str(body.get("session_id")))
-        model_id = f"{session.id}:train:{int(body.get('model_seq_id', 0))}"
+        model_id = f"{session.id}:train:{model_seq_id(body)}"
         shape = LoRAShape(meta["lora_rank"], meta["train_attn"], meta["train_mlp"],
                           meta["train_unembed"])
+        metadata = fields.mapping(body, "user_metadata")
         request_id = self.futures.create("LoadWeights")
 
         async def create_and_load() -> Result:
-            await self._add_model(session, model_id, shape, body.get("user_metadata") or {})
+            await self._add_model(session, model_id, shape, metadata)
             return await self._load(model_id, folder, with_optimizer)
         self.futures.watch(request_id, create_and_load())
         return request_id
@@ -468,9 +473,7 @@ class TinkerService:
         else:
             self.check_base_model(body.get("base_model"))
             path = None
-        n = int(body.get("num_samples", 1))
-        if n < 1:
-            raise UserError(f"num_samples={n}: expected >= 1")
+        n = fields.integer(body, "num_samples", 1, low=1, high=MAX_NUM_SAMPLES)
         vocab = self.config.vocab_size  # an id past the embedding would crash the server
         for where, ids in (("prompt", prompt), ("sampling_params.stop", params.stop_tokens)):
             bad = [t for t in ids if not 0 <= t < vocab] if vocab else []
@@ -485,8 +488,8 @@ class TinkerService:
                 raise UserError(f"{key} is not supported by this server")
         request_id = self.futures.create("Sample")
         self.futures.watch(request_id, self.sampler.sample(
-            path, prompt, n, params, bool(body.get("prompt_logprobs")),
-            int(body.get("topk_prompt_logprobs") or 0)))
+            path, prompt, n, params, fields.flag(body, "prompt_logprobs", False),
+            fields.integer(body, "topk_prompt_logprobs", 0, low=0, high=vocab or None)))
         return request_id
 
 
@@ -494,12 +497,9 @@ def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:
     """optim_step's adam_params with the SDK's defaults filled, checked."""
     if given is None:
         raise UserError("optim_step without adam_params: this server steps AdamW only")
-    adam = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
-            "weight_decay": 0.0, "grad_clip_norm": 0.0}
-    try:
-        adam.update({k: float(v) for k, v in given.items() if k in adam and v is not None})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"adam_params {given}: every value must be a number ({e})") from e
+    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
+                "weight_decay": 0.0, "grad_clip_norm": 0.0}
+    adam = {k: fields.number(given, f"adam_params.{k}", v) for k, v in defaults.items()}
     if adam["learning_rate"] < 0 or not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1) \
             or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
         raise UserError(f"adam_params {adam}: need learning_rate >= 0, betas in [0, 1), "

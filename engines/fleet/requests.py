@@ -27,7 +27,11 @@ from engines.fleet.coalescing import RequestCoalescer
 from engines.fleet.membership import FleetMembership
 from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
-from engines.server.errors import InferenceServerError, ServerProtocolError
+from engines.server.errors import (
+    InferenceServerError,
+    RequestRejectedError,
+    ServerProtocolError,
+)
 from engines.server.http import RETRYABLE as _RETRYABLE
 from engines.server.http import RetryableHTTPError as _RetryableHTTPError
 from engines.server.http import parse_json_reply
@@ -207,10 +211,12 @@ class FleetRequests:
                         last_error = self.membership.lost_state(addr, lost)
                         continue
                     if resp.status != 200:
-                        raise InferenceServerError(
-                            f"{self.api.name} server {addr} rejected {path} rid={sent_rid}: "
-                            f"HTTP {resp.status}: {(await resp.text())[:500]}"
-                        )
+                        message = (f"{self.api.name} server {addr} rejected {path} "
+                                   f"rid={sent_rid}: HTTP {resp.status}: "
+                                   f"{(await resp.text())[:500]}")
+                        if 400 <= resp.status < 500:
+                            raise RequestRejectedError(message, resp.status)
+                        raise InferenceServerError(message)
                     data = parse_json_reply(await resp.text(), addr, path)
                     reply = parse(data, addr, sent_rid)
                 last_error = self.membership.lost_weights(addr, reply.versions, floor)

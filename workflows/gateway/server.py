@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
+from areal_like.api.errors import RequestRejected
 from workflows.gateway import anthropic_api, openai_api
 from workflows.gateway.openai_api import BadRequest, invalid_tool_calls
 from workflows.gateway.sessions import (
@@ -255,7 +256,7 @@ class AgentGateway:
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             kwargs = dialect.parse(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             counts["bad_requests"] += 1
             return error(400, f"the request body is not JSON: {e}", "invalid_request_error")
         except web.HTTPRequestEntityTooLarge:
@@ -276,6 +277,10 @@ class AgentGateway:
         except (TypeError, ValueError) as e:  # arguments the recorder refuses, naming them
             counts["bad_requests"] += 1
             return error(400, str(e), "invalid_request_error")
+        except RequestRejected as e:  # (past the context, ...): any server would refuse it
+            counts["bad_requests"] += 1
+            return error(400, f"the inference server refused this call: {e}",
+                         "invalid_request_error")
         except Exception as e:  # the fleet failed: the agent is told, the run's log says why
             counts["server_errors"] += 1
             logger.warning("agent gateway: a completion of session %s failed: %r", key, e)

@@ -61,8 +61,10 @@ SMALL = ["gconfig.max_new_tokens=4", "rollout.staleness.consumer_batch_size=2", 
     # the calculator agent, a program of its own per episode, through the gateway
     ("agent_program", ["gconfig.n_samples=2", "gconfig.max_new_tokens=8",
                        "valid_dataset.size=2", "evaluation.n_prompts=2"]),
-    # pairs need rewards that differ within a group: the untrained model earns no task reward
-    ("online_dpo", ["gconfig.n_samples=4", "reward.fn=reward_fns:even_length"]),
+    # pairs need rewards that differ within a group: the untrained model earns no task reward;
+    # 8 samples: with 4, both groups' answers of one length parity (~1 run in 60) left the
+    # first step without a pair (seen once in the suite)
+    ("online_dpo", ["gconfig.n_samples=8", "reward.fn=reward_fns:even_length"]),
 ])
 def test_recipe_runs_its_loop(recipe, extra, sglang_fleet, tiny_model_dir, tmp_path):
     if recipe == "distill":

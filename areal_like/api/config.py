@@ -141,10 +141,8 @@ class ServerConfig:
     venv: str = ""  # the backend's own virtual environment; empty: .venv-sglang / .venv-vllm
     dtype: str = bounded("float32", bound=choices("float32", "bfloat16", "float16", "auto"))
     max_total_tokens: int = 65536  # checked: >= context_length
-    # CPU: the KV cache is sized by max_total_tokens (0.1 and 0.5 give the same 65536-token
-    # pool); the fraction is how much of the free memory may vanish while the weights load
-    # before SGLang refuses to start: on a busy machine others allocate meanwhile (0.1 failed
-    # servers beside the suite)
+    # CPU: free memory that may vanish while the weights load (others allocate) before the
+    # server refuses to start; its KV cache is sized by max_total_tokens
     mem_fraction_static: float = bounded(0.5, bound=Bound("in (0, 1]", lambda v: 0.0 < v <= 1.0))
     context_length: int = bounded(1024, bound=at_least(1, " tokens"))
     threads_per_server: int = bounded(1, bound=at_least(1))

@@ -46,5 +46,3 @@ class RequestRejected(RuntimeError):
     """An inference server refused a request itself (HTTP 4xx: past the context, an invalid
     field): any server would, so it is not retried, and it is the caller's error, not the
     fleet's. Raised by the fleet client as `engines.server.errors.RequestRejectedError`."""
-
-    status: int = 400

@@ -52,19 +52,23 @@ def flag(body: Any, key: str, default: bool) -> bool:
     return value
 
 
-def text(body: Any, key: str, default: Optional[str] = None, max_len: int = 1024) -> str:
-    """`body[key]` as a string of at most `max_len` characters."""
-    value = _value(body, key, default)
-    if not isinstance(value, str):
-        raise UserError(f"{key}={value!r}: expected a string")
-    if len(value) > max_len:
-        raise UserError(f"{key}: {len(value)} characters, more than {max_len}")
-    return value
-
-
 def mapping(body: Any, key: str) -> dict[str, Any]:
     """`body[key]` as a JSON object ({} when absent)."""
     value = _value(body, key, {})
     if not isinstance(value, dict):
         raise UserError(f"{key}={value!r}: expected a JSON object")
     return value
+
+
+def adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:
+    """optim_step's adam_params with the SDK's defaults filled, checked."""
+    if given is None:
+        raise UserError("optim_step without adam_params: this server steps AdamW only")
+    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
+                "weight_decay": 0.0, "grad_clip_norm": 0.0}
+    adam = {k: number(given, f"adam_params.{k}", v) for k, v in defaults.items()}
+    if adam["learning_rate"] < 0 or not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1) \
+            or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
+        raise UserError(f"adam_params {adam}: need learning_rate >= 0, betas in [0, 1), "
+                        f"eps > 0, weight_decay >= 0, grad_clip_norm >= 0 (0: no clipping)")
+    return adam

@@ -261,7 +261,8 @@ class TinkerService:
         model_id = str(body.get("model_id"))
 
         def run() -> Awaitable[Result]:
-            done = self.ranks.submit("optim_step", model_id, _adam_params(body.get("adam_params")))
+            adam = fields.adam_params(body.get("adam_params"))
+            done = self.ranks.submit("optim_step", model_id, adam)
 
             async def result() -> Result:
                 return {"metrics": await done, "type": "optim_step"}
@@ -288,13 +289,13 @@ class TinkerService:
             raise NotFound(f"no checkpoint {path!r} on this server")
         return parts[0], parts[1], parts[2]
 
-    def _run_owner(self, run_id: str) -> Optional[str]:
-        """The key fingerprint that made training run `run_id`: its live model's session's,
-        else the one its newest checkpoint records."""
+    def _callers_run(self, run_id: str) -> bool:
+        """Whether training run `run_id` is the caller's: its live model's session's key, else
+        the one its newest checkpoint records."""
         model = self.models.get(run_id)
         session = self.sessions.get(model.session_id) if model is not None else None
-        return session.owner if session is not None else runs.run_owner(
-            self.config.storage_dir, run_id)
+        return callers(session.owner if session is not None else runs.run_owner(
+            self.config.storage_dir, run_id))
 
     def save_weights(self, body: dict[str, Any]) -> str:
         model_id, name = str(body.get("model_id")), str(body.get("path") or "")
@@ -402,8 +403,11 @@ class TinkerService:
     # ---- training runs (REST) -------------------------------------------------------------
     def training_run(self, run_id: str) -> dict[str, Any]:
         """The caller's training run `run_id` (another key's is answered as unknown)."""
-        if not callers(self._run_owner(run_id)):
+        if not self._callers_run(run_id):
             raise NotFound(f"no training run {run_id!r} (no live model, no checkpoints)")
+        return self._run_view(run_id)
+
+    def _run_view(self, run_id: str) -> dict[str, Any]:
         model = self.models.get(run_id)
         alive = None if model is None else {
             "lora_rank": model.lora.rank, "user_metadata": model.user_metadata,
@@ -414,12 +418,13 @@ class TinkerService:
 
     def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
         ids = [i for i in runs.run_ids(self.config.storage_dir, list(self.models))
-               if callers(self._run_owner(i))]
-        return {"training_runs": [self.training_run(i) for i in ids[offset:offset + limit]],
+               if self._callers_run(i)]
+        return {"training_runs": [self._run_view(i) for i in ids[offset:offset + limit]],
                 "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
     async def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
-        self.training_run(run_id)  # the caller's, else NotFound
+        if not self._callers_run(run_id):
+            raise NotFound(f"no checkpoint {checkpoint_id!r} of {run_id!r}")
         runs.delete_checkpoint(self.config.storage_dir, run_id, checkpoint_id)
         await self.sampler.forget(f"tinker://{run_id}/{checkpoint_id}")
 
@@ -491,18 +496,3 @@ class TinkerService:
             path, prompt, n, params, fields.flag(body, "prompt_logprobs", False),
             fields.integer(body, "topk_prompt_logprobs", 0, low=0, high=vocab or None)))
         return request_id
-
-
-def _adam_params(given: Optional[dict[str, Any]]) -> dict[str, float]:
-    """optim_step's adam_params with the SDK's defaults filled, checked."""
-    if given is None:
-        raise UserError("optim_step without adam_params: this server steps AdamW only")
-    defaults = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12,
-                "weight_decay": 0.0, "grad_clip_norm": 0.0}
-    adam = {k: fields.number(given, f"adam_params.{k}", v) for k, v in defaults.items()}
-    if adam["learning_rate"] < 0 or not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1) \
-            or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
-        raise UserError(f"adam_params {adam}: need learning_rate >= 0, betas in [0, 1), "
-                        f"eps > 0, weight_decay >= 0, grad_clip_norm >= 0 (0: no clipping)")
-    return adam
-

@@ -213,7 +213,7 @@ def _wait_for_step(proc: subprocess.Popen, metrics: Path, step: int,
         assert time.monotonic() < deadline, f"no step {step} within 600 s"
         records = read_metrics(metrics) if metrics.exists() else []
         if any(r["step"] >= step and key in r for r in records) and also():
-            return records
+            return read_metrics(metrics)  # read after also(): it holds every record also() saw
         time.sleep(0.1)
 
 

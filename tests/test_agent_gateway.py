@@ -224,8 +224,9 @@ def test_a_malformed_request_is_refused_naming_its_field(gateway, body, status, 
 
 def test_the_door_names_unknown_keys_paths_and_bodies_past_the_limit(gateway):
     """An unknown or missing session key is 401 (models included), a path the gateway does
-    not serve 404, a body past its limit 413: each in the API's JSON error shape, not
-    retried; the gateway serves the next call."""
+    not serve 404, a body past its limit 413, messages with more characters than the context
+    could hold as tokens 400: each in the API's JSON error shape, not retried; the gateway
+    serves the next call."""
     import urllib.error
     import urllib.request
 
@@ -253,6 +254,18 @@ def test_the_door_names_unknown_keys_paths_and_bodies_past_the_limit(gateway):
         code, body, retry = refused(path, big)
         assert code == 413 and retry == "false", body
         assert f"over this gateway's limit of {gw.max_body_bytes} bytes" in shape(body)
+    # under the body limit, but more characters than the context can hold in tokens (the
+    # longest token times the 1024 positions): refused before the tokenizer sees it
+    assert gw.max_prompt_chars == 1024 * gw.token_chars
+    long = json.dumps({"model": "policy", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "7" * (gw.max_prompt_chars + 1)}]}).encode()
+    assert len(long) < gw.max_body_bytes
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        code, body, retry = refused(path, long)
+        assert code == 400 and retry == "false", body
+        message = body["error"]["message"]  # (the role's characters count too)
+        assert re.search(r"hold 133\d\d characters: at least 1024 tokens .* past the "
+                         r"model's context of 1024 positions", message), message
     ok = _sdk(gw.session_url(session)).chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert ok.choices[0].message.content is not None

@@ -192,6 +192,22 @@ CASES = [
      "algorithm.group_size=1: online DPO pairs a prompt's best sample with its worst"),
     ("log-dir-is-a-file", "grpo", ["logging.log_dir={student}/config.json"],
      "config.json is a file, not a folder"),
+    ("switch-set-to-a-number", "grpo", ["checkpoint.async_save=2"],
+     "checkpoint.async_save=2: checkpoint.async_save is a switch; expected true or false"),
+    # GPU-only settings for a trainer on this (CPU) machine
+    ("offload-on-a-cpu-trainer", "grpo", ["actor.cpu_offload=true"],
+     "actor.cpu_offload=true on a CPU trainer (no CUDA device is visible)"),
+    ("nccl-on-a-cpu-trainer", "ppo", ["critic.backend=nccl"],
+     "critic.backend=nccl: no CUDA device is visible on this machine"),
+    # trackers: where they write, and settings of one that is off
+    ("trackio-dir-past-a-file", "grpo",
+     ["logging.trackio.enabled=true", "logging.trackio.dir={student}/config.json/trackio"],
+     "logging.trackio.dir="),
+    ("mlflow-store-past-a-file", "grpo",
+     ["logging.mlflow.enabled=true", "logging.mlflow.tracking_uri=sqlite:///{student}/config.json/m.db"],
+     "config.json is a file, not a folder"),
+    ("tracker-setting-while-off", "grpo", ["logging.trackio.project=mine"],
+     "logging.trackio.project='mine' is set but logging.trackio.enabled=false: nothing reads it"),
     # presets on recipes that cannot use them
     ("preset-on-sft", "sft", ["algorithm.preset=dapo"],
      "algorithm.preset='dapo', algorithm.loss.eps_clip_high=0.28, "
@@ -212,6 +228,11 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_a_feature_key_the_run_cannot_honour_is_refused_before_anything_starts(
         models, monkeypatch, capsys, recipe, overrides, message):
+    if "CPU trainer" in message or "no CUDA device" in message:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible: GPU-only settings are honoured here")
     paths = {name: str(path) for name, path in models.items()}
     args = [f"model.path={paths['student']}", *[o.format(**paths) for o in overrides]]
     err = _refused(monkeypatch, capsys, recipe, args)

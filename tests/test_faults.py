@@ -36,6 +36,7 @@ from sglang_helpers import (
 from areal_like.api.io_struct import GenerationHyperparameters, ModelRequest, WeightUpdateMeta
 from areal_like.rollout import FleetUnavailableError
 from engines.fleet.updater import FleetUpdater
+from engines.server.errors import PoisonRequestError, RequestRejectedError
 
 pytestmark = pytest.mark.sglang
 PROMPT = [11, 22, 33, 44, 55]
@@ -334,6 +335,44 @@ def test_serve_restarts_a_dead_server_then_stops_naming_it(tiny_model_dir, tmp_p
     assert "0 of 1 SGLang servers alive" in err and "server_0.log" in err
 
 
+def test_a_joining_server_of_another_size_is_refused_naming_the_dimension(
+        fresh_fleet, tiny_model_dir, tmp_path):
+    """A server of the fleet's architecture and vocabulary but another width (hidden 64, not
+    128) is refused when it joins, before any weight load could crash it: its config.json's
+    dimensions against the fleet's, named in the refusal; it never serves."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from areal_like.api.config import ServerConfig
+    from areal_like.models.tiny import build_config
+    from engines.fleet.launch import InferenceFleet
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = build_config("1m", tokenizer)
+    config.hidden_size, config.intermediate_size = 64, 192
+    narrow = tmp_path / "narrow"
+    Qwen2ForCausalLM(config).save_pretrained(narrow, safe_serialization=True)
+    tokenizer.save_pretrained(narrow)
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    assert json.loads((narrow / "config.json").read_text())["vocab_size"] == vocab
+    first = fresh_fleet.addresses[0]  # its last load: tiny_model_dir, whose folder is compared
+    with InferenceFleet(narrow, ServerConfig(n_servers=1, context_length=1024,
+                                             fork_children=True),
+                        api_key=SGLANG_TEST_API_KEY, log_dir=tmp_path / "logs") as other:
+        addrs_file = tmp_path / "servers.txt"
+        addrs_file.write_text(f"{first}\n{other.addresses[0]}\n")
+        engine = make_engine([first], SGLANG_TEST_API_KEY, server_addrs_file=str(addrs_file),
+                             health_check_interval=0.5, vocab_size=vocab)
+        try:
+            added = other.addresses[0]
+            _until(lambda: added in engine.membership.refused, "the server to be refused")
+            why = engine.membership.refused[added]
+            assert "hidden_size 64 (fleet: 128)" in why and "intermediate_size 192" in why, why
+            assert engine.in_service() == [first]
+            assert other.dead_servers() == []  # refused before any load could crash it
+        finally:
+            engine.destroy()
+
+
 def _pgid_or_none(port: int) -> int | None:
     try:
         return server_pgid(port)
@@ -377,6 +416,43 @@ def test_last_server_dead_stops_with_a_clear_bounded_error(any_fleet, any_spare)
             controller.wait(1, timeout=BOUND_S)
     finally:
         controller.destroy()
+
+
+def test_a_request_that_kills_its_server_costs_one_error_not_the_restarts(spare,
+                                                                          tiny_model_dir):
+    """A prompt naming a token id past the embedding ends an SGLang scheduler (0.5.23 checks
+    no prompt ids). A client that knows the vocabulary (`rollout.vocab_size`, as every recipe
+    sets it) refuses it naming the id, and the server serves on. One that does not sends it:
+    the server dies, the request waits and is sent once more when the server is back (restarted
+    here as a supervisor would), kills it again, and is then a PoisonRequestError, not sent a
+    third time: the damage is bounded whatever the restart budget."""
+    addr = spare.addresses[0]
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    poison = ModelRequest(input_ids=[5, vocab + 7], gconfig=GenerationHyperparameters(
+        max_new_tokens=4))
+    knows = make_engine([addr], SGLANG_TEST_API_KEY, vocab_size=vocab)
+    try:
+        with pytest.raises(RequestRejectedError, match=rf"input_ids\[1\] = {vocab + 7} is outside"):
+            asyncio.run(knows.agenerate(poison))
+        good = asyncio.run(knows.agenerate(ModelRequest(
+            input_ids=PROMPT, gconfig=GenerationHyperparameters(max_new_tokens=4))))
+        assert len(good.output_tokens) == 4
+    finally:
+        knows.destroy()
+    blind = make_engine([addr], SGLANG_TEST_API_KEY, retry_backoff=0.1, request_retries=5,
+                        health_check_interval=0.5, server_down_timeout=BOUND_S)
+    try:
+        sent = asyncio.run_coroutine_threadsafe(blind.agenerate(poison),
+                                                blind._loop_thread.loop)
+        spare.processes[0].wait(timeout=BOUND_S)  # the first death
+        spare.kill_server(0)  # whatever of its process group is left
+        spare.restart_server(0)
+        with pytest.raises(PoisonRequestError, match="dropped it mid-way 2 times") as info:
+            sent.result(timeout=BOUND_S)
+        assert str(info.value).count(addr) == 2, info.value
+        spare.processes[0].wait(timeout=BOUND_S)  # the second death, and no third send
+    finally:
+        blind.destroy()
 
 
 # ---- servers that misbehave -----------------------------------------------------------------
@@ -542,40 +618,63 @@ def test_serve_join_adds_its_server_to_a_running_fleet_and_leaves_it_drained(
 
 
 @pytest.mark.e2e
-@pytest.mark.beside_serial  # a server of its own, no session fleet
-def test_serve_join_refuses_a_missing_folder_and_a_second_signal_skips_the_drain(
+@pytest.mark.beside_serial  # servers of its own, no session fleet
+def test_serve_join_needs_a_running_job_and_stops_at_once_when_nothing_is_left_to_drain(
         tiny_model_dir, tmp_path):
-    """`serve --join` into a folder that does not exist is refused before any server starts
-    (exit 2, naming it); joined to a job that never drains it (no client reads the file), the
-    first SIGTERM takes its line out and waits, a second stops it at once: exit 0, no
-    traceback, the line gone."""
+    """`serve --join` is refused before any server starts (exit 2, naming why) into a folder
+    that does not exist and into a file no job reads. Joined to a running job (a real fleet
+    client reading the file, its heartbeat fresh) that never drains it, a SIGTERM takes its
+    line out and waits, and a second stops it at once; joined again, the job ends while serve
+    waits for the drain, and serve stops at once, saying so. Exit 0, no traceback, the job's
+    own line kept."""
+    from config_helpers import rollout_config
+
+    from engines.fleet.client import RemoteInferenceEngine
+
     serve = [sys.executable, "-m", "areal_like.cli", "serve", "--model-path", str(tiny_model_dir),
              "--n-servers", "1", "--log-dir", str(tmp_path / "logs"), "--fork-children"]
-    missing = tmp_path / "no_such_job" / "servers.txt"
-    refused = subprocess.run([*serve, "--join", str(missing)], cwd=REPO, capture_output=True,
-                             text=True, timeout=BOUND_S)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert f"--join {missing}: no folder {missing.parent}" in refused.stderr
-    assert "servers ready" not in refused.stdout
     addrs_file = tmp_path / "servers.txt"
-    addrs_file.write_text("127.0.0.1:1\n")  # a job's line that must stay
-    out_path = tmp_path / "serve.out"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen([*serve, "--join", str(addrs_file)], cwd=REPO,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
+    addrs_file.write_text("127.0.0.1:1\n")  # the job's line, which must stay
+    for target, why in ((tmp_path / "no_such_job" / "servers.txt", "no folder"),
+                        (addrs_file, "no job reads it")):
+        refused = subprocess.run([*serve, "--join", str(target)], cwd=REPO, capture_output=True,
+                                 text=True, timeout=BOUND_S)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"--join {target}: {why}" in refused.stderr
+        assert "servers ready" not in refused.stdout
+    # the job: a fleet client of the file that reads it once (its next read is an hour away)
+    job = RemoteInferenceEngine(rollout_config(server_addrs=["127.0.0.1:1"],
+                                               server_addrs_file=str(addrs_file),
+                                               health_check_interval=3600.0))
+    job.initialize(check_health=False)
     try:
-        _until(lambda: "[serve] joined the job" in out_path.read_text(), "the join")
-        assert len(addrs_file.read_text().splitlines()) == 2
-        proc.send_signal(signal.SIGTERM)
-        _until(lambda: "waiting for it to drain" in out_path.read_text(), "the drain wait")
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=BOUND_S)
+        for ending in ("a second signal", "the job ends"):
+            out_path = tmp_path / f"serve_{ending[-4:]}.out"
+            with open(out_path, "w") as out:
+                proc = subprocess.Popen([*serve, "--join", str(addrs_file)], cwd=REPO,
+                                        env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
+                                        stderr=subprocess.STDOUT, text=True)
+            try:
+                _until(lambda p=out_path: "[serve] joined the job" in p.read_text(), "the join")
+                assert len(addrs_file.read_text().splitlines()) == 2
+                proc.send_signal(signal.SIGTERM)
+                _until(lambda p=out_path: "waiting for it to drain" in p.read_text(),
+                       "the drain wait")
+                if ending == "a second signal":
+                    proc.send_signal(signal.SIGTERM)
+                else:
+                    job.destroy()
+                proc.wait(timeout=BOUND_S)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=60)
+            text = out_path.read_text()
+            assert proc.returncode == 0 and "Traceback" not in text, text[-3000:]
+            assert ("stopping without waiting for the drain" in text) == (ending != "the job ends")
+            assert ("has ended (no client reads the file): nothing to drain" in text) == (
+                ending == "the job ends"), text[-3000:]
+            assert addrs_file.read_text() == "127.0.0.1:1\n"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-    text = out_path.read_text()
-    assert proc.returncode == 0, text[-3000:]
-    assert "stopping without waiting for the drain" in text and "Traceback" not in text, text
-    assert addrs_file.read_text() == "127.0.0.1:1\n"
+        job.destroy()
+    assert not list(tmp_path.glob("servers.txt.client.*"))  # the ended job's heartbeat is gone

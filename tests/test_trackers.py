@@ -50,9 +50,10 @@ def _logging(root: Path, experiment: str, trackio_dir: Path, uri: str, **enabled
     return LoggingConfig(
         log_dir=str(root), experiment_name=experiment, console=False, tensorboard=False,
         plot=False, wandb=WandbConfig(enabled=enabled.get("wandb", True)),
-        mlflow=MLflowConfig(enabled=enabled.get("mlflow", True), tracking_uri=uri,
-                            start_timeout_s=5),
-        trackio=TrackioConfig(enabled=enabled.get("trackio", True), dir=str(trackio_dir)))
+        mlflow=(MLflowConfig(enabled=True, tracking_uri=uri, start_timeout_s=5)
+                if enabled.get("mlflow", True) else MLflowConfig()),
+        trackio=(TrackioConfig(enabled=True, dir=str(trackio_dir))
+                 if enabled.get("trackio", True) else TrackioConfig()))
 
 
 def _step_metrics(step: int, attempt: int) -> dict[str, float]:

@@ -249,6 +249,7 @@ def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list
     overrides = [f"++{o}" if o[:1] not in "+~" and _inside_a_dict(config_cls, o) else o
                  for o in overrides]
     source = f"{path.name} with overrides {overrides}" if overrides else path.name
+    _check_switches(config_cls, overrides)
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     search = [f"file://{d}" for d in _SEARCH_DIRS if d != path.parent]
@@ -268,6 +269,25 @@ def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list
     if drop_inherited:
         _drop_inherited_task_keys(composed, config_cls, path, overrides)
     return composed, source
+
+
+SWITCH_VALUES = ("true", "false")
+
+
+def _check_switches(config_cls: type, overrides: list[str]) -> None:
+    """A switch (a bool key) set to anything but true/false is refused: OmegaConf would read
+    `async_save=2` or `=yes` as true."""
+    for override in overrides:
+        found = re.fullmatch(r"\+*([\w.]+)=(.*)", override)
+        if not found:
+            continue
+        key, value = found.groups()
+        parent, _, leaf = key.rpartition(".")
+        cls = _class_at(config_cls, parent)
+        if cls is None or get_type_hints(cls).get(leaf) is not bool:
+            continue
+        if value.strip().lower() not in SWITCH_VALUES:
+            raise ConfigError(f"{key}={value}: {key} is a switch; expected true or false")
 
 
 def _drop_inherited_task_keys(composed: Any, config_cls: type, path: Path,

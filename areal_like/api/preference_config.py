@@ -82,7 +82,8 @@ class DPOLossConfig:
     beta: float = bounded(0.1, bound=above(0))
     loss_type: str = bounded("sigmoid", bound=choices("sigmoid", "ipo"))
     label_smoothing: float = bounded(0.0, bound=FRACTION_BELOW_1)
-    # + coef * NLL of the chosen response (per-token mean): RPO's regulariser; 0: off
+    # + coef * NLL of the chosen responses (each one's per-token mean, then the mean over the
+    # pairs; TRL's rpo_alpha takes the mean over all chosen tokens): RPO's regulariser; 0: off
     sft_coef: float = bounded(0.0, bound=at_least(0))
 
     def __post_init__(self) -> None:

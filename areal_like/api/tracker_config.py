@@ -5,9 +5,25 @@ metrics.jsonl, tensorboard and the PNG are written either way."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from areal_like.api.config_checks import above, bounded, check_bounds, choices
+
+
+def check_tracker(config: Any, section: str) -> None:
+    """The bounds of a tracker's section, and none of its settings set while it is off
+    (nothing would read them: a forgotten `enabled=true`)."""
+    check_bounds(config, section)
+    if config.enabled:
+        return
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name != "enabled" and value != f.default:
+            raise ValueError(f"logging.{section}.{f.name}={value!r} is set but "
+                             f"logging.{section}.enabled=false: nothing reads it; set "
+                             f"logging.{section}.enabled=true, or unset it")
 
 
 @dataclass
@@ -21,7 +37,7 @@ class WandbConfig:
     entity: str = ""  # "": the API key's default entity
 
     def __post_init__(self) -> None:
-        check_bounds(self, "WandbConfig")
+        check_tracker(self, "wandb")
 
 
 @dataclass
@@ -36,7 +52,7 @@ class MLflowConfig:
     start_timeout_s: float = bounded(30.0, bound=above(0))
 
     def __post_init__(self) -> None:
-        check_bounds(self, "MLflowConfig")
+        check_tracker(self, "mlflow")
 
 
 @dataclass
@@ -47,4 +63,7 @@ class TrackioConfig:
     enabled: bool = False
     project: str = ""  # "": logging.experiment_name
     dir: str = ""  # "": trackio's own default (TRACKIO_DIR, else ~/.cache/huggingface/trackio)
+
+    def __post_init__(self) -> None:
+        check_tracker(self, "trackio")
 

@@ -42,6 +42,7 @@ from areal_like.launcher.target import (
     resolve_target,
     trainer_error,
 )
+from areal_like.runtime.preflight import check_local_trainer_device
 from areal_like.utils.cpus import check_cpus, split_cores
 from areal_like.utils.fast_exit import exit_now
 from areal_like.utils.launch_clock import mark_launch, stamp
@@ -217,6 +218,7 @@ def launch(target_name: str, argv: list[str], quiet_servers: bool = True) -> int
     target = resolve_target(target_name, argv)  # fails fast on a typo
     config, overrides, needs_fleet = target.config, target.overrides, target.needs_fleet
     check_model_path(config)
+    check_local_trainer_device(config)
     _check_teacher(config)
     server_config, trainer_cpus = _allocate_cpus(config, overrides)
     master_port = _master_port(config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def check_recipe_config(config: Any) -> None:
                 raise ConfigError(f"{name}: {e}") from None
     check_model_folders(config)  # LoRA targets, vision tower, the teacher's tokenizer
     if getattr(config, "logging", None) is not None:
-        _check_log_dir(config.logging.log_dir)
+        _check_writable_folder("logging.log_dir", config.logging.log_dir)
+        _check_tracker_folders(config.logging)
         try:  # trackers installed, an MLflow server answering
             check_trackers(config.logging)
         except ValueError as e:
@@ -126,19 +128,57 @@ def _check_data_file(key: str, path: str) -> None:
         raise ConfigError(f"{key}={path!r}: {e}") from None
 
 
-def _check_log_dir(log_dir: str) -> None:
-    """The run folder can be made: no file in its way, its nearest existing folder
-    writable."""
-    path = Path(log_dir).absolute()
+def _check_writable_folder(key: str, value: str, folder_in_value: str = "") -> None:
+    """The folder `value` (or `folder_in_value`, the folder it names) can be made: no file in
+    its way, its nearest existing folder writable."""
+    path = Path(folder_in_value or value).absolute()
     for folder in (path, *path.parents):
         if not folder.exists():
             continue
         if not folder.is_dir():
-            raise ConfigError(f"logging.log_dir={log_dir!r}: {folder} is a file, not a "
-                              f"folder; choose another log_dir")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise ConfigError(f"logging.log_dir={log_dir!r}: {folder} is not writable")
+            raise ConfigError(f"{key}={value!r}: {folder} is a file, not a folder; choose "
+                              f"another")
+        try:  # a probe file, not os.access: root passes that check where writes fail
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{key}={value!r}: {folder} is not writable "
+                              f"({e.strerror})") from None
         return
+
+
+def _check_tracker_folders(logging_config: Any) -> None:
+    """Where an enabled tracker writes locally can be written (else every metric it was sent
+    would be lost once the run has started)."""
+    if logging_config.trackio.enabled and logging_config.trackio.dir:
+        _check_writable_folder("logging.trackio.dir", logging_config.trackio.dir)
+    uri = logging_config.mlflow.tracking_uri
+    if logging_config.mlflow.enabled and uri.startswith("sqlite:///"):
+        database = Path(uri[len("sqlite:///"):])
+        _check_writable_folder("logging.mlflow.tracking_uri", uri, str(database.parent))
+
+
+def check_local_trainer_device(config: Any) -> None:
+    """For a trainer started on this machine: GPU-only settings refused where torch sees no
+    CUDA device, as the trainer would once the servers are up (torch is imported only when
+    such a setting is set)."""
+    engines = {name: getattr(config, name, None) for name in ("actor", "critic", "ref")}
+    asked = [(f"{name}.{key}", getattr(engine, key)) for name, engine in engines.items()
+             if hasattr(engine, "cpu_offload")
+             for key in ("backend", "cpu_offload", "activation_offload")
+             if getattr(engine, key) in (True, "nccl")]
+    if not asked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    key, value = asked[0]
+    if value == "nccl":
+        raise ConfigError(f"{key}=nccl: no CUDA device is visible on this machine; use auto "
+                          f"(gloo on CPU)")
+    raise ConfigError(f"{key}=true on a CPU trainer (no CUDA device is visible): its state "
+                      f"already lives in host memory; unset it (offloading is for GPU trainers)")
 
 
 def _check_registered(key: str, name: str, names: list[str]) -> None:

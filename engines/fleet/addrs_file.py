@@ -7,13 +7,18 @@ A line added: the server joins out of service and serves once it holds the curre
 distributed and delta transports). A line removed: the server drains — no new request goes to
 it, the requests in flight on it end (after `health.drain_timeout` s the rest are retried on
 the others), it leaves the fleet, and `<file>.drained` lists it so that whoever serves it may
-stop it.
+stop it. While the client reads the file it keeps `<file>.client.<host>.<pid>` fresh (its
+mtime, each read; removed when the client stops): `serve --join` knows from it that a job
+reads the file, and that one has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -23,6 +28,26 @@ from engines.fleet.routing import ServerPool
 
 logger = logging.getLogger("engines.fleet.client")
 DRAIN_POLL_S = 0.1
+HEARTBEAT_GRACE_S = 30.0  # a heartbeat older than this and 5 reads is a client that ended
+
+
+def heartbeat_path(addrs_file: str | Path) -> Path:
+    return Path(f"{addrs_file}.client.{socket.gethostname()}.{os.getpid()}")
+
+
+def reading_clients(addrs_file: str | Path) -> list[Path]:
+    """The heartbeats of the clients that read `addrs_file` now (fresh ones)."""
+    path = Path(addrs_file)
+    fresh = []
+    for beat in path.parent.glob(f"{path.name}.client.*"):
+        try:
+            interval = float(json.loads(beat.read_text())["interval"])
+            age = time.time() - beat.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # removed meanwhile, or being written
+        if age <= max(HEARTBEAT_GRACE_S, 5 * interval):
+            fresh.append(beat)
+    return fresh
 
 
 class AddressesFile:
@@ -37,12 +62,14 @@ class AddressesFile:
         self.draining: dict[str, asyncio.Task[None]] = {}  # removed from it, leaving
         self.unchecked: set[str] = set()  # joined: is it the fleet's model? (see identity.py)
         self._stamp: Optional[tuple[int, int, int]] = None  # mtime_ns, inode, size
+        self._heartbeat: Optional[Path] = None
 
     def read(self) -> None:
         """Join the servers newly listed, drain those no longer listed (on the client's loop)."""
         if not self.config.server_addrs_file:
             return
         path = Path(self.config.server_addrs_file)
+        self._beat(path)
         try:
             st = path.stat()
         except FileNotFoundError:
@@ -70,6 +97,24 @@ class AddressesFile:
                 self.draining[addr] = asyncio.get_running_loop().create_task(
                     self._drain(addr, path))
         self.listed = set(listed)
+
+    def _beat(self, path: Path) -> None:
+        try:
+            if self._heartbeat is None:
+                beat = heartbeat_path(path)
+                beat.write_text(json.dumps({"interval": self.config.health.check_interval}))
+                self._heartbeat = beat
+            else:
+                os.utime(self._heartbeat)
+        except OSError as e:  # (a folder removed under a running job: nothing joins then)
+            logger.warning("could not mark %s as read (%s)", path, e)
+            self._heartbeat = None
+
+    def stop(self) -> None:
+        """This client no longer reads the file."""
+        if self._heartbeat is not None:
+            self._heartbeat.unlink(missing_ok=True)
+            self._heartbeat = None
 
     async def _drain(self, addr: str, path: Path) -> None:
         pool = self.pool

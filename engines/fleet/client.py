@@ -59,7 +59,7 @@ from areal_like.api.seeding import derive_seed, request_seed
 from areal_like.utils.loop_thread import EventLoopThread
 from engines.fleet.backends import server_api
 from engines.fleet.membership import FleetMembership
-from engines.fleet.requests import FleetRequests
+from engines.fleet.requests import FleetRequests, check_token_ids
 from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
 from engines.server.errors import InferenceServerError
@@ -241,6 +241,8 @@ class RemoteInferenceEngine(InferenceEngine):
         if len(sequences) != len(starts) or not sequences:
             raise ValueError(f"score: {len(sequences)} sequences and {len(starts)} starts; "
                              f"expected as many, at least one")
+        for j, seq in enumerate(sequences):
+            check_token_ids(list(seq), self.config.vocab_size, f"sequences[{j}]")
         batches = ([(list(range(len(sequences))), rid)] if self.api.scores_in_one_request
                    else [([i], f"{rid}_{i}") for i in range(len(sequences))])
 

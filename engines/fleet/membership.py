@@ -100,6 +100,7 @@ class FleetMembership:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watch_task = None
+        self.addrs_file.stop()
 
     def _require_lock(self) -> asyncio.Lock:
         if self._lock is None:

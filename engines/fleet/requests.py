@@ -3,7 +3,12 @@
 `post` sends one request (a sample, a group of a prompt's samples, a scoring batch) to a server
 in service and retries it elsewhere after a failure (connection errors, timeouts, HTTP 5xx,
 malformed or impossible replies); a reply older than the weights its server held when it was
-sent (the server restarted) is retried while that server reloads. `sample` is one completion,
+sent (the server restarted) is retried while that server reloads. A request whose server
+dropped it mid-way (the server died, or its connection did) is sent once more, elsewhere where
+another server is in service; dropped a second time it is a `PoisonRequestError` and never sent
+again, so a request that crashes servers costs one error, not the fleet's restart budgets. A
+prompt naming a token id outside `rollout.vocab_size` is refused before any server sees it (an
+id past the embedding ends an SGLang scheduler). `sample` is one completion,
 continued from the tokens it has after each abort of this client's own pause; `sample_group`
 sends a prompt's samples as one request where the backend takes a batch, each sample then
 continued alone if our pause aborted it.
@@ -29,6 +34,7 @@ from engines.fleet.routing import OwnAborts, ServerPool
 from engines.server.api import ServerAPI
 from engines.server.errors import (
     InferenceServerError,
+    PoisonRequestError,
     RequestRejectedError,
     ServerProtocolError,
 )
@@ -43,6 +49,26 @@ logger = logging.getLogger("engines.fleet.client")
 # is treated like one that dropped the connection: the request goes to another server.
 _GENERATE_RETRYABLE = (*_RETRYABLE, ServerProtocolError)
 R = TypeVar("R", GenerateReply, GroupReply, ScoreReply)  # a /generate reply, parsed
+DROPS_BEFORE_POISON = 2  # a request its servers dropped this often is not sent again
+
+
+def _dropped_mid_request(e: BaseException) -> bool:
+    """The server closed the connection while the request ran (it died, or was killed);
+    not a refused connection (the request never reached it) nor a timeout (it hangs)."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(e, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                          aiohttp.ClientPayloadError))
+
+
+def check_token_ids(ids: list[int], vocab_size: int, what: str) -> None:
+    """Refuse ids outside the model's vocabulary before a server sees them (0: unchecked)."""
+    if vocab_size <= 0:
+        return
+    for i, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            raise RequestRejectedError(f"{what}[{i}] = {t} is outside the model's vocabulary "
+                                       f"(0..{vocab_size - 1}, rollout.vocab_size)")
 
 
 @dataclass
@@ -79,6 +105,7 @@ class FleetRequests:
     # ---- samples ------------------------------------------------------------------------
     async def sample(self, req: ModelRequest, route_key: str, rid: str,
                         seed: int) -> ModelResponse:
+        check_token_ids(req.input_ids, self.config.vocab_size, "input_ids")
         # requests may share a rid (AReaL-lite's workflows do); the server needs distinct ids
         rid = self.servers.claim_rid(rid)
         try:
@@ -91,6 +118,7 @@ class FleetRequests:
         """One request for the samples of `req` (one seed each); a sample aborted by our pause
         continues alone, like any other request."""
         g = req.gconfig
+        check_token_ids(req.input_ids, self.config.vocab_size, "input_ids")
         rids = [self.servers.claim_rid(f"{route_key}-{i}") for i in range(len(seeds))]
         try:
             start, epoch = time.monotonic(), self._own_aborts.epoch
@@ -185,6 +213,7 @@ class FleetRequests:
         session = self._session()
         timeout = aiohttp.ClientTimeout(total=self.config.client.request_timeout)
         tried: list[str] = []
+        dropped_by: list[str] = []  # the servers that dropped it mid-way
         last_error: BaseException | None = None
         for attempt in range(self.config.client.request_retries):
             addr = await self.membership.wait_in_service(route_key, frozenset(tried))
@@ -228,6 +257,8 @@ class FleetRequests:
                                                f"destroyed while the request ran") from e
                 last_error = e
                 self.servers.mark_failed(addr)
+                if _dropped_mid_request(e):
+                    dropped_by.append(addr)
                 if isinstance(e, aiohttp.ClientConnectorError):  # nothing listens: it is down
                     self.membership.take_out(addr, f"connection refused ({e})")
                 elif isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError)):
@@ -239,6 +270,12 @@ class FleetRequests:
                 if isinstance(e, asyncio.TimeoutError):
                     for name in sent_rid if isinstance(sent_rid, list) else [sent_rid]:
                         self._abort_later(addr, name)
+                if len(dropped_by) >= DROPS_BEFORE_POISON:
+                    raise PoisonRequestError(
+                        f"{self.api.generate_path} rid={rid}: its server dropped it mid-way "
+                        f"{len(dropped_by)} times ({', '.join(dropped_by)}; last: "
+                        f"{type(e).__name__}: {e}); the request is taken to be the cause and is "
+                        f"not sent again") from e
                 if attempt + 1 < self.config.client.request_retries:
                     await asyncio.sleep(self.config.client.retry_backoff * 2**attempt)
             finally:

@@ -19,9 +19,14 @@ from typing import Optional
 
 from areal_like.api.config import BACKENDS, ServerConfig
 from areal_like.utils.atomic_file import write_atomic
+from engines.fleet.addrs_file import reading_clients
 from engines.fleet.launch import InferenceFleet
 from engines.fleet.supervisor import FleetDownError, FleetSupervisor
 from engines.server.errors import ServerStartError
+
+NO_JOB = ("no job reads it (no fleet client has marked it as read lately: its "
+          "<file>.client.* heartbeats); is the job running, with rollout.server_addrs_file "
+          "naming this file?")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -52,7 +57,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="join a running job: add the addresses to its "
                              "rollout.server_addrs_file once the servers are up (they load the "
                              "job's current weights before they serve); on Ctrl-C / SIGTERM "
-                             "take them out of it and stop once the job has drained them")
+                             "take them out of it and stop once the job has drained them, or "
+                             "at once when the job has ended")
     parser.add_argument("--drain-timeout", type=float, default=600.0,
                         help="--join: how long to wait for the job to drain the servers")
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
@@ -66,6 +72,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.join and not Path(args.join).resolve().parent.is_dir():  # before any server starts
         parser.error(f"--join {args.join}: no folder {Path(args.join).resolve().parent} (the "
                      f"job's rollout.server_addrs_file, on this machine: is the job running?)")
+    if args.join and not reading_clients(args.join):
+        parser.error(f"--join {args.join}: {NO_JOB}")
     config = ServerConfig(
         backend=args.backend, n_servers=args.n_servers, device=args.device, venv=args.venv,
         threads_per_server=args.threads_per_server, max_total_tokens=args.max_total_tokens,
@@ -96,6 +104,9 @@ def run_fleet(fleet: InferenceFleet, min_servers: int, addrs_file: Optional[str]
         if addrs_file:
             write_atomic(addrs_file, "".join(f"{a}\n" for a in fleet.addresses))
         if join:
+            if not reading_clients(join):  # it ended while the servers started
+                print(f"error: --join {join}: {NO_JOB}", file=sys.stderr, flush=True)
+                return 1
             joined = join_job(join, fleet.addresses)
         # a dead server is restarted; the others keep serving
         supervisor = FleetSupervisor(fleet, fleet.config.max_restarts, min_servers,
@@ -157,6 +168,10 @@ def leave_job(addrs_file: str, addresses: list[str], timeout: float) -> None:
           flush=True)
     deadline = time.monotonic() + timeout
     while not set(addresses) <= set(_listed(drained)):
+        if not reading_clients(path):
+            print(f"[serve] the job of {path} has ended (no client reads the file): nothing "
+                  f"to drain", flush=True)
+            return
         if time.monotonic() > deadline:
             print(f"[serve] the job did not drain {', '.join(addresses)} within {timeout:.0f} "
                   f"s (--drain-timeout); stopping anyway: its requests still on them are "

@@ -92,6 +92,10 @@ class ServerAPI(abc.ABC):
         """What the server says it loaded (compared between servers of one fleet)."""
         return {}
 
+    async def model_folder(self, session: aiohttp.ClientSession, addr: str) -> Optional[str]:
+        """The folder the server says it loaded its model from (None: it does not say)."""
+        return None
+
     def vocabulary_probe(self, token_id: int, rid: str) -> dict[str, Any]:
         """A one-token request that the server refuses (HTTP 400) when `token_id` is past
         its vocabulary, and that cannot harm it otherwise (engines/fleet/identity.py)."""

@@ -22,5 +22,10 @@ class RequestRejectedError(InferenceServerError, RequestRejected):
         self.status = status
 
 
+class PoisonRequestError(RequestRejectedError):
+    """Servers died twice while serving this one request: the request is taken to be the
+    cause and is not sent again (a poison request costs one error, not every restart)."""
+
+
 class ServerStartError(RuntimeError):
     """A server could not be started (the message includes the tail of its log)."""

@@ -106,6 +106,11 @@ class SGLangAPI(ServerAPI):
         keys = ("model_type", "architectures", "is_generation", "has_image_understanding")
         return {k: info.get(k) for k in keys} if isinstance(info, dict) else {}
 
+    async def model_folder(self, session: aiohttp.ClientSession, addr: str) -> Optional[str]:
+        info = await get_json(session, addr, "/model_info")  # (the last folder loaded)
+        path = info.get("model_path") if isinstance(info, dict) else None
+        return path if isinstance(path, str) else None
+
     async def generates(self, session: aiohttp.ClientSession, addr: str,
                         timeout: float) -> str:
         # /health_generate succeeds as soon as the server emits any output (its one-token

@@ -89,6 +89,13 @@ class VLLMAPI(ServerAPI):
     async def answers(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
         return await get_answers(session, addr, "/v1/models", timeout)
 
+    async def model_folder(self, session: aiohttp.ClientSession, addr: str) -> Optional[str]:
+        listing = await get_json(session, addr, "/v1/models")
+        models = listing.get("data") if isinstance(listing, dict) else None
+        root = models[0].get("root") if isinstance(models, list) and models and isinstance(
+            models[0], dict) else None
+        return root if isinstance(root, str) else None
+
     async def health(self, session: aiohttp.ClientSession, addr: str, timeout: float) -> str:
         why = await super().health(session, addr, timeout)
         if why:

@@ -21,8 +21,10 @@ Errors come in each API's own shape with `x-should-retry: false` (409 after the 
 close, 401 for a missing or unknown key, 400 for a malformed request naming the field, 413 for
 a body past the gateway's limit, 404 for a path it does not serve). The limit follows the
 model's context (`body_limit`): a body that could not fit a prompt is refused before it is
-read, and the prompt is rendered and tokenized beside the event loop, so no call stalls the
-other sessions' calls.
+read; messages longer in characters than the context times the vocabulary's longest token
+are refused before they are rendered; and the prompt is rendered and tokenized beside the
+event loop, so no call stalls the other sessions' calls
+(`benchmarks/gateway_concurrency.py`).
 """
 
 from __future__ import annotations
@@ -59,18 +61,41 @@ MIN_BODY_BYTES = 1 << 20
 MAX_BODY_BYTES = 64 << 20  # where the model's context is not known
 
 
-def body_limit(tokenizer: Any) -> int:
-    """The largest request body taken: `BYTES_PER_POSITION` per position of the model's
-    context (its config.json beside the tokenizer), at least 1 MiB; 64 MiB unknown."""
+def model_context(tokenizer: Any) -> Optional[int]:
+    """The model's context in positions (its config.json beside the tokenizer), if known."""
     folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
     try:
         positions = json.loads((folder / "config.json").read_text()).get(
             "max_position_embeddings")
     except (OSError, ValueError, AttributeError):
-        positions = None
-    if not isinstance(positions, int) or positions <= 0:
+        return None
+    return positions if isinstance(positions, int) and positions > 0 else None
+
+
+def body_limit(tokenizer: Any) -> int:
+    """The largest request body taken: `BYTES_PER_POSITION` per position of the model's
+    context, at least 1 MiB; 64 MiB where the context is not known."""
+    positions = model_context(tokenizer)
+    if positions is None:
         return MAX_BODY_BYTES
     return min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BYTES_PER_POSITION * positions))
+
+
+def longest_token(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest token (its raw form: at least one character
+    per character it decodes to): no text of N characters is fewer than N / this tokens."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+
+
+def text_chars(value: Any) -> int:
+    """Characters of every string in a request's messages (and tools)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(text_chars(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(text_chars(v) for v in value)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -153,6 +178,11 @@ class AgentGateway:
         self.host, self.port, self.model_name = host, port, model_name
         self.sessions = SessionTable()
         self.max_body_bytes = body_limit(tokenizer)
+        # a prompt that cannot fit is refused before it is rendered and tokenized (the
+        # tokenizer is one lock that every session's calls take)
+        context = model_context(tokenizer)
+        self.token_chars = longest_token(tokenizer)
+        self.max_prompt_chars = None if context is None else context * self.token_chars
         self._in_flight: dict[str, int] = {}
         self._idle: dict[str, asyncio.Event] = {}
         self._runner: Optional[web.AppRunner] = None
@@ -267,6 +297,14 @@ class AgentGateway:
         except BadRequest as e:
             counts["bad_requests"] += 1
             return error(400, str(e), "invalid_request_error", e.param)
+        chars = text_chars([kwargs.get("messages"), kwargs.get("tools")])
+        if self.max_prompt_chars is not None and chars > self.max_prompt_chars:
+            counts["bad_requests"] += 1
+            return error(400, f"the messages hold {chars} characters: at least "
+                         f"{chars // self.token_chars} tokens (no token here is longer than "
+                         f"{self.token_chars} characters), past the model's context of "
+                         f"{self.max_prompt_chars // self.token_chars} positions",
+                         "invalid_request_error", "messages")
         client = session.client
         self._in_flight[key] += 1
         self._idle[key].clear()

@@ -40,6 +40,7 @@ from areal_like.utils.start_costs import record_start
 from engines.fleet.zygote import ForkedServer, ServerZygote
 from engines.server.errors import ServerStartError
 from engines.sglang.command import build_server_command
+from engines.vllm import compile_cache
 from engines.vllm.command import build_vllm_command, vllm_env
 from engines.weight_transport.delta import RECEIVER_DIR as DELTA_RECEIVER_DIR
 
@@ -209,6 +210,8 @@ class InferenceFleet:
         # when each server's latest start began, and which were restarts (start costs)
         self._spawned_at: dict[int, float] = {}
         self._restarted: set[int] = set()
+        # vLLM: each compiling start's own cache, published once it is healthy (compile_cache)
+        self._compile_caches: dict[int, tuple[Path, Path]] = {}  # (its own, the shared)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> InferenceFleet:
@@ -268,6 +271,12 @@ class InferenceFleet:
             cmd = build_vllm_command(self._python, self.model_path, port, self.config,
                                      self.host, self.api_key)
             env = vllm_env(server_env(self.config, index), self.config)
+            if "--enforce-eager" not in cmd:  # it compiles: into a cache of its own
+                if index in self._compile_caches:  # (its previous start's)
+                    compile_cache.discard(self._compile_caches.pop(index)[0])
+                shared = compile_cache.shared_cache(env)
+                self._compile_caches[index] = (compile_cache.private_cache(shared), shared)
+                env["VLLM_CACHE_ROOT"] = str(self._compile_caches[index][0])
         else:
             cmd = build_server_command(self._python, self.model_path, port, self.config,
                                        self.host, self.api_key, self.weight_version)
@@ -375,6 +384,8 @@ class InferenceFleet:
                 )
             if health_ok(self.addresses[i]):
                 pending.discard(i)
+                if i in self._compile_caches:  # what it compiled, for every later start
+                    compile_cache.publish(*self._compile_caches[i])
                 if i in self._spawned_at:  # once per start (the test command's cost table)
                     record_start(f"{self.config.backend} server"
                                  + (" restart" if i in self._restarted else ""),
@@ -417,6 +428,8 @@ class InferenceFleet:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
             self._remove_dist_stores()
+            for index in list(self._compile_caches):  # each server's own, now it stopped
+                compile_cache.discard(self._compile_caches.pop(index)[0])
 
     def dead_servers(self) -> list[int]:
         return [i for i, p in enumerate(self.processes) if p.poll() is not None]

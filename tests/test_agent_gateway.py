@@ -198,6 +198,70 @@ def test_the_anthropic_sdk_is_recorded_token_in_token_out(gateway, tokenizer):
             model="policy", max_tokens=8, messages=messages, extra_body={"top_k": 5})
 
 
+def test_stop_sequences_end_the_text_as_each_api_says(gateway, tokenizer):
+    """A reply ended by a `stop` string: OpenAI returns the text before it, Anthropic that
+    text with `stop_reason='stop_sequence'` and the string (streamed too); the tokens that
+    made it are recorded all the same. The stop string is a word of the greedy reply to the
+    same prompt without one."""
+    gw, _ = gateway
+    session = gw.open_session()
+    oa = _sdk(gw.session_url(session))
+    an = anthropic.Anthropic(base_url=gw.session_root(session), api_key="unused",
+                             timeout=WAIT_S)
+    ask = [{"role": "user", "content": "12 + 30 ="}]
+    free = oa.chat.completions.create(model="policy", messages=ask, max_tokens=8,
+                                      temperature=0).choices[0].message.content
+    words = free.split()
+    assert len(words) >= 3, free  # (the tiny model's greedy reply to this prompt)
+    stop = f" {words[2]}"
+    before = free[:free.find(stop)]
+    cut = oa.chat.completions.create(model="policy", messages=ask, max_tokens=8,
+                                     temperature=0, stop=[stop, "never seen"])
+    assert cut.choices[0].message.content == before
+    assert cut.choices[0].finish_reason == "stop"
+    record = session.client.completions[-1]
+    assert record.stop_sequence == stop
+    assert before + stop in tokenizer.decode(record.completion_ids, skip_special_tokens=True)
+    greedy = {"temperature": 0}  # (this SDK's signature no longer names it)
+    reply = an.messages.create(model="policy", max_tokens=8, messages=ask,
+                               stop_sequences=[stop], extra_body=greedy)
+    assert (reply.content[0].text, reply.stop_reason, reply.stop_sequence) == (
+        before, "stop_sequence", stop)
+    with an.messages.stream(model="policy", max_tokens=8, messages=ask,
+                            stop_sequences=[stop], extra_body=greedy) as stream:
+        assert "".join(stream.text_stream) == before
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    plain = an.messages.create(model="policy", max_tokens=8, messages=ask, extra_body=greedy)
+    assert plain.stop_sequence is None and plain.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_claude_codes_request_shapes_are_served(gateway, tokenizer):
+    """What Claude Code sends beyond the Messages API's reference: a `system` message among
+    the messages (rendered as the template's system turn, where it stands), and `thinking`,
+    `output_config`, `context_management`, which are accepted and have no effect."""
+    gw, _ = gateway
+    session = gw.open_session()
+    an = anthropic.Anthropic(base_url=gw.session_root(session), api_key="unused",
+                             timeout=WAIT_S)
+    reply = an.messages.create(
+        model="policy", max_tokens=4, system="You code.",
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "system", "content": "<reminder>be brief</reminder>"},
+                  {"role": "user", "content": "go"}],
+        extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024},
+                    "output_config": {"effort": "low"},
+                    "context_management": {"edits": []}})
+    assert reply.type == "message"
+    expected = tokenizer.encode(
+        CHATML_TURN.format(role="system", content="You code.")
+        + CHATML_TURN.format(role="user", content="hi")
+        + CHATML_TURN.format(role="system", content="<reminder>be brief</reminder>")
+        + CHATML_TURN.format(role="user", content="go") + "<|im_start|>assistant\n",
+        add_special_tokens=False)
+    assert session.client.completions[-1].prompt_ids == expected
+
+
 @pytest.mark.parametrize("body, status, needle", [
     ({"messages": []}, openai.BadRequestError, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, openai.BadRequestError,
@@ -291,7 +355,7 @@ def test_a_failed_follow_up_keeps_the_answered_turn(gateway):
 
 @pytest.mark.parametrize("extra, needle", [
     ({"messages": [{"role": "robot", "content": "hi"}]},
-     "messages[0].role: 'robot' is not 'user' or 'assistant'"),
+     "messages[0].role: 'robot' is not one of user, assistant, system"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "messages[0].content[0]: only text, tool_use and tool_result blocks"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "5"}]}]},

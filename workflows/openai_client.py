@@ -109,6 +109,7 @@ class RecordedCompletion:
     reward: Optional[float] = None
     extended: bool = False  # a later call continued this conversation
     created: float = field(default_factory=time.monotonic)
+    stop_sequence: Optional[str] = None  # the `stop` string that ended it (cut from its text)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -117,6 +118,16 @@ class RecordedCompletion:
     @property
     def completion_ids(self) -> list[int]:
         return list(self.response.output_tokens)
+
+
+def cut_at_stop(text: str, stops: Optional[list[str]]) -> tuple[str, Optional[str]]:
+    """`text` up to the first of `stops` in it, and that stop (the last token may reach past
+    it); unchanged, None, where none is in it (the reply ended on a stop token)."""
+    found = [(text.find(s), s) for s in stops or () if s and s in text]
+    if not found:
+        return text, None
+    at, stop = min(found)
+    return text[:at], stop
 
 
 class _Completions:
@@ -228,6 +239,10 @@ class ArealOpenAI:
                                                         gconfig=gconfig, rid=self.rid))
         builder.add_generation(resp)
         text = decode_text(self.tokenizer, resp.output_tokens, skip_special_tokens=True)
+        # the APIs return the text before the stop string that ended it (its tokens are
+        # recorded and trained all the same: the policy generated them)
+        text, matched = (cut_at_stop(text, gconfig.stop) if resp.stop_reason == "stop"
+                         else (text, None))
         calls = [c for c in parse_tool_calls(text) if c.error is None] if tools else []
         # a block that does not parse stays in the text, as the servers' own parsers leave it
         content = TOOL_CALL_RE.sub(_drop_if_parsed, text).strip() if calls else text
@@ -244,7 +259,8 @@ class ArealOpenAI:
             usage=CompletionUsage(prompt_tokens=prompt_len, completion_tokens=resp.output_len,
                                   total_tokens=prompt_len + resp.output_len))
         self.completions.append(RecordedCompletion(
-            completion.id, messages, _message_dict(message), builder, prompt_len, resp, parent))
+            completion.id, messages, _message_dict(message), builder, prompt_len, resp, parent,
+            stop_sequence=matched))
         if parent is not None:  # only now: a call that failed continued nothing, and its
             parent.extended = True  # parent stays a conversation of its own in the export
         return completion

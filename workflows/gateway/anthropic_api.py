@@ -17,8 +17,13 @@ from workflows.gateway.openai_api import BadRequest
 if TYPE_CHECKING:
     from workflows.openai_client import RecordedCompletion
 
-IGNORED_KEYS = ("metadata", "service_tier")
+# accepted and ignored: what the policy cannot honour and a client does not depend on (Claude
+# Code sends `thinking`, `output_config` and `context_management`: no thinking blocks come
+# back, the reply is not shaped by an effort level, and no context is edited server-side)
+IGNORED_KEYS = ("metadata", "service_tier", "thinking", "output_config", "context_management")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# `system` inside `messages`: not in the Messages API's reference, but Claude Code sends it
+ROLES = ("user", "assistant", "system")
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -58,11 +63,14 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise BadRequest("'messages' must be a non-empty list of messages", "messages")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
             role = message.get("role") if isinstance(message, dict) else None
-            raise BadRequest(f"{where}.role: {role!r} is not 'user' or 'assistant'",
+            raise BadRequest(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}",
                              f"{where}.role")
         blocks = _blocks(message.get("content"), where)
+        if message["role"] == "system":  # (Claude Code sends its reminders so)
+            out.append({"role": "system", "content": _text(blocks)})
+            continue
         if message["role"] == "assistant":
             calls = [{"id": b.get("id", ""), "type": "function", "function": {
                 "name": b.get("name", ""), "arguments": json.dumps(b.get("input", {}))}}
@@ -129,7 +137,9 @@ def message_json(completion: Any, record: RecordedCompletion) -> dict[str, Any]:
                         "input": json.loads(call.function.arguments)})
     return {"id": "msg_" + completion.id.removeprefix("chatcmpl-"), "type": "message",
             "role": "assistant", "model": completion.model, "content": content,
-            "stop_reason": STOP_REASONS[choice.finish_reason], "stop_sequence": None,
+            "stop_reason": ("stop_sequence" if record.stop_sequence is not None
+                            else STOP_REASONS[choice.finish_reason]),
+            "stop_sequence": record.stop_sequence,
             "usage": {"input_tokens": record.prompt_len,
                       "output_tokens": len(record.completion_ids)}}
 
@@ -154,7 +164,7 @@ def message_events(reply: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
                    ("content_block_stop", {"type": "content_block_stop", "index": index})]
     events += [("message_delta", {"type": "message_delta",
                                   "delta": {"stop_reason": reply["stop_reason"],
-                                            "stop_sequence": None},
+                                            "stop_sequence": reply["stop_sequence"]},
                                   "usage": {"output_tokens": reply["usage"]["output_tokens"]}}),
                ("message_stop", {"type": "message_stop"})]
     return events

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from areal_like.utils.chat import decode_text
+from areal_like.utils.chat import decode_text, token_bytes
 from workflows.tools import parse_tool_calls
 
 if TYPE_CHECKING:
@@ -118,7 +118,8 @@ def _logprobs(record: RecordedCompletion, client: ArealOpenAI) -> dict[str, Any]
     for token_id, logprob in pairs:
         token = decode_text(client.tokenizer, [token_id])
         content.append({"token": token, "logprob": float(logprob),
-                        "bytes": list(token.encode("utf-8")), "top_logprobs": []})
+                        "bytes": list(token_bytes(client.tokenizer, token_id)),
+                        "top_logprobs": []})
     return {"content": content}
 
 

@@ -76,6 +76,7 @@ def _run(logger: MetricsLogger, steps: range, attempt: int,
     logger.close()
 
 
+@pytest.mark.e2e  # real wandb/MLflow/Trackio clients start: ~25 s
 def test_every_metric_goes_to_each_tracker_once_per_step_and_a_resume_continues_its_run(
         tmp_path, trackio_dir):
     """Steps 0-5, a "checkpoint" after step 3, then a resumed run logging 4-9 again with other
@@ -125,6 +126,7 @@ def _sent_through(run_dir: Path, tracker: str, key: str) -> int:
     return state.get(tracker, {}).get("sent", {}).get(key, -1)
 
 
+@pytest.mark.e2e  # real wandb/MLflow/Trackio clients start: ~25 s
 def test_a_tracker_dying_mid_run_is_reported_once_and_the_others_keep_every_step(
         tmp_path, trackio_dir, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # its failure now, not in 14 s

@@ -4,11 +4,12 @@
 in service and retries it elsewhere after a failure (connection errors, timeouts, HTTP 5xx,
 malformed or impossible replies); a reply older than the weights its server held when it was
 sent (the server restarted) is retried while that server reloads. A request whose server
-dropped it mid-way (the server died, or its connection did) is sent once more, elsewhere where
-another server is in service; dropped a second time it is a `PoisonRequestError` and never sent
-again, so a request that crashes servers costs one error, not the fleet's restart budgets. A
-prompt naming a token id outside `rollout.vocab_size` is refused before any server sees it (an
-id past the embedding ends an SGLang scheduler). `sample` is one completion,
+dropped it mid-way (the server died, or its connection did) is sent once more, to another
+server where one is in service (the same one, restarted, in a one-server fleet); dropped a
+second time it is a `PoisonRequestError` and never sent again, so a request that crashes
+servers costs one error, not the fleet's restart budgets. A prompt naming a token id outside
+`rollout.vocab_size` is refused before any server sees it (an id past the embedding ends an
+SGLang scheduler). `sample` is one completion,
 continued from the tokens it has after each abort of this client's own pause; `sample_group`
 sends a prompt's samples as one request where the backend takes a batch, each sample then
 continued alone if our pause aborted it.
@@ -63,12 +64,11 @@ def _dropped_mid_request(e: BaseException) -> bool:
 
 def check_token_ids(ids: list[int], vocab_size: int, what: str) -> None:
     """Refuse ids outside the model's vocabulary before a server sees them (0: unchecked)."""
-    if vocab_size <= 0:
+    if vocab_size <= 0 or not ids or (min(ids) >= 0 and max(ids) < vocab_size):
         return
-    for i, t in enumerate(ids):
-        if not 0 <= t < vocab_size:
-            raise RequestRejectedError(f"{what}[{i}] = {t} is outside the model's vocabulary "
-                                       f"(0..{vocab_size - 1}, rollout.vocab_size)")
+    i, t = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+    raise RequestRejectedError(f"{what}[{i}] = {t} is outside the model's vocabulary "
+                               f"(0..{vocab_size - 1}, rollout.vocab_size)")
 
 
 @dataclass

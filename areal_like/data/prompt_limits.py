@@ -38,7 +38,7 @@ def prompt_lengths(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> list
     if "messages" not in dataset.column_names:
         raise KeyError(f"data items have no 'messages' to measure; columns: "
                        f"{dataset.column_names}")
-    texts = [render_chat(tokenizer, m) for m in dataset["messages"]]
+    texts = [render_chat(tokenizer, m) for m in dataset[:]["messages"]]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 

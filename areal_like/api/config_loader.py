@@ -38,6 +38,7 @@ from areal_like.api.arealite_keys import (
 )
 from areal_like.api.config_checks import moved_key_message
 from areal_like.api.inherited_task_keys import inherited_task_keys
+from areal_like.api.schema_paths import class_at, fields_at, switch_error
 from areal_like.api.yaml_files import YAMLFileError, check_yaml_tree
 
 T = TypeVar("T")
@@ -110,25 +111,6 @@ def _store_schemas(names: Optional[list[str]] = None) -> None:
             ConfigStore.instance().store(name=name, node=config_cls)
 
 
-def _class_at(config_cls: type, dotted_parent: str) -> Optional[type]:
-    """The dataclass found by following `dotted_parent` from `config_cls`, else None."""
-    cls: Any = config_cls
-    for part in [p for p in dotted_parent.split(".") if p]:
-        if not dataclasses.is_dataclass(cls):
-            return None
-        hints = get_type_hints(cls)
-        if part not in hints:
-            return None
-        cls = hints[part]
-    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
-
-
-def _fields_at(config_cls: type, dotted_parent: str) -> Optional[list[str]]:
-    """Field names of the dataclass found by following `dotted_parent` from `config_cls`."""
-    cls = _class_at(config_cls, dotted_parent)
-    return None if cls is None else [f.name for f in dataclasses.fields(cls)]
-
-
 def _section_types(path: Path, overrides: list[str]) -> dict[str, Any]:
     """`{section: its type}` for the sections of the YAML at `path` that have a `type` key (and
     `section.type=` overrides): what a typo's hint depends on. Best effort: {} on any failure."""
@@ -186,18 +168,18 @@ def explain_config_error(exc: BaseException, config_cls: type, source: str,
         return ConfigError(f"{source}: {message}")
     parent, _, leaf = key.rpartition(".")
     leaf = re.sub(r"\[.*\]$", "", leaf)
-    valid = _fields_at(config_cls, parent) or []
-    section = _class_at(config_cls, key)
+    valid = fields_at(config_cls, parent) or []
+    section = class_at(config_cls, key)
     if leaf in valid and section is not None and "is not Optional" in message:
         return ConfigError(f"{source}: config key '{key}' is a section ({section.__name__}) "
                            f"and cannot be null here: leave it out for its defaults, or set "
                            f"its keys")
     if leaf in valid:
         return ConfigError(f"{source}: bad value for config key '{key}': {message}")
-    moved = moved_key_message(_class_at(config_cls, parent), parent, leaf)
+    moved = moved_key_message(class_at(config_cls, parent), parent, leaf)
     if moved:
         return ConfigError(f"{source}: bad config key '{key}': {moved}")
-    cls, hint, params = _class_at(config_cls, parent), "", []
+    cls, hint, params = class_at(config_cls, parent), "", []
     if cls is not None and hasattr(cls, "suggestable_keys"):  # keys depend on the section's type
         valid, params = cls.suggestable_keys((section_types or {}).get(parent))
     if valid:
@@ -249,7 +231,9 @@ def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list
     overrides = [f"++{o}" if o[:1] not in "+~" and _inside_a_dict(config_cls, o) else o
                  for o in overrides]
     source = f"{path.name} with overrides {overrides}" if overrides else path.name
-    _check_switches(config_cls, overrides)
+    refused = switch_error(config_cls, overrides)
+    if refused:
+        raise ConfigError(refused)
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     search = [f"file://{d}" for d in _SEARCH_DIRS if d != path.parent]
@@ -269,25 +253,6 @@ def _compose(config_cls: type, config_file: str | Path, overrides: Optional[list
     if drop_inherited:
         _drop_inherited_task_keys(composed, config_cls, path, overrides)
     return composed, source
-
-
-SWITCH_VALUES = ("true", "false")
-
-
-def _check_switches(config_cls: type, overrides: list[str]) -> None:
-    """A switch (a bool key) set to anything but true/false is refused: OmegaConf would read
-    `async_save=2` or `=yes` as true."""
-    for override in overrides:
-        found = re.fullmatch(r"\+*([\w.]+)=(.*)", override)
-        if not found:
-            continue
-        key, value = found.groups()
-        parent, _, leaf = key.rpartition(".")
-        cls = _class_at(config_cls, parent)
-        if cls is None or get_type_hints(cls).get(leaf) is not bool:
-            continue
-        if value.strip().lower() not in SWITCH_VALUES:
-            raise ConfigError(f"{key}={value}: {key} is a switch; expected true or false")
 
 
 def _drop_inherited_task_keys(composed: Any, config_cls: type, path: Path,
@@ -370,7 +335,7 @@ def load_launch_config(base_cls: type[T], config_file: str | Path,
     schema = OmegaConf.get_type(composed)
     if isinstance(schema, type) and dataclasses.is_dataclass(schema):
         return cast(T, load_config(schema, config_file, overrides))
-    known = set(_fields_at(base_cls, "") or [])
+    known = set(fields_at(base_cls, "") or [])
     # a schemaless YAML: the overrides of our sections are applied here, the script's own
     # keys are the script's business
     mine = [o for o in overrides if o.lstrip("+~").split(".", 1)[0].split("=", 1)[0] in known]
@@ -471,7 +436,7 @@ def _load_arealite(config_cls: type[T], path: Path, overrides: list[str],
     except OmegaConfBaseException as e:
         raise ConfigError(f"{source}: {_root_message(e)}") from e
     try:
-        top = _fields_at(config_cls, "") or []
+        top = fields_at(config_cls, "") or []
         assert isinstance(resolved, dict)  # a YAML mapping: _is_arealite_yaml checked it
         ours, said = translate_arealite({str(k): v for k, v in resolved.items()},
                                         top.__contains__)
@@ -492,7 +457,7 @@ def _drop_arealite_only(node: dict[str, Any], config_cls: type, parent: str,
                         lenient: bool) -> None:
     """Remove the AReaL-lite keys `config_cls` has no field for (they were mapped to ours);
     `lenient`: also whole top-level sections it lacks (a script's own)."""
-    fields = _fields_at(config_cls, parent)
+    fields = fields_at(config_cls, parent)
     if fields is None:
         return  # a free-form dict
     for key in list(node):
